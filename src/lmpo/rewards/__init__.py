@@ -1,0 +1,36 @@
+"""Reward functions (TRL signature ``fn(prompts, completions, answer, **kwargs) -> list[float | None]``),
+the ``REWARDS`` registry of built-ins, import-path loading of user functions and the weighted scorer.
+
+>>> scorer = RewardScorer([("exact_match", 1.0), {"name": "length_penalty", "weight": 0.1,
+...                        "kwargs": {"target_chars": 8}}])
+>>> total, per_fn = scorer.score(prompts, completions, answers)
+"""
+
+from lmpo.rewards.builtin import (
+    REWARDS,
+    countdown,
+    exact_match,
+    format_reward,
+    length_penalty,
+    math_answer,
+    numeric_match,
+    parse_number,
+    register_reward,
+)
+from lmpo.rewards.scorer import RewardScorer, RewardSpec, get_reward_fn, load_reward_fn
+
+__all__ = [
+    "REWARDS",
+    "RewardScorer",
+    "RewardSpec",
+    "countdown",
+    "exact_match",
+    "format_reward",
+    "get_reward_fn",
+    "length_penalty",
+    "load_reward_fn",
+    "math_answer",
+    "numeric_match",
+    "parse_number",
+    "register_reward",
+]

@@ -1,0 +1,37 @@
+"""Tasks: prompts with verifiable answers. Built-in synthetic tasks (registry ``TASKS``), local
+JSON/JSONL/Parquet files and Hugging Face datasets, each with a held-out evaluation split.
+
+>>> task = make_task("addition", max_digits=2)
+>>> train, held_out = task.train_examples(seed=0), task.eval_examples()
+>>> train[0].prompt, train[0].answer      # ('57+8=', '65')
+"""
+
+from lmpo.tasks import synthetic  # noqa: F401  (registers the built-in tasks)
+from lmpo.tasks.base import TASKS, Example, ListTask, Task, make_task, register_task
+from lmpo.tasks.files import (
+    FILE_FORMATS,
+    load_file_task,
+    load_hf_task,
+    load_task,
+    rows_to_examples,
+    split_examples,
+)
+from lmpo.tasks.synthetic import AdditionTask, CountdownTask, ReversalTask
+
+__all__ = [
+    "FILE_FORMATS",
+    "TASKS",
+    "AdditionTask",
+    "CountdownTask",
+    "Example",
+    "ListTask",
+    "ReversalTask",
+    "Task",
+    "load_file_task",
+    "load_hf_task",
+    "load_task",
+    "make_task",
+    "register_task",
+    "rows_to_examples",
+    "split_examples",
+]

@@ -1,0 +1,222 @@
+"""Reward lookup (built-in name or ``pkg.module:function``) and the weighted ``RewardScorer``."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lmpo.rewards.builtin import REWARDS
+
+
+def load_reward_fn(path: str) -> Callable[..., list]:
+    """Import a user reward function from ``"package.module:function"`` (``module:Class.method`` works).
+
+    Errors name the path and what to fix: malformed path, module not importable, attribute missing,
+    object not callable.
+    """
+    if ":" not in path:
+        raise ValueError(
+            f"reward {path!r} is not a built-in reward ({sorted(REWARDS)}) and not an import path; "
+            "write user functions as 'package.module:function'"
+        )
+    module_name, _, attr_path = path.partition(":")
+    if not module_name or not attr_path:
+        raise ValueError(f"reward path {path!r} must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise ImportError(
+            f"reward {path!r}: cannot import module {module_name!r} ({e}). Make sure the module is installed "
+            "or its directory is on PYTHONPATH (e.g. run from the project root or `pip install -e .`)."
+        ) from e
+    obj: Any = module
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            public = sorted(n for n in dir(obj) if not n.startswith("_"))[:20]
+            raise AttributeError(
+                f"reward {path!r}: {getattr(obj, '__name__', module_name)!r} has no attribute {part!r}; "
+                f"available names include {public}"
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(
+            f"reward {path!r} resolves to a {type(obj).__name__}, which is not callable; point it at a "
+            "function fn(prompts, completions, answer, **kwargs) -> list[float]"
+        )
+    return obj
+
+
+def get_reward_fn(name_or_path: str) -> Callable[..., list]:
+    """A built-in reward by name (``REWARDS``) or a user function by ``pkg.module:function``."""
+    if name_or_path in REWARDS:
+        return REWARDS[name_or_path]
+    return load_reward_fn(name_or_path)
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One weighted reward function: ``name`` is a built-in name or ``pkg.module:function``;
+    ``kwargs`` are passed to the function on every call (``pattern`` for ``format``...)."""
+
+    name: str
+    weight: float = 1.0
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def coerce(spec: Any) -> RewardSpec:
+        if isinstance(spec, RewardSpec):
+            return spec
+        if isinstance(spec, str):
+            return RewardSpec(spec)
+        if isinstance(spec, Mapping):
+            unknown = set(spec) - {"name", "weight", "kwargs"}
+            if "name" not in spec or unknown:
+                raise ValueError(
+                    f"reward spec {dict(spec)} needs a 'name' and may have 'weight' and 'kwargs' only"
+                    + (f" (unknown keys: {sorted(unknown)})" if unknown else "")
+                )
+            return RewardSpec(
+                str(spec["name"]), float(spec.get("weight", 1.0)), dict(spec.get("kwargs") or {})
+            )
+        if isinstance(spec, Sequence) and len(spec) in (2, 3):
+            return RewardSpec(str(spec[0]), float(spec[1]), dict(spec[2]) if len(spec) == 3 else {})
+        raise ValueError(f"cannot read reward spec {spec!r}; use (name, weight) or {{name, weight, kwargs}}")
+
+
+def _truncate(text: Any, limit: int = 200) -> str:
+    s = repr(text)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+class RewardScorer:
+    """Weighted sum of reward functions.
+
+    ``total[i] = Σ_f w_f · r_f[i]`` over the functions whose value for sample ``i`` is defined; a value is
+    undefined (NaN in ``per_fn``) when the function returned ``None`` for it (not applicable, TRL's
+    convention) or raised with ``on_error="skip"``. Undefined values contribute 0 to the total — the same
+    ``nansum`` TRL uses — so a skipped function neither rewards nor penalises that sample.
+
+    Args:
+        specs: ``[("exact_match", 1.0), ...]``, ``[{"name": ..., "weight": ..., "kwargs": {...}}]`` or
+            ``RewardSpec`` objects. A name may appear once; give ``pkg.module:function`` for user functions.
+        on_error: ``"raise"`` — a function that raises stops scoring with an error naming it and the sample;
+            ``"skip"`` — its values for the call become NaN and are counted in ``stats["reward/skipped"]``.
+    """
+
+    def __init__(self, specs: Sequence[Any], on_error: str = "raise") -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+        self.specs = [RewardSpec.coerce(s) for s in specs]
+        if not self.specs:
+            raise ValueError("RewardScorer needs at least one reward function")
+        names = [s.name for s in self.specs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"reward function(s) {duplicates} listed twice; merge their weights")
+        for s in self.specs:
+            if not math.isfinite(s.weight):
+                raise ValueError(f"reward {s.name!r}: weight={s.weight} must be finite")
+        self.on_error = on_error
+        self.fns = {s.name: functools.partial(get_reward_fn(s.name), **dict(s.kwargs)) for s in self.specs}
+        self.weights = {s.name: s.weight for s in self.specs}
+        self.skipped_calls = 0  # cumulative count of (function, call) pairs skipped because they raised
+        self.last_stats: dict[str, float] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    def _call_one(self, name: str, fn, prompts, completions, answers, columns) -> list:
+        values = fn(prompts=prompts, completions=completions, answer=answers, **columns)
+        if len(values) != len(completions):
+            raise ValueError(
+                f"reward function {name!r} returned {len(values)} values for {len(completions)} completions"
+            )
+        return values
+
+    def _locate_failure(self, name, fn, prompts, completions, answers, columns) -> tuple[int, BaseException]:
+        """Re-run ``fn`` one sample at a time to find which sample makes it raise."""
+        for i in range(len(completions)):
+            one_cols = {
+                k: [v[i]] if isinstance(v, list) and len(v) == len(completions) else v
+                for k, v in columns.items()
+            }
+            try:
+                fn(prompts=[prompts[i]], completions=[completions[i]], answer=[answers[i]], **one_cols)
+            except Exception as e:  # report whatever the user function raised
+                return i, e
+        return -1, RuntimeError("raised on the full batch but on no single sample")
+
+    def score(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        answers: Sequence[str],
+        **columns: Any,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Score a batch of B completions.
+
+        Args:
+            prompts, completions, answers: length-B lists (prompt repeated for each of its completions).
+            columns: extra per-sample lists (dataset columns) passed to every function as keyword arguments.
+        Returns:
+            total: (B,) float32 weighted sum (undefined values count 0, see class docstring);
+            per_fn: name -> (B,) float32 raw (unweighted) values, NaN where undefined.
+        """
+        prompts, completions, answers = list(prompts), list(completions), list(answers)
+        if not (len(prompts) == len(completions) == len(answers)):
+            raise ValueError(
+                f"prompts ({len(prompts)}), completions ({len(completions)}) and answers ({len(answers)}) "
+                "must have the same length"
+            )
+        batch = len(completions)
+        total = torch.zeros(batch, dtype=torch.float32)
+        per_fn: dict[str, torch.Tensor] = {}
+        skipped = 0
+        for name, fn in self.fns.items():
+            try:
+                values = self._call_one(name, fn, prompts, completions, answers, columns)
+                tensor = torch.tensor(
+                    [math.nan if v is None else float(v) for v in values], dtype=torch.float32
+                )
+            except Exception as e:  # user code can raise anything
+                if self.on_error == "skip":
+                    skipped += 1
+                    per_fn[name] = torch.full((batch,), math.nan)
+                    continue
+                index, cause = self._locate_failure(name, fn, prompts, completions, answers, columns)
+                where = (
+                    f"sample {index} (prompt {_truncate(prompts[index])}, completion "
+                    f"{_truncate(completions[index])}, answer {_truncate(answers[index])})"
+                    if index >= 0
+                    else "the batch (no single sample reproduces it)"
+                )
+                raise RuntimeError(
+                    f"reward function {name!r} raised {type(cause).__name__}: {cause} on {where}. Fix the "
+                    "function, or set on_error='skip' to record NaN for it and continue."
+                ) from e
+            per_fn[name] = tensor
+            total += self.weights[name] * torch.nan_to_num(tensor, nan=0.0)
+        self.skipped_calls += skipped
+        self.last_stats = {"reward/skipped": float(skipped)}
+        return total, per_fn
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{s.name}×{s.weight:g}" for s in self.specs)
+        return f"RewardScorer({parts}, on_error={self.on_error!r})"
+
+
+def accepts_kwarg(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` can be called with keyword ``name`` (directly or via ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

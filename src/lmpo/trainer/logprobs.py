@@ -1,0 +1,249 @@
+"""Per-token log-probabilities and entropies without a float32 ``(B, T, V)`` log-softmax.
+
+A naive ``logits.float().log_softmax(-1).gather(-1, index)`` writes a full ``(B, T, V)`` float32 tensor in
+the forward pass and two more in the backward pass (the scattered gradient and the softmax gradient): at
+``B·T = 8·1024`` and a Qwen-size ``V = 152k`` that is 5 GB each. Here rows are processed in chunks of
+``chunk_rows``: the forward keeps only ``(N,)`` log-normalisers, and the backward writes the gradient of
+each chunk straight into the one ``(N, V)`` gradient buffer autograd needs anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# Temporary float32 elements per chunk (~16 MB): small enough to be negligible next to the logits, large
+# enough that the Python loop costs nothing measurable.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _chunk_rows(num_rows: int, vocab: int, chunk_rows: int | None) -> int:
+    if chunk_rows is None:
+        chunk_rows = max(1, _CHUNK_ELEMENTS // max(1, vocab))
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
+    return min(chunk_rows, max(1, num_rows))
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _TokenLogprobEntropy(torch.autograd.Function):
+    """Rows ``z`` (N, V) of logits scaled by ``1/τ``; returns ``log p(index)`` (N,) and entropy ``H`` (N,).
+
+    Forward:  lse = logsumexp(z),  logp = z[index] − lse,  H = lse − Σ_v p_v z_v.
+    Backward: ∂logp/∂z = onehot(index) − p,   ∂H/∂z = −p ⊙ (log p + H),  both times 1/τ for the logits.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, index, inv_temperature: float, with_entropy: bool, chunk_rows: int):
+        num_rows, _ = logits.shape
+        dtype = _compute_dtype(logits.dtype)
+        logp = torch.empty(num_rows, dtype=dtype, device=logits.device)
+        lse = torch.empty(num_rows, dtype=dtype, device=logits.device)
+        entropy = torch.empty(num_rows, dtype=dtype, device=logits.device) if with_entropy else None
+        for start in range(0, num_rows, chunk_rows):
+            end = min(start + chunk_rows, num_rows)
+            z = logits[start:end].to(dtype)  # (C, V): a copy only when logits are bf16/fp16
+            if inv_temperature != 1.0:
+                z = z * inv_temperature
+            lse_c = torch.logsumexp(z, dim=-1)  # (C,)
+            lse[start:end] = lse_c
+            logp[start:end] = z.gather(-1, index[start:end, None]).squeeze(-1) - lse_c
+            if with_entropy:
+                p = (z - lse_c[:, None]).exp_()  # (C, V)
+                entropy[start:end] = lse_c - (p * z).sum(-1)
+        ctx.save_for_backward(logits, index, lse, entropy if with_entropy else lse)
+        ctx.inv_temperature = inv_temperature
+        ctx.with_entropy = with_entropy
+        ctx.chunk_rows = chunk_rows
+        ctx.mark_non_differentiable(index)
+        return (logp, entropy) if with_entropy else (logp, lse.new_zeros(0))
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        logits, index, lse, entropy = ctx.saved_tensors
+        inv_t = ctx.inv_temperature
+        dtype = lse.dtype
+        num_rows = logits.shape[0]
+        grad = torch.empty_like(logits)
+        use_entropy = ctx.with_entropy and grad_entropy is not None
+        if grad_logp is None:
+            grad_logp = torch.zeros(num_rows, dtype=dtype, device=logits.device)
+        for start in range(0, num_rows, ctx.chunk_rows):
+            end = min(start + ctx.chunk_rows, num_rows)
+            z = logits[start:end].to(dtype)
+            if inv_t != 1.0:
+                z = z * inv_t
+            logp_all = z - lse[start:end, None]  # (C, V) log p; z is no longer needed after this
+            p = logp_all.exp()
+            g_lp = grad_logp[start:end, None]  # (C, 1)
+            if use_entropy:
+                # g_H · (−p (log p + H))  −  g_lp · p, computed in place in logp_all
+                g_h = grad_entropy[start:end, None]
+                chunk_grad = logp_all.add_(entropy[start:end, None]).mul_(p).mul_(-g_h).sub_(p * g_lp)
+            else:
+                chunk_grad = p.mul_(-g_lp)
+            chunk_grad.scatter_add_(-1, index[start:end, None], g_lp)
+            if inv_t != 1.0:
+                chunk_grad.mul_(inv_t)
+            grad[start:end] = chunk_grad
+        return grad, None, None, None, None
+
+
+def _flatten(logits: torch.Tensor, index: torch.Tensor | None):
+    if logits.dim() < 2:
+        raise ValueError(f"logits must have shape (..., V), got {tuple(logits.shape)}")
+    lead = logits.shape[:-1]
+    flat = logits.reshape(-1, logits.shape[-1])
+    flat_index = None
+    if index is not None:
+        if index.shape != lead:
+            raise ValueError(
+                f"index shape {tuple(index.shape)} must equal logits shape without the vocabulary dim {tuple(lead)}"
+            )
+        flat_index = index.reshape(-1).long()
+    return lead, flat, flat_index
+
+
+def selective_log_softmax(
+    logits: torch.Tensor,
+    index: torch.Tensor,
+    chunk_rows: int | None = None,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Log-probabilities of the chosen tokens, ``log softmax(logits / τ)[index]``, chunked over rows.
+
+    Equivalent to (but never materialising the float32 ``(B, T, V)`` tensor of)::
+
+        torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
+
+    Args:
+        logits: (B, T, V) (any leading dims), float32, bfloat16 or float16; computed in float32
+            (float64 stays float64).
+        index: (B, T) token ids.
+        chunk_rows: rows per chunk; default keeps each chunk's float32 temporary at ~16 MB.
+        temperature: τ > 0, the sampling temperature the tokens were drawn with.
+    Returns:
+        (B, T) float32 (float64 for float64 logits); differentiable with respect to ``logits``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 for log-probabilities")
+    lead, flat, flat_index = _flatten(logits, index)
+    rows = _chunk_rows(flat.shape[0], flat.shape[1], chunk_rows)
+    logp, _ = _TokenLogprobEntropy.apply(flat, flat_index, 1.0 / temperature, False, rows)
+    return logp.view(lead)
+
+
+def selective_log_softmax_with_entropy(
+    logits: torch.Tensor,
+    index: torch.Tensor,
+    chunk_rows: int | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(selective_log_softmax(...), chunked_entropy(...))`` in one pass over the logits; shapes (B, T)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 for log-probabilities")
+    lead, flat, flat_index = _flatten(logits, index)
+    rows = _chunk_rows(flat.shape[0], flat.shape[1], chunk_rows)
+    logp, entropy = _TokenLogprobEntropy.apply(flat, flat_index, 1.0 / temperature, True, rows)
+    return logp.view(lead), entropy.view(lead)
+
+
+def chunked_entropy(
+    logits: torch.Tensor, chunk_rows: int | None = None, temperature: float = 1.0
+) -> torch.Tensor:
+    """Entropy of ``softmax(logits / τ)`` per position, chunked over rows.
+
+    Equivalent to::
+
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        -(logp.exp() * logp).sum(-1)
+
+    Args:
+        logits: (B, T, V). Returns: (B, T) float32, differentiable (∂H/∂z = −p ⊙ (log p + H) / τ).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0")
+    lead, flat, _ = _flatten(logits, None)
+    rows = _chunk_rows(flat.shape[0], flat.shape[1], chunk_rows)
+    dummy_index = torch.zeros(flat.shape[0], dtype=torch.long, device=flat.device)
+    _, entropy = _TokenLogprobEntropy.apply(flat, dummy_index, 1.0 / temperature, True, rows)
+    return entropy.view(lead)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) positions that count only real tokens, so a left-padded prompt starts at position 0.
+
+    ``cumsum(mask) − 1`` clamped at 0 (pad positions get 0; they are masked out of attention anyway).
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+@dataclass
+class SequenceLogprobs:
+    """Output of ``sequence_logprobs``; every tensor covers the T response positions only.
+
+    logprobs: (B, T) float32 log π(y_t | x, y_<t), differentiable when the model is.
+    entropy:  (B, T) float32 entropy of π(· | x, y_<t), or None when not asked for.
+    hidden:   (B, T, H) final hidden states feeding ``lm_head`` at the positions that predict the response
+              tokens (for lm_head gradient norms), or None when not asked for.
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    return_hidden: bool = False,
+    chunk_rows: int | None = None,
+) -> SequenceLogprobs:
+    """Run a causal LM over ``prompt ‖ response`` and return log-probs of the response tokens only.
+
+    Args:
+        model: a Hugging Face causal LM (``AutoModelForCausalLM``, PEFT-wrapped ok).
+        input_ids: (B, L) left-padded prompts followed by right-padded responses; L = P + T.
+        attention_mask: (B, L) 1 for real tokens (prompt and response up to and including EOS).
+        response_length: T, the number of final positions that are response tokens.
+        temperature: τ used when sampling; log-probs are of softmax(logits / τ).
+        with_entropy: also return per-position entropies (one extra pass over each chunk).
+        return_hidden: also return the final hidden states at the T predicting positions.
+    Returns:
+        ``SequenceLogprobs``; values at response padding positions are finite but meaningless (mask them).
+
+    Only the logits of the T + 1 last positions are computed (``logits_to_keep``), and position ids come
+    from the attention mask so that left padding does not shift the prompt's positions.
+    """
+    batch, length = input_ids.shape
+    if not 1 <= response_length < length:
+        raise ValueError(f"response_length={response_length} must be in [1, {length - 1}] for L={length}")
+    position_ids = position_ids_from_mask(attention_mask)
+    outputs = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=response_length + 1,
+        output_hidden_states=return_hidden,
+        use_cache=False,
+    )
+    # The logit at position i predicts token i + 1: keep positions L−T−1 … L−2 for tokens L−T … L−1.
+    logits = outputs.logits[:, -(response_length + 1) : -1, :]  # (B, T, V)
+    targets = input_ids[:, -response_length:]  # (B, T)
+    if with_entropy:
+        logprobs, entropy = selective_log_softmax_with_entropy(logits, targets, chunk_rows, temperature)
+    else:
+        logprobs, entropy = selective_log_softmax(logits, targets, chunk_rows, temperature), None
+    hidden = None
+    if return_hidden:
+        hidden = outputs.hidden_states[-1][:, -(response_length + 1) : -1, :]  # (B, T, H)
+    return SequenceLogprobs(logprobs=logprobs, entropy=entropy, hidden=hidden)
