@@ -1,0 +1,166 @@
+"""Entropy control (SPEC §1.4, seed 002).
+
+- static ``entropy_coef``: ``loss −= coef · aggregate(H_t)`` (H_t the entropy of the full next-token
+  distribution, aggregated like the policy loss).
+- ``AdaptiveEntropyController`` (Skywork-OR1, arXiv 2505.22312): ``c ← clip(c ± Δ, lo, hi)`` after each
+  optimizer step; the coefficient applied is ``c·1[e ≤ target]``.
+- ``clip_cov`` / ``kl_cov`` (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
+  arXiv 2505.22617): the per-token covariance ``cov_t = (A_t − Ā)·(logp_t − mean logp)`` over valid tokens
+  (means detached) marks the few tokens that drive entropy collapse. clip_cov zeroes the loss terms of
+  ``max(1, ⌊r·N⌋)`` random tokens with ``lb < cov < ub`` that the trust region did not already clip;
+  kl_cov adds ``β_cov·|logp − old_logp|`` to the top ``max(1, ⌊k·N⌋)`` tokens by cov. Here ``k`` is a
+  fraction (2e-3); verl's ``k_percent`` is a percentage (0.2 means 0.2 %), so ``k = k_percent / 100``.
+  With one update per rollout ``logp == old_logp`` and the kl_cov term (value and gradient) is zero.
+
+Selection never syncs with the host: the number of tokens to pick is a tensor; ``topk`` runs with the
+shape-derived upper bound ``max(1, ⌊r·B·T⌋)`` and ranks beyond the data-dependent count are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .validation import check_range
+
+COV_CONTROLS = ("none", "clip_cov", "kl_cov")
+
+
+@dataclass
+class AdaptiveEntropyController:
+    """Skywork-OR1 adaptive entropy coefficient (a small stateful object; checkpoint its ``state_dict``).
+
+    Rule, once per optimizer step with the measured mean token entropy e (seed 002 eq. 4):
+    ``c ← clip(c + Δ, lo, hi)`` if e < target, ``c ← clip(c − Δ, lo, hi)`` if e > target (unchanged at
+    equality); the coefficient to apply is ``c·1[e ≤ target]``.
+
+    ``coef`` uses the latest measured entropy for the gate and the already-updated c (the value for the
+    next step, as a trainer that measures entropy during the update sees it); ``coef_for(e)`` gives
+    ``c·1[e ≤ target]`` for a caller that measures the current step's entropy before the loss. Before the
+    first measurement the gate is open (``coef = c_0``).
+    """
+
+    target: float = 0.2
+    delta: float = 0.005
+    coef_min: float = 0.0
+    coef_max: float = 1.0
+    coef_init: float = 0.0
+    c: float = field(init=False)
+    last_entropy: float | None = field(init=False, default=None)
+    steps: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        check_range("entropy_target", self.target, low=0.0, low_inclusive=True, high=None)
+        check_range("entropy_delta", self.delta, low=0.0, low_inclusive=True, high=None)
+        check_range("entropy_coef_min", self.coef_min, low=None, high=None)
+        check_range("entropy_coef_max", self.coef_max, low=self.coef_min, low_inclusive=True, high=None)
+        check_range(
+            "entropy_coef_init", self.coef_init, low=self.coef_min, high=self.coef_max, low_inclusive=True,
+            hint="Start the controller inside [entropy_coef_min, entropy_coef_max].",
+        )
+        self.c = float(self.coef_init)
+
+    def coef_for(self, entropy: float) -> float:
+        return self.c if entropy <= self.target else 0.0
+
+    @property
+    def coef(self) -> float:
+        return self.c if self.last_entropy is None else self.coef_for(self.last_entropy)
+
+    def update(self, mean_entropy: float) -> float:
+        """Record the step's mean entropy, move c by ±Δ, return the coefficient for the next step."""
+        e = float(mean_entropy)
+        if not math.isfinite(e):
+            raise ValueError(f"mean_entropy={mean_entropy!r} must be finite; skip the update on a bad step.")
+        if e < self.target:
+            self.c = min(self.coef_max, max(self.coef_min, self.c + self.delta))
+        elif e > self.target:
+            self.c = min(self.coef_max, max(self.coef_min, self.c - self.delta))
+        self.last_entropy = e
+        self.steps += 1
+        return self.coef
+
+    def state_dict(self) -> dict[str, float | int | None]:
+        return {"c": self.c, "last_entropy": self.last_entropy, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, float | int | None]) -> None:
+        self.c = float(state["c"])
+        self.last_entropy = None if state.get("last_entropy") is None else float(state["last_entropy"])
+        self.steps = int(state.get("steps", 0))
+
+
+def token_covariance(
+    logp: torch.Tensor, adv: torch.Tensor, m: torch.Tensor, num_valid: torch.Tensor
+) -> torch.Tensor:
+    """``cov_t = (A_t − Ā)(logp_t − mean logp)`` with batch means over valid tokens; detached.
+
+    Args:
+        logp: (B, T); adv: (B, T) or (B, 1); m: (B, T) float mask; num_valid: 0-dim count N.
+    Returns:
+        (B, T), 0 at invalid positions.
+    """
+    with torch.no_grad():
+        n = num_valid.clamp(min=1.0)
+        adv_bt = adv.expand_as(logp)
+        mean_adv = (adv_bt * m).sum() / n
+        mean_logp = (logp * m).sum() / n
+        return (adv_bt - mean_adv) * (logp - mean_logp) * m
+
+
+def _count(fraction: float, num_valid: torch.Tensor) -> torch.Tensor:
+    """``max(1, ⌊fraction·N⌋)`` as a tensor (float64 where the device has it, so 2e-4·5000 floors to 1)."""
+    dtype = torch.float32 if num_valid.device.type == "mps" else torch.float64
+    return torch.clamp(torch.floor(num_valid.to(dtype) * fraction), min=1.0)
+
+
+def _bound(fraction: float, numel: int) -> int:
+    return max(1, min(numel, math.floor(fraction * numel)))
+
+
+def _ranked_pick(scores: torch.Tensor, eligible: torch.Tensor, count: torch.Tensor, bound: int) -> torch.Tensor:
+    """Bool mask (same shape as scores) of the ``count`` highest-scoring eligible entries (≤ ``bound``)."""
+    flat = torch.where(eligible, scores, -math.inf).reshape(-1)
+    values, index = flat.topk(bound)  # sorted, descending
+    rank = torch.arange(bound, device=scores.device)
+    keep = (rank < count) & (values > -math.inf)
+    picked = torch.zeros(flat.shape, dtype=torch.bool, device=scores.device)
+    picked.scatter_(0, index, keep)
+    return picked.view(scores.shape)
+
+
+def clip_cov_selection(
+    cov: torch.Tensor,
+    valid: torch.Tensor,
+    trust_clipped: torch.Tensor,
+    num_valid: torch.Tensor,
+    *,
+    ratio: float,
+    lb: float,
+    ub: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Tokens whose loss terms clip_cov zeroes: ``max(1, ⌊r·N⌋)`` drawn uniformly from the candidates.
+
+    Candidates: valid, not clipped by the trust region, ``lb < cov < ub``. Random order comes from uniform
+    keys drawn with ``generator`` (which must live on the tensors' device; None uses the global RNG).
+    Returns (B, T) bool.
+    """
+    with torch.no_grad():
+        candidates = valid & ~trust_clipped & (cov > lb) & (cov < ub)
+        keys = torch.rand(cov.shape, generator=generator, device=cov.device, dtype=torch.float32)
+        return _ranked_pick(keys, candidates, _count(ratio, num_valid), _bound(ratio, cov.numel()))
+
+
+def kl_cov_selection(cov: torch.Tensor, valid: torch.Tensor, num_valid: torch.Tensor, *, fraction: float) -> torch.Tensor:
+    """Top ``max(1, ⌊k·N⌋)`` valid tokens by covariance; (B, T) bool."""
+    with torch.no_grad():
+        return _ranked_pick(cov, valid, _count(fraction, num_valid), _bound(fraction, cov.numel()))
+
+
+def top_fraction_mean(cov: torch.Tensor, valid: torch.Tensor, num_valid: torch.Tensor, fraction: float = 2e-4) -> torch.Tensor:
+    """Mean of the top ``max(1, ⌊fraction·N⌋)`` covariances (the paper's "top 0.02 %" statistic); 0-dim."""
+    with torch.no_grad():
+        top = _ranked_pick(cov, valid, _count(fraction, num_valid), _bound(fraction, cov.numel()))
+        return (cov * top).sum() / top.sum().clamp(min=1)
