@@ -127,6 +127,8 @@ class HFRollout:
         temperature: sampling temperature τ; 0 means greedy (argmax).
         top_p, top_k: nucleus mass (1.0 = off) and top-k (0 = off).
         impl: ``"loop"`` (default, the hand-written loop below) or ``"generate"`` (``model.generate``).
+        ignore_eos: generate exactly ``max_new_tokens`` tokens per sequence, EOS included as an ordinary
+            token, with every completion position masked in (fixed-length benchmarks).
     """
 
     def __init__(
@@ -138,6 +140,7 @@ class HFRollout:
         top_p: float = 1.0,
         top_k: int = 0,
         impl: str = "loop",
+        ignore_eos: bool = False,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
@@ -158,6 +161,7 @@ class HFRollout:
         self.top_p = top_p
         self.top_k = top_k
         self.impl = impl
+        self.ignore_eos = ignore_eos
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if isinstance(gen_eos, int):
@@ -252,7 +256,9 @@ class HFRollout:
         )
 
     def _completion_mask(self, completion_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) long: 1 up to and including the first EOS, 0 after it."""
+        """(B, T) long: 1 up to and including the first EOS, 0 after it (all 1 with ``ignore_eos``)."""
+        if self.ignore_eos:
+            return torch.ones_like(completion_ids)
         is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=completion_ids.device))
         # eos seen strictly before position t  <=>  cumsum up to t minus is_eos[t] > 0
         seen_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
@@ -281,7 +287,8 @@ class HFRollout:
             tokens.append(next_ids)
             # The EOS token itself is attended to (mask 1); tokens after it are padding (mask 0).
             attention_mask = torch.cat([attention_mask, (~finished).long()[:, None]], dim=1)
-            finished = finished | torch.isin(next_ids, eos)
+            if not self.ignore_eos:
+                finished = finished | torch.isin(next_ids, eos)
             if bool(finished.all()) or step == self.max_new_tokens - 1:
                 break
             out = self.model(
@@ -318,10 +325,13 @@ class HFRollout:
                 input_ids=prompt_ids,
                 attention_mask=prompt_mask,
                 max_new_tokens=self.max_new_tokens,
+                min_new_tokens=self.max_new_tokens if self.ignore_eos else None,
                 eos_token_id=self.eos_token_ids,
                 pad_token_id=self.tokenizer.pad_token_id,
                 **kwargs,
             )
         completion_ids = out[:, prompt_ids.shape[1] :]
+        if self.ignore_eos:
+            return completion_ids, torch.zeros(out.shape[0], dtype=torch.bool, device=out.device)
         finished = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=out.device)).any(-1)
         return completion_ids, finished
