@@ -1,0 +1,567 @@
+"""``CharTextEnv``: the character-level text POMDP (SPEC §5.1, seed 004), Gymnasium id ``lmpo/CharText-v0``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from lmpo.textenv.alphabet import Alphabet
+from lmpo.textenv.compliance import Compliance
+from lmpo.textenv.corpus import Corpus, load_corpus, load_sample_corpus
+from lmpo.textenv.rewards import EmaStandardizer, NgramCoverage, ngram_keys
+
+REWARD_KEYS = (
+    "reward/cov",
+    "reward/nce",
+    "reward/cov_norm",
+    "reward/nce_norm",
+    "reward/bonus",
+    "reward/garble",
+    "reward/illegal",
+    "reward/base",
+    "reward/potential",
+    "reward/soft",
+)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Settings of ``CharTextEnv`` (defaults: SPEC §5.1 / seed 004 §9)."""
+
+    # -- episode ---------------------------------------------------------------------------------------
+    window_chars: int = 32
+    """m: history characters in the observation window (and the reference history an episode starts with)."""
+    max_steps: int = 64
+    """T: steps before the episode is truncated."""
+    start: str = "random"
+    """'random': uniform over every (chapter, position) with a full m-character history; 'chapter_start':
+    a random chapter at position m."""
+    illegal_done: bool = True
+    """an action outside the legal mask ends the episode (terminated) with reward −λ_ill only."""
+    # -- corpus (used when the env loads ``text`` itself) -----------------------------------------------
+    split: str = "train"
+    """which chapters the env plays when it loads ``text``: 'train', 'heldout' or 'all'."""
+    heldout_fraction: float = 0.2
+    split_seed: int = 0
+    min_count: int = 1
+    """alphabet: minimum training count of a character."""
+    separator: str | None = None
+    """chapter separator for text files (None: blank-line headings; see ``lmpo.textenv.corpus``)."""
+    # -- compliance -----------------------------------------------------------------------------------
+    max_run_chars: int = 3
+    blacklist: tuple[str, ...] = ()
+    blacklist_path: str | None = None
+    whitelist_size: int = 64
+    # -- rewards --------------------------------------------------------------------------------------
+    use_coverage: bool = True
+    use_infonce: bool = True
+    use_bigram_bonus: bool = True
+    use_garble: bool = True
+    use_illegal_penalty: bool = True
+    use_normalisation: bool = True
+    """EMA standardisation of cov and nce (off: raw values enter the base reward)."""
+    ngram_n: int = 3
+    """n of the coverage n-grams (and of the InfoNCE key n-gram)."""
+    coverage_window_chars: int = 64
+    """W: the agent's last W characters are compared with the aligned reference window."""
+    lambda_cov: float = 1.0
+    lambda_nce: float = 0.5
+    lambda_gar: float = 0.1
+    lambda_ill: float = 2.0
+    lambda_bigram: float = 1.0
+    bigram_match_bonus: float = 0.5
+    """bonus when the bigram is not in the lexicon but the action equals the target c_t."""
+    garble_min_count: int = 2
+    """characters with a training count below this (and not punctuation) are garble."""
+    norm_beta: float = 1e-3
+    norm_eps: float = 1e-8
+    potential_coef: float = 0.0
+    """κ of the bounded potential Φ(s) = κ·cov(s) ∈ [0, κ]; 0 turns shaping off."""
+    potential_gamma: float = 0.995
+    # -- InfoNCE encoder ------------------------------------------------------------------------------
+    nce_context_chars: int = 8
+    nce_hidden_dim: int = 64
+    nce_embed_dim: int = 32
+    nce_tau: float = 0.07
+    nce_momentum: float = 0.99
+    nce_queue_size: int = 64
+    nce_lr: float = 3e-3
+    nce_pairs_per_step: int = 128
+    nce_pretrain_steps: int = 300
+    """InfoNCE training steps on the env's chapters at construction (0: call ``train_encoder`` yourself)."""
+    nce_seed: int = 0
+    # -- lexicon --------------------------------------------------------------------------------------
+    use_jieba_lexicon: bool = True
+    """L includes jieba's two-character words and names (else only the reference bigrams)."""
+    augment_lexicon_with_reference: bool = True
+    """add every bigram of the env's chapters to L (SPEC); then the true next character always earns
+    λ_bigram and the 0.5 fallback only applies to a lexicon without that bigram."""
+    lexicon_dir: str | None = None
+    """lexicon cache directory (default ``$LMPO_CACHE_DIR/lexicon`` or the user cache directory)."""
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(f"EnvConfig: {msg}")
+
+        need(self.window_chars >= 1, f"window_chars={self.window_chars} must be >= 1")
+        need(self.max_steps >= 1, f"max_steps={self.max_steps} must be >= 1")
+        need(
+            self.start in ("random", "chapter_start"),
+            f"start={self.start!r} must be 'random' or 'chapter_start'",
+        )
+        need(
+            self.split in ("train", "heldout", "all"),
+            f"split={self.split!r} must be 'train', 'heldout' or 'all'",
+        )
+        need(self.ngram_n in (1, 2, 3, 4, 5, 6), f"ngram_n={self.ngram_n} must be in 1..6 (SPEC: 3 or 4)")
+        need(
+            self.coverage_window_chars >= self.ngram_n,
+            f"coverage_window_chars={self.coverage_window_chars} must be >= ngram_n={self.ngram_n}",
+        )
+        need(0.0 < self.norm_beta <= 1.0, f"norm_beta={self.norm_beta} must be in (0, 1]")
+        need(0.0 < self.potential_gamma <= 1.0, f"potential_gamma={self.potential_gamma} must be in (0, 1]")
+        need(self.potential_coef >= 0.0, f"potential_coef={self.potential_coef} must be >= 0")
+        need(self.nce_pretrain_steps >= 0, f"nce_pretrain_steps={self.nce_pretrain_steps} must be >= 0")
+        need(
+            isinstance(self.blacklist, (tuple, list, frozenset, set, str)),
+            f"blacklist must be a tuple of characters, got {type(self.blacklist).__name__}",
+        )
+
+
+def _chars(blacklist) -> frozenset[str]:
+    out = set()
+    for item in blacklist:
+        out.update(item)
+    return frozenset(out)
+
+
+class CharTextEnv(gym.Env):
+    """Character-level text continuation as a POMDP.
+
+    ## Description
+    The agent writes a chapter of a reference text one character at a time. An episode starts at a
+    position of a chapter with the preceding m reference characters as its history; at step t the
+    reference character ``c_t`` is the target. The agent sees only its own history (no reference
+    characters ahead of the current step); the reference enters rewards, ``info`` and logs only.
+
+    ## Action Space
+    ``Discrete(A)``, A = ``len(alphabet)``: an id of the alphabet Σ (``<eos>`` ends the episode; ``<pad>`` and
+    ``<unk>`` are never legal). The legal set is ``obs["legal_mask"]`` / ``action_masks()``.
+
+    ## Observation Space
+    ``Dict(window=Box(0, A-1, (m,), int64), legal_mask=MultiBinary(A) int8)``: the last m history ids,
+    left-padded with ``<pad>`` (0), and the legal mask of the next action.
+
+    ## Rewards
+    ``r = λ_cov·N(cov) + λ_nce·N(nce) − λ_gar·garble − λ_ill·ill + bonus + potential``, reported in ``info``
+    as ``reward/base`` (the first four terms), ``reward/soft`` (the lexical bigram bonus) and
+    ``reward/potential`` (γΦ(s')−Φ(s)); formulas and defaults in ``docs/textenv.md``. An illegal action with
+    ``illegal_done`` gives exactly ``−λ_ill``.
+
+    ## Starting State
+    ``reset(seed=…)``: a (chapter, position p ≥ m) drawn with ``self.np_random`` (``start='random'``) or
+    position m of a random chapter (``'chapter_start'``); ``options={"chapter": i, "position": p}``
+    chooses it (p ≥ 0; a history shorter than m is left-padded). A reset with a seed also restores the
+    reward normaliser statistics and the InfoNCE negative queue, so a seeded episode is reproducible;
+    a reset without a seed keeps running statistics.
+
+    ## Episode End
+    terminated: the agent emits ``<eos>``, the chapter's end is reached (the last target is ``<eos>``), or
+    an illegal action with ``illegal_done``. truncated: ``max_steps`` steps taken without termination.
+
+    ## Teacher override (DAgger hook)
+    ``set_teacher(True)``: every following ``step(action)`` advances the history with ``c_t`` instead of
+    the action, scores the rewards for ``c_t``, and reports ``info["is_teacher"] = True``,
+    ``info["teacher_action"] = c_t``, ``info["agent_action"] = action``. Mask conflict: if ``c_t`` is not
+    in the current legal mask (the run-length rule, a blacklisted or out-of-alphabet ``<unk>`` target),
+    the environment still accepts it — the teacher is the reference — with no illegal penalty and no
+    early stop, and reports ``info["mask_conflict"] = True``; the agent side decides to reject or relabel
+    the demonstration.
+
+    ## Arguments
+    ``CharTextEnv(chapters=None, alphabet=None, config=EnvConfig(), *, text=None, lexicon=None,
+    encoder=None, render_mode=None)``. ``chapters``: chapter texts or a ``Corpus``; if None, ``text`` (a
+    path, list of paths or directory; default the bundled sample) is loaded and split by the config.
+    ``alphabet``: default built from the chapters. ``gymnasium.make("lmpo/CharText-v0", text=…,
+    config=EnvConfig(…))`` passes the same arguments.
+
+    ## Version History
+    - v0: first version.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        chapters: Sequence[str] | Corpus | None = None,
+        alphabet: Alphabet | None = None,
+        config: EnvConfig | None = None,
+        *,
+        text: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+        lexicon=None,
+        encoder=None,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__()
+        cfg = config if config is not None else EnvConfig()
+        self.config = cfg
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode={render_mode!r}; supported: {self.metadata['render_modes']}")
+        self.render_mode = render_mode
+        source = "chapters"
+        if chapters is None:
+            corpus = load_corpus(text, cfg.separator) if text is not None else load_sample_corpus()
+            source = str(text) if text is not None else "bundled sample text"
+            train, heldout = corpus.split(cfg.heldout_fraction, cfg.split_seed)
+            if alphabet is None:
+                alphabet = Alphabet.from_texts(train, cfg.min_count)
+            chapters = {"train": train, "heldout": heldout, "all": list(corpus.chapters)}[cfg.split]
+        elif isinstance(chapters, Corpus):
+            source = ", ".join(sorted(set(chapters.sources)))
+            chapters = list(chapters.chapters)
+        chapters = [c for c in chapters if isinstance(c, str)]
+        if not chapters or not any(chapters):
+            raise ValueError(f"CharTextEnv: no chapters with text ({source}); bring a non-empty corpus")
+        if alphabet is None:
+            alphabet = Alphabet.from_texts(chapters, cfg.min_count)
+        self.alphabet = alphabet
+        self.chapters = list(chapters)
+        A, m = len(alphabet), cfg.window_chars
+        self.num_actions = A
+
+        # chapters long enough for a full history + one target; positions p in [m, len-1]
+        lengths = np.array([len(c) for c in self.chapters])
+        self._valid_starts = np.maximum(lengths - m, 0)
+        if self._valid_starts.sum() == 0:
+            raise ValueError(
+                f"CharTextEnv: window_chars={m} is longer than every chapter of {source} (longest: "
+                f"{int(lengths.max())} characters; an episode needs m + 1); lower window_chars or bring longer chapters"
+            )
+        self._start_cum = np.cumsum(self._valid_starts)
+        self._ref: list[list[int] | None] = [None] * len(self.chapters)
+        self._ref_keys: list[list[int] | None] = [None] * len(self.chapters)
+
+        self.compliance = Compliance(
+            alphabet, cfg.max_run_chars, _chars(cfg.blacklist), cfg.blacklist_path, cfg.whitelist_size
+        )
+        if int(self.compliance.static_mask[alphabet.num_special :].sum()) == 0:
+            raise ValueError(
+                f"CharTextEnv: no legal characters in the alphabet of {source} (every character is a control/"
+                "format/private-use/unassigned code point or blacklisted); check the corpus and EnvConfig.blacklist"
+            )
+        self._garble = alphabet.garble_mask(cfg.garble_min_count)
+        self._lexicon = None
+        self._pairs: set[int] = set()
+        if cfg.use_bigram_bonus:
+            if lexicon is None:
+                from lmpo.textenv.lexicon import load_lexicon
+
+                refs = self.chapters if cfg.augment_lexicon_with_reference else ()
+                lexicon = load_lexicon(refs, cfg.lexicon_dir, use_dictionary=cfg.use_jieba_lexicon)
+            self._lexicon = lexicon
+            self._pairs = lexicon.pair_ids(alphabet)
+
+        self._coverage = NgramCoverage(cfg.ngram_n, cfg.coverage_window_chars, A)
+        self.norm_cov = EmaStandardizer(cfg.norm_beta, cfg.norm_eps)
+        self.norm_nce = EmaStandardizer(cfg.norm_beta, cfg.norm_eps)
+        self.encoder = None
+        self._scorer = None
+        if cfg.use_infonce:
+            self._setup_infonce(encoder)
+
+        self.action_space = spaces.Discrete(A)
+        self.observation_space = spaces.Dict(
+            {
+                "window": spaces.Box(0, A - 1, shape=(m,), dtype=np.int64),
+                "legal_mask": spaces.MultiBinary(A),
+            }
+        )
+        self._teacher = False
+        self._y: list[int] | None = None
+        self._last_info: dict[str, Any] | None = None
+
+    # -- InfoNCE ------------------------------------------------------------------------------------------
+    def _setup_infonce(self, encoder) -> None:
+        from lmpo.textenv.infonce import InfoNCEConfig, InfoNCEModel, InfoNCEScorer
+
+        cfg = self.config
+        if encoder is None:
+            encoder = InfoNCEModel(
+                len(self.alphabet),
+                InfoNCEConfig(
+                    context_chars=cfg.nce_context_chars,
+                    ngram_n=cfg.ngram_n,
+                    hidden_dim=cfg.nce_hidden_dim,
+                    embed_dim=cfg.nce_embed_dim,
+                    tau=cfg.nce_tau,
+                    momentum=cfg.nce_momentum,
+                    queue_size=cfg.nce_queue_size,
+                    lr=cfg.nce_lr,
+                    pairs_per_step=cfg.nce_pairs_per_step,
+                    seed=cfg.nce_seed,
+                ),
+                pad_id=self.alphabet.pad_id,
+            )
+        elif encoder.num_chars != len(self.alphabet):
+            raise ValueError(
+                f"encoder was built for {encoder.num_chars} characters but the alphabet has {len(self.alphabet)}; "
+                "build the encoder with len(alphabet)"
+            )
+        self.encoder = encoder
+        ids = [np.asarray(self._chapter_ref(i), dtype=np.int64) for i in range(len(self.chapters))]
+        if cfg.nce_pretrain_steps and encoder.steps_trained == 0:
+            encoder.train(ids, cfg.nce_pretrain_steps)
+        self._scorer = InfoNCEScorer(encoder, ids)
+
+    def train_encoder(self, steps: int, chapters: Sequence[str] | None = None) -> dict[str, float]:
+        """Train the InfoNCE encoder ``steps`` steps on reference pairs (default: the env's chapters)."""
+        if self.encoder is None:
+            raise RuntimeError("train_encoder: InfoNCE is off (EnvConfig.use_infonce=False)")
+        if chapters is None:
+            ids = self._scorer.chapters_ids
+        else:
+            ids = [
+                np.asarray(self.alphabet.encode(c) + [self.alphabet.eos_id], dtype=np.int64) for c in chapters
+            ]
+        stats = self.encoder.train(ids, steps)
+        self._scorer.sync()
+        return stats
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    def _chapter_ref(self, i: int) -> list[int]:
+        ref = self._ref[i]
+        if ref is None:
+            ref = self.alphabet.encode(self.chapters[i]) + [self.alphabet.eos_id]
+            self._ref[i] = ref
+        return ref
+
+    def _chapter_ref_keys(self, i: int) -> list[int]:
+        keys = self._ref_keys[i]
+        if keys is None:
+            keys = ngram_keys(self._chapter_ref(i), self.config.ngram_n, len(self.alphabet))
+            self._ref_keys[i] = keys
+        return keys
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        m = self.config.window_chars
+        tail = self._y[-m:]
+        win = np.zeros(m, dtype=np.int64)
+        if tail:
+            win[m - len(tail) :] = tail
+        return {"window": win, "legal_mask": self._mask.astype(np.int8)}
+
+    def _update_mask(self) -> None:
+        self._mask, self._fallback = self.compliance.mask(self._y)
+
+    # -- public API -----------------------------------------------------------------------------------------
+    def action_masks(self) -> np.ndarray:
+        """(A,) bool legal mask of the next action."""
+        if self._y is None:
+            raise RuntimeError("call reset() before action_masks()")
+        return self._mask.copy()
+
+    def set_teacher(self, on: bool) -> None:
+        """Teacher override on/off for the following steps (see class docstring)."""
+        self._teacher = bool(on)
+
+    @property
+    def teacher(self) -> bool:
+        return self._teacher
+
+    def teacher_action(self) -> int:
+        """Id of the reference character ``c_t`` of the current step (may be ``<unk>`` / ``<eos>``)."""
+        if self._y is None:
+            raise RuntimeError("call reset() before teacher_action()")
+        return self._ref_cur[self._p + self._t]
+
+    def reload_blacklist(self) -> None:
+        """Re-read ``EnvConfig.blacklist_path``; the new rules apply from the next mask on."""
+        self.compliance.reload_blacklist()
+        if self._y is not None:
+            self._update_mask()
+
+    @property
+    def lexicon(self):
+        return self._lexicon
+
+    @property
+    def history(self) -> str:
+        """The current history as text (reference start + appended characters)."""
+        return self.alphabet.decode(self._y or [])
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        cfg = self.config
+        m = cfg.window_chars
+        if seed is not None:
+            self.norm_cov.reset()
+            self.norm_nce.reset()
+            if self._scorer is not None:
+                self._scorer.reset_queue()
+        options = options or {}
+        if "chapter" in options:
+            ci = int(options["chapter"])
+            if not 0 <= ci < len(self.chapters):
+                raise ValueError(f"options['chapter']={ci} out of range [0, {len(self.chapters)})")
+            default_p = min(m, len(self.chapters[ci]) - 1)
+            p = int(options.get("position", default_p))
+            if not 0 <= p < len(self.chapters[ci]):
+                raise ValueError(
+                    f"options['position']={p} out of range [0, {len(self.chapters[ci])}) for chapter {ci}"
+                )
+        elif cfg.start == "random":
+            flat = int(self.np_random.integers(0, self._start_cum[-1]))
+            ci = int(np.searchsorted(self._start_cum, flat, side="right"))
+            before = int(self._start_cum[ci - 1]) if ci > 0 else 0
+            p = m + flat - before
+        else:
+            valid = np.flatnonzero(self._valid_starts)
+            ci = int(valid[self.np_random.integers(0, len(valid))])
+            p = m
+        ref = self._chapter_ref(ci)
+        self._ci, self._p, self._t = ci, p, 0
+        self._ref_cur = ref
+        h0 = min(m, p)
+        self._y = ref[p - h0 : p]
+        self._h0 = h0
+        self._coverage.start(self._chapter_ref_keys(ci), p - h0, h0)
+        self._phi = 0.0
+        self._update_mask()
+        self._last_info = None
+        info = {"chapter": ci, "position": p, "mask_fallback": self._fallback, "is_teacher": self._teacher}
+        return self._obs(), info
+
+    def step(self, action):
+        if self._y is None:
+            raise RuntimeError("call reset() before step()")
+        a = int(action)
+        A = self.num_actions
+        if not 0 <= a < A:
+            raise ValueError(f"action={action!r} is outside Discrete({A})")
+        cfg = self.config
+        alph = self.alphabet
+        ref = self._ref_cur
+        pos = self._p + self._t  # chapter position of the target c_t
+        target = ref[pos]
+        prev_ref = ref[pos - 1] if pos >= 1 else -1
+        teacher = self._teacher
+        played = target if teacher else a
+        legal = bool(self._mask[played])
+        illegal = (not legal) and not teacher
+        info: dict[str, Any] = {
+            "step": self._t + 1,
+            "chapter": self._ci,
+            "position": pos,
+            "is_teacher": teacher,
+            "teacher_action": target,
+            "agent_action": a,
+            "action": played,
+            "target_char": alph.chars[target],
+            "prev_char": alph.chars[prev_ref] if prev_ref >= 0 else "",
+            "action_char": alph.chars[played],
+            "is_illegal": illegal,
+            "mask_conflict": teacher and not legal,
+            "mask_fallback": self._fallback,
+        }
+        if illegal and cfg.illegal_done:
+            r_ill = cfg.lambda_ill if cfg.use_illegal_penalty else 0.0
+            for k in REWARD_KEYS:
+                info[k] = 0.0
+            info["reward/illegal"] = 1.0
+            info["reward/base"] = -r_ill
+            info["is_eos"] = False
+            info["history_tail"] = alph.decode(self._y[-8:])
+            self._last_info = info
+            return self._obs(), -r_ill, True, False, info
+
+        self._y.append(played)
+        self._t += 1
+        y = self._y
+        terminated = played == alph.eos_id or target == alph.eos_id
+        truncated = (not terminated) and self._t >= cfg.max_steps
+
+        cov = self._coverage.push(y) if cfg.use_coverage else 0.0
+        nce = self._scorer.score(y, self._ci, pos) if cfg.use_infonce else 0.0
+        if cfg.use_normalisation:
+            cov_n = self.norm_cov.update(cov) if cfg.use_coverage else 0.0
+            nce_n = self.norm_nce.update(nce) if cfg.use_infonce else 0.0
+        else:
+            cov_n, nce_n = cov, nce
+        bonus = 0.0
+        if cfg.use_bigram_bonus:
+            if prev_ref >= 0 and prev_ref * A + played in self._pairs:
+                bonus = cfg.lambda_bigram
+            elif played == target:
+                bonus = cfg.bigram_match_bonus
+        garble = float(self._garble[played]) if cfg.use_garble else 0.0
+        ill = 1.0 if (illegal and cfg.use_illegal_penalty) else 0.0
+        base = (
+            cfg.lambda_cov * cov_n + cfg.lambda_nce * nce_n - cfg.lambda_gar * garble - cfg.lambda_ill * ill
+        )
+        potential = 0.0
+        if cfg.potential_coef > 0.0:
+            phi_next = 0.0 if terminated else cfg.potential_coef * self._coverage.value
+            potential = cfg.potential_gamma * phi_next - self._phi
+            self._phi = phi_next
+        reward = base + potential + bonus
+
+        self._update_mask()
+        info.update(
+            {
+                "reward/cov": cov,
+                "reward/nce": nce,
+                "reward/cov_norm": cov_n,
+                "reward/nce_norm": nce_n,
+                "reward/bonus": bonus,
+                "reward/garble": garble,
+                "reward/illegal": 1.0 if illegal else 0.0,
+                "reward/base": base,
+                "reward/potential": potential,
+                "reward/soft": bonus,
+                "is_eos": played == alph.eos_id,
+                "history_tail": alph.decode(y[-8:]),
+            }
+        )
+        self._last_info = info
+        return self._obs(), float(reward), terminated, truncated, info
+
+    def render(self):
+        if self.render_mode == "ansi":
+            if self._last_info is None:
+                return f'reset | history="…{self.alphabet.decode(self._y[-8:] if self._y else [])}"'
+            return format_trace(self._last_info, reward=None)
+        return None
+
+    def normaliser_stats(self) -> dict[str, float]:
+        """``norm/{cov,nce}_{mean,std}`` for logging (SPEC §5.3)."""
+        return {
+            "norm/cov_mean": self.norm_cov.mean,
+            "norm/cov_std": self.norm_cov.std,
+            "norm/nce_mean": self.norm_nce.mean,
+            "norm/nce_std": self.norm_nce.std,
+        }
+
+
+def format_trace(info: dict[str, Any], reward: float | None = None) -> str:
+    """One trace line (SPEC §5.3) from a step's ``info``."""
+    base, pot, soft = info["reward/base"], info["reward/potential"], info["reward/soft"]
+    total = base + pot + soft if reward is None else reward
+    src = "teacher" if info["is_teacher"] else "agent"
+    prev, tgt = info["prev_char"], info["target_char"]
+    return (
+        f'Step {info["step"]:02d} | prev="{prev}" target="{tgt}" bigram="{prev}{info["action_char"]}" '
+        f'source={src} action="{info["action_char"]}" -> history="…{info["history_tail"]}" '
+        f"reward={total:.3f} (base={base:+.3f}, potential={pot:+.3f}, soft={soft:+.3f})"
+    )
+
+
+def make_env(text=None, config: EnvConfig | None = None, **kwargs) -> CharTextEnv:
+    """Entry point of ``lmpo/CharText-v0``: ``CharTextEnv(text=text, config=config, **kwargs)``."""
+    return CharTextEnv(text=text, config=config, **kwargs)
