@@ -42,7 +42,8 @@ def test_numeric_match():
         1.0,
     ]
     assert numeric_match([""], ["5"], ["five"]) == [None]  # non-numeric reference: not applicable
-    assert parse_number("x = -2.5e3 and 4") == -2500.0 and parse_number("abc") is None
+    assert parse_number("x = -2.5e3 and 4", which="first") == -2500.0 and parse_number("x 1 y 4") == 4.0
+    assert parse_number("abc") is None
 
 
 def test_math_reward():
