@@ -1,0 +1,343 @@
+"""The SAC training loop (CleanRL-style, top to bottom): act → step (DAgger teacher override) → store
+(agent / demo buffer) → ρ-mixed batch → :meth:`SACAgent.update` → metrics, checkpoints, evaluation.
+
+Run directory layout: ``config.json`` (resolved config), ``metrics.jsonl`` (one line per log interval),
+``tb/`` (TensorBoard), ``checkpoint.pt`` (+ ``envs.pkl``), ``eval.json`` (held-out quality),
+``summary.json`` (what the gate reads), ``trace.log`` (with ``--trace N``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import random
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lmpo.sac.agent import SACAgent
+from lmpo.sac.config import TrainConfig
+from lmpo.sac.replay import ReplayBuffer, nearest_legal, sample_mixed, teacher_ratio
+
+
+@dataclass
+class EnvBundle:
+    """Environments plus what the loop needs to know about their action space."""
+
+    envs: list[Any]
+    num_actions: int
+    pad_id: int
+    eos_id: int
+    window: int
+    decode: Callable[[list[int]], str]
+    code_points: np.ndarray
+    """(A,) code point of each action id, −1 for special ids (used to relabel forbidden teacher actions)."""
+    alphabet: Any = None
+    train_chapters: list[str] = field(default_factory=list)
+    heldout_chapters: list[str] = field(default_factory=list)
+    make_eval_env: Callable[[list[str]], Any] | None = None
+
+
+def make_text_envs(cfg: TrainConfig) -> EnvBundle:
+    """Build ``num_envs`` :class:`lmpo.textenv.CharTextEnv` on the train chapters of ``cfg.corpus``."""
+    from lmpo.textenv import Alphabet, CharTextEnv, EnvConfig, load_corpus
+
+    corpus = load_corpus(cfg.corpus)
+    train_ch, heldout_ch = corpus.split(heldout_fraction=cfg.heldout_fraction, seed=cfg.split_seed)
+    alphabet = Alphabet.from_texts(train_ch)
+    env_cfg = EnvConfig(**cfg.env)
+    envs = [CharTextEnv(train_ch, alphabet, env_cfg) for _ in range(cfg.num_envs)]
+    code_points = np.array(
+        [ord(c) if i >= alphabet.num_special and len(c) == 1 else -1 for i, c in enumerate(alphabet.chars)],
+        dtype=np.int64,
+    )
+    window = int(envs[0].observation_space["window"].shape[0])
+    return EnvBundle(
+        envs=envs, num_actions=len(alphabet), pad_id=alphabet.pad_id, eos_id=alphabet.eos_id, window=window,
+        decode=alphabet.decode, code_points=code_points, alphabet=alphabet, train_chapters=train_ch,
+        heldout_chapters=heldout_ch, make_eval_env=lambda chapters: CharTextEnv(chapters, alphabet, env_cfg),
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class RunningStats:
+    """Sums over one log interval: ``add(key, x)`` then ``means()`` (mean and variance per key)."""
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = defaultdict(float)
+        self.s2: dict[str, float] = defaultdict(float)
+        self.n: dict[str, int] = defaultdict(int)
+
+    def add(self, key: str, x: float, with_var: bool = False) -> None:
+        self.s[key] += x
+        self.n[key] += 1
+        if with_var:
+            self.s2[key] += x * x
+
+    def means(self) -> dict[str, float]:
+        out = {}
+        for k, n in self.n.items():
+            mean = self.s[k] / n
+            out[k] = mean
+            if k in self.s2:
+                out[k.replace("/", "/var_", 1) if "/" in k else k + "_var"] = max(0.0, self.s2[k] / n - mean**2)
+        return out
+
+
+def _trace_line(step: int, info: dict, source: str, action_char: str, history: str, reward: float) -> str:
+    prev, target = info.get("prev_char", ""), info.get("target_char", "")
+    return (
+        f'Step {step:02d} | prev="{prev}" target="{target}" bigram="{prev}{action_char}" source={source} '
+        f'action="{action_char}" -> history="…{history}" reward={reward:.3f} '
+        f'(base={info.get("reward/base", 0.0):+.3f}, potential={info.get("reward/potential", 0.0):+.3f}, '
+        f'soft={info.get("reward/soft", 0.0):+.3f})'
+    )
+
+
+class Trainer:
+    """Holds the loop state so that a run can be checkpointed and resumed bit-for-bit on CPU."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, bundle: EnvBundle | None = None,
+                 trace_steps: int | None = None, progress: bool = True) -> None:
+        cfg.validate()
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        seed_everything(cfg.seed)
+        self.bundle = bundle if bundle is not None else make_text_envs(cfg)
+        b = self.bundle
+        if len(b.envs) != cfg.num_envs:
+            raise ValueError(f"num_envs={cfg.num_envs} but {len(b.envs)} environments were given")
+        self.agent = SACAgent(b.num_actions, b.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device=cfg.device)
+        self.agent_buf = ReplayBuffer(cfg.replay.agent_capacity, b.window, b.num_actions, is_demo=False)
+        self.demo_buf = ReplayBuffer(cfg.replay.demo_capacity, b.window, b.num_actions, is_demo=True)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.obs = [env.reset(seed=cfg.seed * 1000 + i)[0] for i, env in enumerate(b.envs)]
+        self.env_steps = 0
+        self.episodes = 0
+        self.counters: dict[str, int] = defaultdict(int)
+        self.trace_steps = cfg.trace_steps if trace_steps is None else trace_steps
+        self.progress = progress
+        self.history: list[dict[str, float]] = []
+        (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False))
+
+    # ------------------------------------------------------------------ checkpoint
+    def save(self) -> None:
+        state = {
+            "agent": self.agent.state_dict(),
+            "agent_buf": self.agent_buf.state_dict(), "demo_buf": self.demo_buf.state_dict(),
+            "rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+            "py_rng": random.getstate(), "np_global": np.random.get_state(),
+            "env_steps": self.env_steps, "episodes": self.episodes, "counters": dict(self.counters),
+            "obs": self.obs, "history": self.history,
+        }
+        tmp = self.run_dir / "checkpoint.pt.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.run_dir / "checkpoint.pt")
+        tmp_env = self.run_dir / "envs.pkl.tmp"
+        with open(tmp_env, "wb") as f:  # environment state (history, reward normalisers, InfoNCE nets)
+            pickle.dump(self.bundle.envs, f)
+        os.replace(tmp_env, self.run_dir / "envs.pkl")
+
+    def load(self) -> None:
+        # the checkpoint holds numpy RNG states and buffers, so it is not weights_only; load only your own runs
+        state = torch.load(self.run_dir / "checkpoint.pt", weights_only=False)
+        self.agent.load_state_dict(state["agent"])
+        self.agent_buf.load_state_dict(state["agent_buf"])
+        self.demo_buf.load_state_dict(state["demo_buf"])
+        self.rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["py_rng"])
+        np.random.set_state(state["np_global"])
+        self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
+        self.counters = defaultdict(int, state["counters"])
+        self.obs, self.history = state["obs"], state["history"]
+        with open(self.run_dir / "envs.pkl", "rb") as f:
+            self.bundle.envs = pickle.load(f)
+
+    # ------------------------------------------------------------------ one lock-step of all environments
+    def collect(self, roll: RunningStats, trace) -> None:
+        cfg, b = self.cfg, self.bundle
+        ratio = teacher_ratio(self.env_steps, cfg.replay.teacher_ratio_start, cfg.replay.teacher_ratio_end,
+                              cfg.replay.teacher_anneal_env_steps)
+        use_teacher = self.rng.random(len(b.envs)) < ratio
+        windows = np.stack([o["window"] for o in self.obs])
+        legals = np.stack([np.asarray(o["legal_mask"], dtype=bool) for o in self.obs])
+        agent_actions, max_probs = self.agent.act(windows, legals)
+        roll.add("data/teacher_ratio", ratio)
+        for i, env in enumerate(b.envs):
+            legal = legals[i]
+            teacher = int(env.teacher_action())
+            action, source, relabeled, teacher_on = int(agent_actions[i]), "agent", False, False
+            if use_teacher[i]:
+                if legal[teacher]:
+                    action, source, teacher_on = teacher, "teacher", True
+                elif cfg.replay.teacher_conflict == "relabel":
+                    alt = nearest_legal(teacher, legal, b.code_points, b.eos_id)
+                    if alt is not None:  # the relabelled character is stepped as an ordinary action
+                        action, source, relabeled = alt, "teacher", True
+                        self.counters["relabeled"] += 1
+                    else:
+                        self.counters["rejected"] += 1
+                else:
+                    self.counters["rejected"] += 1
+            if teacher_on:
+                env.set_teacher(True)
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            if teacher_on:
+                env.set_teacher(False)
+            buf = self.demo_buf if source == "teacher" else self.agent_buf
+            buf.add(self.obs[i]["window"], legal, action, float(reward), next_obs["window"],
+                    np.asarray(next_obs["legal_mask"], dtype=bool), bool(terminated), bool(truncated),
+                    teacher, relabeled)
+            # ---- rollout statistics
+            roll.add("reward/step", float(reward), with_var=True)
+            for k, v in info.items():
+                if k.startswith(("reward/", "norm/")) and isinstance(v, (int, float, np.floating)):
+                    roll.add(k, float(v), with_var=k.startswith("reward/"))
+            if source == "agent":
+                self.counters["agent_steps"] += 1
+                roll.add("policy/rollout_max_prob", float(max_probs[i]))
+                roll.add("policy/illegal_rate", float(bool(info.get("is_illegal", not legal[action]))))
+                roll.add("data/agent_matches_teacher", float(action == teacher))
+                self.counters["illegal"] += int(bool(info.get("is_illegal", not legal[action])))
+            else:
+                self.counters["teacher_steps"] += 1
+            roll.add("data/relabel_rate", float(relabeled))
+            if trace is not None and self.counters["traced"] < self.trace_steps and i == 0:
+                self.counters["traced"] += 1
+                hist = b.decode([int(x) for x in next_obs["window"][-8:]])
+                trace(_trace_line(self.counters["traced"], info, source, b.decode([action]), hist, float(reward)))
+            if terminated or truncated:
+                self.episodes += 1
+                early = bool(terminated) and bool(info.get("is_early_termination",
+                                                           info.get("is_illegal", False)))
+                self.counters["early_terminations"] += int(early)
+                self.counters["episodes"] += 1
+                roll.add("policy/early_termination_rate", float(early))
+                next_obs, _ = env.reset()
+            self.obs[i] = next_obs
+        self.env_steps += len(b.envs)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, max_updates: int | None = None) -> dict[str, Any]:
+        cfg = self.cfg
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(self.run_dir / "tb"))
+        metrics_f = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        trace_f = open(self.run_dir / "trace.log", "a", encoding="utf-8") if self.trace_steps else None
+
+        def trace(line: str) -> None:
+            print(line, flush=True)
+            trace_f.write(line + "\n")
+
+        roll, upd = RunningStats(), RunningStats()
+        start = time.time()
+        last_log = time.time()
+        stop_reason = "total_env_steps"
+        try:
+            while self.env_steps < cfg.total_env_steps:
+                if cfg.time_budget_s and time.time() - start > cfg.time_budget_s:
+                    stop_reason = "time_budget_s"
+                    break
+                if max_updates is not None and self.agent.updates >= max_updates:
+                    stop_reason = "max_updates"
+                    break
+                self.collect(roll, trace if trace_f else None)
+                if len(self.agent_buf) + len(self.demo_buf) < cfg.learning_starts:
+                    continue
+                for _ in range(cfg.updates_per_iteration):
+                    batch = sample_mixed(self.agent_buf, self.demo_buf, cfg.replay.transitions_per_batch,
+                                         cfg.replay.agent_fraction, self.rng, cfg.device)
+                    stats = self.agent.update(batch)
+                    for k, v in stats.items():
+                        upd.add(k, float(v))
+                    if self.agent.updates % cfg.log_every_updates == 0 and self.agent.updates > 0:
+                        row = self._log(roll, upd, start, last_log, writer, metrics_f)
+                        last_log = time.time()
+                        roll, upd = RunningStats(), RunningStats()
+                        self.history.append(row)
+                    if cfg.checkpoint_every_updates and self.agent.updates % cfg.checkpoint_every_updates == 0:
+                        self.save()
+        finally:
+            writer.flush()
+            writer.close()
+            metrics_f.close()
+            if trace_f:
+                trace_f.close()
+        self.save()
+        return {"stop_reason": stop_reason, "train_seconds": time.time() - start}
+
+    def _log(self, roll: RunningStats, upd: RunningStats, start: float, last_log: float, writer,
+             metrics_f) -> dict[str, float]:
+        row: dict[str, float] = {"step/updates": self.agent.updates, "step/env_steps": self.env_steps,
+                                 "step/episodes": self.episodes, "step/seconds": time.time() - start,
+                                 "step/updates_per_s": self.cfg.log_every_updates / max(1e-9, time.time() - last_log)}
+        row.update(upd.means())
+        row.update(roll.means())
+        row["data/demo_buffer"] = len(self.demo_buf)
+        row["data/agent_buffer"] = len(self.agent_buf)
+        row["data/relabeled_total"] = self.counters["relabeled"]
+        row["data/rejected_total"] = self.counters["rejected"]
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                writer.add_scalar(k, v, self.agent.updates)
+        metrics_f.write(json.dumps(row) + "\n")
+        metrics_f.flush()
+        if self.progress:
+            print(
+                f"[sac] upd {self.agent.updates:6d} env {self.env_steps:7d} "
+                f"{row['step/updates_per_s']:5.1f} upd/s | Lq {row.get('losses/critic', float('nan')):.3f} "
+                f"Lbc {row.get('losses/bc', float('nan')):.3f} H {row.get('policy/entropy', float('nan')):.2f} "
+                f"α {row.get('policy/alpha', float('nan')):.4f} cov {row.get('policy/top_p_coverage', float('nan')):.3f} "
+                f"top1(batch) {row.get('data/batch_teacher_top1', float('nan')):.3f} "
+                f"teacher {row.get('data/teacher_ratio', float('nan')):.2f}",
+                file=sys.stderr, flush=True,
+            )
+        return row
+
+
+def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = None, resume: bool = False,
+          trace_steps: int | None = None, progress: bool = True, evaluate: bool = True,
+          max_updates: int | None = None) -> dict[str, Any]:
+    """Train (or resume) a run in ``run_dir``; evaluate on held-out chapters; write ``summary.json``."""
+    trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
+    if resume:
+        if not (Path(run_dir) / "checkpoint.pt").exists():
+            raise FileNotFoundError(f"--resume: no checkpoint.pt in {run_dir}; start the run without --resume")
+        trainer.load()
+    info = trainer.run(max_updates=max_updates)
+    summary: dict[str, Any] = {
+        "config": cfg.to_dict(), **info,
+        "updates": trainer.agent.updates, "env_steps": trainer.env_steps, "episodes": trainer.episodes,
+        "nonfinite_skips": trainer.agent.nonfinite_skips, "counters": dict(trainer.counters),
+        "alpha_final": float(trainer.agent.alpha), "top_p_controller": trainer.agent.controller.state_dict(),
+        "critic_loss_curve": [r.get("losses/critic") for r in trainer.history],
+        "alpha_curve": [r.get("policy/alpha") for r in trainer.history],
+    }
+    c = trainer.counters
+    summary["illegal_rate_train"] = c["illegal"] / max(1, c["agent_steps"])
+    summary["early_termination_rate_train"] = c["early_terminations"] / max(1, c["episodes"])
+    if evaluate and trainer.bundle.alphabet is not None and trainer.bundle.heldout_chapters:
+        from lmpo.sac.evaluate import evaluate_run
+
+        summary["eval"] = evaluate_run(trainer.agent, trainer.bundle, cfg)
+        (Path(run_dir) / "eval.json").write_text(json.dumps(summary["eval"], indent=2, ensure_ascii=False))
+    (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+    return summary
