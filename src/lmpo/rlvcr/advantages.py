@@ -26,45 +26,16 @@ from lmpo.rlvcr.config import SCALES
 Tensor = torch.Tensor
 
 
-def group_normalized_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6,
+def group_normalized_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-4,
                                 scale: str = "group") -> Tensor:
-    """GRPO advantages ``(r − mean_g) / (std_g + ε)``.
+    """GRPO advantages ``(r − mean_g) / (std_g + ε)`` of the objectives layer (SPEC §1.7), (B,) -> (B,).
 
-    Args:
-        rewards: (B,) float.
-        group_ids: (B,) integer; equal ids form a group (a prompt's completions).
-        scale: ``group`` (unbiased std of the group), ``batch`` (unbiased std of the whole batch) or ``none``
-            (Dr. GRPO: no division).
-    Returns:
-        (B,) advantages; a group with one member or zero variance gets 0 everywhere.
-
-    Naive equivalent::
-
-        for g in unique(group_ids): r = rewards[group_ids == g]
-            adv[group_ids == g] = 0 if len(r) < 2 or r.std() == 0 else (r - r.mean()) / (r.std() + eps)
+    ``lmpo.objectives.advantages.grpo_advantages`` itself, so that RLVCR with w = 0 reproduces the trainer's
+    plain GRPO bit for bit: unbiased std, ``scale`` group | batch | none, singleton / zero-variance groups → 0.
     """
-    if rewards.numel() == 0:
-        return rewards.new_zeros(0)
-    r = rewards.to(torch.float64)
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    n = int(inv.max()) + 1
-    count = torch.zeros(n, dtype=torch.float64, device=r.device).index_add_(0, inv, torch.ones_like(r))
-    mean = torch.zeros(n, dtype=torch.float64, device=r.device).index_add_(0, inv, r) / count
-    centred = r - mean[inv]
-    sq = torch.zeros(n, dtype=torch.float64, device=r.device).index_add_(0, inv, centred**2)
-    var = sq / (count - 1).clamp(min=1)
-    # All-equal rewards and singletons carry no signal; max == min is exact where sq == 0 is not (0.1·3/3).
-    hi = torch.full((n,), -torch.inf, dtype=torch.float64, device=r.device).scatter_reduce(0, inv, r, "amax")
-    lo = torch.full((n,), torch.inf, dtype=torch.float64, device=r.device).scatter_reduce(0, inv, r, "amin")
-    degenerate = (count < 2) | (hi == lo)
-    if scale == "group":
-        adv = centred / (var.sqrt()[inv] + eps)
-    elif scale == "batch":
-        adv = centred / (r.std(unbiased=True) + eps) if r.numel() > 1 else torch.zeros_like(r)
-    else:
-        adv = centred
-    adv = torch.where(degenerate[inv], torch.zeros_like(adv), adv)
-    return adv.to(rewards.dtype)
+    from lmpo.objectives.advantages import grpo_advantages
+
+    return grpo_advantages(rewards, group_ids, scale=scale, eps=eps)[0]
 
 
 def _validate(rewards: Tensor, group_ids: Tensor, is_original: Tensor, thinking_group_id: Tensor,
@@ -117,7 +88,7 @@ def rlvcr_advantages(
     thinking_group_id: Tensor,
     thinking_rewards: Tensor,
     thinking_weight: float = 0.5,
-    eps: float = 1e-6,
+    eps: float = 1e-4,
     scale: str = "group",
     validate: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:

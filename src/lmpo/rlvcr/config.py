@@ -38,7 +38,8 @@ class RLVCRConfig:
                                    "rollout.temperature).")
     scale: str | None = _f(None, "Scaling of the action advantage: group | batch | none (default: the "
                            "objective's advantage_scale, so Dr. GRPO stays unscaled).")
-    eps: float = _f(1e-6, "ε in (r − mean_g)/(std_g + ε) of the action advantage.")
+    eps: float = _f(1e-4, "ε in (r − mean_g)/(std_g + ε) of the action advantage (the objectives' GRPO "
+                   "default).")
 
     def __post_init__(self) -> None:
         validate_rlvcr_config(self)
