@@ -6,7 +6,7 @@ JSON/JSONL/Parquet files and Hugging Face datasets, each with a held-out evaluat
 >>> train[0].prompt, train[0].answer      # ('57+8=', '65')
 """
 
-from lmpo.tasks import synthetic  # noqa: F401  (registers the built-in tasks)
+from lmpo.tasks import synthetic, thinking  # noqa: F401  (registers the built-in tasks; thinking: RLVCR)
 from lmpo.tasks.base import TASKS, Example, ListTask, Task, make_task, register_task
 from lmpo.tasks.files import (
     FILE_FORMATS,
