@@ -36,10 +36,15 @@ class _TokenLogprobEntropy(torch.autograd.Function):
 
     Forward:  lse = logsumexp(z),  logp = z[index] − lse,  H = lse − Σ_v p_v z_v.
     Backward: ∂logp/∂z = onehot(index) − p,   ∂H/∂z = −p ⊙ (log p + H),  both times 1/τ for the logits.
+
+    With ``inplace`` the backward writes the gradient into the logits' own storage instead of a new
+    ``(N, V)`` buffer (the memory trick of Liger-Kernel's fused cross-entropy).
     """
 
     @staticmethod
-    def forward(ctx, logits, index, inv_temperature: float, with_entropy: bool, chunk_rows: int):
+    def forward(
+        ctx, logits, index, inv_temperature: float, with_entropy: bool, chunk_rows: int, inplace: bool
+    ):
         num_rows, _ = logits.shape
         dtype = _compute_dtype(logits.dtype)
         logp = torch.empty(num_rows, dtype=dtype, device=logits.device)
@@ -60,7 +65,7 @@ class _TokenLogprobEntropy(torch.autograd.Function):
         ctx.inv_temperature = inv_temperature
         ctx.with_entropy = with_entropy
         ctx.chunk_rows = chunk_rows
-        ctx.mark_non_differentiable(index)
+        ctx.inplace = inplace
         return (logp, entropy) if with_entropy else (logp, lse.new_zeros(0))
 
     @staticmethod
@@ -69,7 +74,8 @@ class _TokenLogprobEntropy(torch.autograd.Function):
         inv_t = ctx.inv_temperature
         dtype = lse.dtype
         num_rows = logits.shape[0]
-        grad = torch.empty_like(logits)
+        # In place: each chunk's gradient overwrites the chunk of logits it was computed from (read first).
+        grad = logits if ctx.inplace else torch.empty_like(logits)
         use_entropy = ctx.with_entropy and grad_entropy is not None
         if grad_logp is None:
             grad_logp = torch.zeros(num_rows, dtype=dtype, device=logits.device)
@@ -91,7 +97,7 @@ class _TokenLogprobEntropy(torch.autograd.Function):
             if inv_t != 1.0:
                 chunk_grad.mul_(inv_t)
             grad[start:end] = chunk_grad
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def _flatten(logits: torch.Tensor, index: torch.Tensor | None):
@@ -114,6 +120,7 @@ def selective_log_softmax(
     index: torch.Tensor,
     chunk_rows: int | None = None,
     temperature: float = 1.0,
+    inplace_backward: bool = False,
 ) -> torch.Tensor:
     """Log-probabilities of the chosen tokens, ``log softmax(logits / τ)[index]``, chunked over rows.
 
@@ -127,6 +134,10 @@ def selective_log_softmax(
         index: (B, T) token ids.
         chunk_rows: rows per chunk; default keeps each chunk's float32 temporary at ~16 MB.
         temperature: τ > 0, the sampling temperature the tokens were drawn with.
+        inplace_backward: write the gradient into ``logits``' storage during backward instead of allocating
+            a new ``(B, T, V)`` buffer. Only for logits that nothing else reads after the backward pass (the
+            output of ``lm_head``, whose own backward needs its input and weight, not its output); another
+            autograd node that saved the same tensor fails loudly (version counter), it is never silent.
     Returns:
         (B, T) float32 (float64 for float64 logits); differentiable with respect to ``logits``.
     """
@@ -134,7 +145,7 @@ def selective_log_softmax(
         raise ValueError(f"temperature={temperature} must be > 0 for log-probabilities")
     lead, flat, flat_index = _flatten(logits, index)
     rows = _chunk_rows(flat.shape[0], flat.shape[1], chunk_rows)
-    logp, _ = _TokenLogprobEntropy.apply(flat, flat_index, 1.0 / temperature, False, rows)
+    logp, _ = _TokenLogprobEntropy.apply(flat, flat_index, 1.0 / temperature, False, rows, inplace_backward)
     return logp.view(lead)
 
 
@@ -143,13 +154,19 @@ def selective_log_softmax_with_entropy(
     index: torch.Tensor,
     chunk_rows: int | None = None,
     temperature: float = 1.0,
+    inplace_backward: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(selective_log_softmax(...), chunked_entropy(...))`` in one pass over the logits; shapes (B, T)."""
+    """``(selective_log_softmax(...), chunked_entropy(...))`` in one pass over the logits; shapes (B, T).
+
+    Both outputs are differentiable; ``inplace_backward`` as for ``selective_log_softmax``.
+    """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 for log-probabilities")
     lead, flat, flat_index = _flatten(logits, index)
     rows = _chunk_rows(flat.shape[0], flat.shape[1], chunk_rows)
-    logp, entropy = _TokenLogprobEntropy.apply(flat, flat_index, 1.0 / temperature, True, rows)
+    logp, entropy = _TokenLogprobEntropy.apply(
+        flat, flat_index, 1.0 / temperature, True, rows, inplace_backward
+    )
     return logp.view(lead), entropy.view(lead)
 
 
@@ -171,7 +188,7 @@ def chunked_entropy(
     lead, flat, _ = _flatten(logits, None)
     rows = _chunk_rows(flat.shape[0], flat.shape[1], chunk_rows)
     dummy_index = torch.zeros(flat.shape[0], dtype=torch.long, device=flat.device)
-    _, entropy = _TokenLogprobEntropy.apply(flat, dummy_index, 1.0 / temperature, True, rows)
+    _, entropy = _TokenLogprobEntropy.apply(flat, dummy_index, 1.0 / temperature, True, rows, False)
     return entropy.view(lead)
 
 
@@ -236,13 +253,19 @@ def sequence_logprobs(
         output_hidden_states=return_hidden,
         use_cache=False,
     )
-    # The logit at position i predicts token i + 1: keep positions L−T−1 … L−2 for tokens L−T … L−1.
-    logits = outputs.logits[:, -(response_length + 1) : -1, :]  # (B, T, V)
-    targets = input_ids[:, -response_length:]  # (B, T)
+    # The logit at position i predicts token i + 1: positions L−T−1 … L−2 score tokens L−T … L−1. The
+    # (B, T+1, V) logits are used whole, with a dummy target for the last position (dropped below),
+    # because slicing off that position would make reshape copy all B·T·V logits.
+    logits = outputs.logits  # (B, T+1, V), produced for us alone: safe to overwrite in backward
+    targets = torch.cat([input_ids[:, -response_length:], input_ids[:, -1:]], dim=1)  # (B, T+1)
     if with_entropy:
-        logprobs, entropy = selective_log_softmax_with_entropy(logits, targets, chunk_rows, temperature)
+        logprobs, entropy = selective_log_softmax_with_entropy(
+            logits, targets, chunk_rows, temperature, inplace_backward=True
+        )
+        logprobs, entropy = logprobs[:, :-1], entropy[:, :-1]
     else:
-        logprobs, entropy = selective_log_softmax(logits, targets, chunk_rows, temperature), None
+        logprobs = selective_log_softmax(logits, targets, chunk_rows, temperature, inplace_backward=True)
+        logprobs, entropy = logprobs[:, :-1], None
     hidden = None
     if return_hidden:
         hidden = outputs.hidden_states[-1][:, -(response_length + 1) : -1, :]  # (B, T, H)
