@@ -91,10 +91,10 @@ def test_thinking_task_and_rewards():
     assert addition_scratchpad(5, 68) == "5+8=13 0+6+1=7"
     task = make_task("thinking_addition", num_train=50, num_eval=20)
     for ex in task.train_examples(seed=3) + task.eval_examples():
-        thinking, action = split_thinking(ex.answer)
-        assert int(action) == ex.meta["a"] + ex.meta["b"] and thinking == ex.meta["thinking"]
+        thinking, action = split_thinking(task.reference_completion(ex))
+        assert action == ex.answer == str(ex.meta["a"] + ex.meta["b"]) and thinking == ex.meta["thinking"]
     assert not {e.prompt for e in task.train_examples(0)} & {e.prompt for e in task.eval_examples()}
-    ref = ["<think>2+4=6 1+3=4</think>46"] * 5
+    ref = ["46"] * 4 + ["<think>2+4=6 1+3=4</think>46"]  # a reference with its own block works too
     comps = ["<think>x</think>46", "<think>2+4=6</think>47", "46", "<think>a</think>46</think>", "<think></think> 46"]
     assert thinking_answer(None, comps, ref) == [1.0, 0.0, 0.0, 0.0, 1.0]
     assert thinking_format(None, comps, ref) == [1.0, 1.0, 0.0, 0.0, 1.0]

@@ -1,6 +1,7 @@
 """A built-in task whose completions have a thinking part and an answer part (RLVCR, SPEC §4).
 
-``thinking_addition``: prompt ``"57+68="``, reference completion ``"<think>7+8=15 5+6+1=12</think>125"``.
+``thinking_addition``: prompt ``"57+68="``, answer ``"125"``, reference completion
+``"<think>7+8=15 5+6+1=12</think>125"``.
 The scratchpad adds column by column from the right (``da+db[+carry]=sum``), so its length grows with the
 number of digits (1 digit: 5–6 characters, 2 digits: 11–14, 3 digits: 17–22) and RLVCR's thinking levels
 have something to choose between. The reward functions read only what follows ``</think>``.
@@ -89,10 +90,10 @@ _PROMPT = re.compile(r"^(\d+)\+(\d+)=$")
 
 @register_task("thinking_addition")
 class ThinkingAdditionTask(AdditionTask):
-    """Addition with a scratchpad: prompt ``"12+34="``, answer ``"<think>2+4=6 1+3=4</think>46"``.
+    """Addition with a scratchpad: prompt ``"12+34="``, answer ``"46"``, reference completion
+    ``"<think>2+4=6 1+3=4</think>46"`` (what the supervised warm-up teaches).
 
-    The answer column holds the whole reference completion, so the supervised warm-up teaches the format;
-    ``meta`` keeps ``a``, ``b``, the scratchpad (``thinking``) and the sum (``target``).
+    ``meta`` keeps ``a``, ``b`` and the scratchpad (``thinking``).
 
     Args:
         min_digits, max_digits: operand digit counts (1 ≤ min ≤ max ≤ 9); default 1..2.
@@ -106,11 +107,10 @@ class ThinkingAdditionTask(AdditionTask):
     def _sample(self, rng: random.Random) -> Example:
         a, b = self._number(rng), self._number(rng)
         thinking = addition_scratchpad(a, b)
-        return Example(
-            prompt=f"{a}+{b}=",
-            answer=f"{THINK_OPEN}{thinking}{THINK_CLOSE}{a + b}",
-            meta={"a": a, "b": b, "thinking": thinking, "target": str(a + b)},
-        )
+        return Example(prompt=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b, "thinking": thinking})
+
+    def reference_completion(self, example: Example) -> str:
+        return f"{THINK_OPEN}{example.meta['thinking']}{THINK_CLOSE}{example.answer}"
 
     def describe(self) -> str:
         return f"addition of {self.min_digits}-{self.max_digits} digit numbers with a <think> scratchpad"
