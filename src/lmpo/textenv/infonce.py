@@ -10,8 +10,9 @@ the key) and projections ``W_q``, ``W_k`` (h, d)::
 Training (``InfoNCEModel.train_step``), on reference pairs (context window of L characters ending at q →
 the next n-gram q+1..q+n): queries from the online encoder f, keys from the target encoder f̄ (no
 gradient), logits = [q·k_batch ; q·queue] / τ, cross-entropy towards the diagonal (in-batch keys and
-the queue are the negatives; a negative equal to the positive n-gram is masked out), Adam on f, then
-``f̄ ← m·f̄ + (1−m)·f`` and the batch keys enter the FIFO queue.
+the queue are the negatives; a negative equal to the positive n-gram is masked out), averaged with the
+symmetric term (online keys against the batch's target queries, so that f's key branch learns too),
+Adam on f, then ``f̄ ← m·f̄ + (1−m)·f`` and the batch keys enter the FIFO queue.
 
 Reward (``InfoNCEScorer.score``), after the environment appended a character at chapter position ``pos``:
 query = f_q(last L characters of the agent's history), positive = f̄_k(reference n-gram ``pos+1..pos+n``),
@@ -191,8 +192,10 @@ class InfoNCEModel:
         ctx_t, grams_t = torch.from_numpy(ctx), torch.from_numpy(grams)
 
         q = self.online.query(ctx_t)  # (B, d)
+        k_online = self.online.key(grams_t)  # (B, d)
         with torch.no_grad():
             k = self.target.key(grams_t)  # (B, d)
+            q_target = self.target.query(ctx_t)  # (B, d)
         keys = torch.cat([k, self.queue], 0)  # (B+K, d)
         key_ids = torch.cat([gram_ids, self.queue_ids], 0)
         logits = q @ keys.T / cfg.tau  # (B, B+K)
@@ -201,7 +204,13 @@ class InfoNCEModel:
         diag[:, : len(k)] = torch.eye(len(k), dtype=torch.bool)
         logits = logits.masked_fill(same & ~diag, float("-inf"))  # identical n-gram ≠ negative
         labels = torch.arange(len(k))
-        loss = nn.functional.cross_entropy(logits, labels)
+        # symmetric term (key → its context among the batch's target queries) so that the key branch of f
+        # gets gradients too; f̄'s key branch is what scores the reward
+        logits_k = k_online @ q_target.T / cfg.tau  # (B, B)
+        logits_k = logits_k.masked_fill(same[:, : len(k)] & ~diag[:, : len(k)], float("-inf"))
+        loss = 0.5 * (
+            nn.functional.cross_entropy(logits, labels) + nn.functional.cross_entropy(logits_k, labels)
+        )
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
