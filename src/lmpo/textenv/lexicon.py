@@ -135,8 +135,7 @@ def _load_or_rebuild(cache_dir: str | os.PathLike | None) -> tuple[dict[str, int
 
 
 def _read_or_rebuild(d: Path) -> tuple[dict[str, int], dict[str, int]]:
-    out = []
-    rebuilt = False
+    loaded: list[dict[str, int] | None] = []
     for name in (FREQUENCY_FILE, NAME_FILE):
         path = d / name
         data = None
@@ -155,14 +154,11 @@ def _read_or_rebuild(d: Path) -> tuple[dict[str, int], dict[str, int]]:
                 data = None
         else:
             log.info("lexicon cache file %s is missing; building it from jieba's dictionary", path)
-        if data is None and not rebuilt:
-            build_lexicon_files(d)
-            rebuilt = True
-            data = json.loads(path.read_text(encoding="utf-8"))
-        elif data is None:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        out.append(data)
-    return out[0], out[1]
+        loaded.append(data)
+    if any(x is None for x in loaded):
+        build_lexicon_files(d)  # one parse of dict.txt writes both files
+        loaded = [json.loads((d / name).read_text(encoding="utf-8")) for name in (FREQUENCY_FILE, NAME_FILE)]
+    return loaded[0], loaded[1]
 
 
 @dataclass(frozen=True)
