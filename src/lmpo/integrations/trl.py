@@ -1,0 +1,342 @@
+"""Run lmpo objectives inside TRL's ``GRPOTrainer`` (SPEC §3). Tested with TRL 1.16.
+
+``LmpoGRPOTrainer`` is ``GRPOTrainer`` with one method replaced: the loss. Everything else (vLLM or
+``generate`` rollouts, reward functions, accelerate / DeepSpeed / FSDP, PEFT, logging, checkpoints) is
+TRL's own::
+
+    from lmpo.integrations.trl import LmpoGRPOTrainer
+    trainer = LmpoGRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=ds,
+                              objective=Objective.preset("gspo"))
+
+Per micro-batch the loss method runs TRL's log-prob/entropy forward (its fused LM head), then calls the
+objective with
+
+- ``old_logp``: TRL's ``old_per_token_logps``, or ``per_token_logps.detach()`` when TRL skipped it
+  (on-policy: ``num_iterations == 1`` and ``steps_per_generation <= gradient_accumulation_steps``);
+- ``advantages``: TRL's, times vLLM's ``importance_sampling_ratio`` when TRL's vLLM IS correction is
+  on (every lmpo policy term is positively homogeneous in A, so this is TRL's ``per_token_loss * ratio``);
+- ``ref_logp`` (TRL computes it when ``beta != 0``, so ``beta`` must equal ``objective.kl_coef``),
+  ``entropy`` (always; TRL computes it anyway), ``token_grad_norm`` (``logits``/``lm_head`` modes, from
+  one extra no-grad forward with full logits, through ``lmpo.objectives.credit``);
+- the normalisers that reproduce TRL's loss scaling for the objective's aggregation:
+
+  ============================  ==================================  =====================================
+  ``objective.aggregation``     TRL equivalent                      passed to the objective
+  ============================  ==================================  =====================================
+  token_mean                    ``loss_type="dapo"``                ``num_tokens = num_items_in_batch /
+                                                                    num_processes · GA / steps_per_gen``
+  seq_mean_token_mean           ``loss_type="grpo"``                ``num_seqs = B · GA``
+  seq_mean_token_sum            (none)                              ``num_seqs = B · GA``
+  seq_sum_norm                  ``loss_type="dr_grpo"``             ``num_seqs = B · GA``, ``norm_constant =
+                                                                    max_completion_length`` if unset
+  ============================  ==================================  =====================================
+
+  (GA = ``current_gradient_accumulation_steps`` in training, 1 in evaluation, as TRL does.)
+
+Statistics go to TRL's ``_metrics`` under lmpo's keys (``clip/low_frac``, ``ratio/mean``,
+``entropy/mean`` …), averaged over the accumulation window and the processes and converted to floats once
+per optimizer step. The adaptive entropy controller is updated once per optimizer step with the
+token-weighted mean entropy of the window over all processes, and saved with checkpoints.
+
+The objective replaces TRL's ``loss_type``, ``epsilon``, ``epsilon_high``, ``importance_sampling_level``
+(ignored, with a warning when set). Refused at construction, with what to do instead: TRL's own entropy
+bonus, ``top_entropy_quantile < 1``, ``off_policy_mask_threshold``, ``delta``, ``use_bias_correction_kl``,
+``beta != objective.kl_coef``, ``scale_rewards != objective.advantage_scale``, ``grad_norm_mode="exact"``,
+and ``clip_cov``/``kl_cov`` together with vLLM importance-sampling correction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import warnings
+from typing import Any
+
+import torch
+
+from lmpo.objectives import Objective, lm_head_grad_norm, logits_grad_norm
+
+TESTED_TRL_VERSION = "1.16"
+
+try:
+    import trl
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+    from trl import GRPOConfig, GRPOTrainer
+except ImportError as err:  # pragma: no cover - exercised only without TRL
+    raise ImportError(
+        f"lmpo.integrations.trl needs TRL (tested with {TESTED_TRL_VERSION}.x): pip install 'lmpo[trl]'. "
+        f"Import failed with: {err}"
+    ) from err
+
+if not str(getattr(trl, "__version__", "")).startswith(TESTED_TRL_VERSION + "."):
+    warnings.warn(
+        f"lmpo.integrations.trl is tested with TRL {TESTED_TRL_VERSION}.x, found TRL "
+        f"{getattr(trl, '__version__', 'unknown')}; GRPOTrainer's loss inputs may differ. Run "
+        f"tests/integrations/test_trl.py against this version before trusting results.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+CONTROLLER_STATE_FILE = "lmpo_entropy_controller.json"
+_IGNORED_LOSS_FIELDS = ("loss_type", "epsilon", "importance_sampling_level")
+
+
+def _as_objective(objective: Objective | str) -> Objective:
+    if isinstance(objective, str):
+        return Objective.preset(objective)
+    if not isinstance(objective, Objective):
+        raise TypeError(
+            f"objective must be an lmpo Objective or a preset name, got {type(objective).__name__}; "
+            f"e.g. objective=Objective.preset('grpo')."
+        )
+    return objective
+
+
+def check_trl_args(objective: Objective, args: GRPOConfig) -> None:
+    """Raise ``ValueError`` for GRPOConfig settings the adapter cannot honour with this objective."""
+    problems = []
+    if float(args.beta) != float(objective.kl_coef):
+        problems.append(
+            f"beta={args.beta} but objective.kl_coef={objective.kl_coef}: TRL loads the reference model and "
+            f"computes ref log-probs only when beta != 0, and the objective applies its own KL; set "
+            f"GRPOConfig(beta={objective.kl_coef}) or Objective(kl_coef={args.beta})."
+        )
+    if args.entropy_coef != 0.0 or args.use_adaptive_entropy:
+        problems.append(
+            f"entropy_coef={args.entropy_coef}, use_adaptive_entropy={args.use_adaptive_entropy}: TRL's entropy "
+            f"bonus is part of the loss this trainer replaces; use the objective's entropy_coef or "
+            f"adaptive_entropy=True (Objective.preset('adaptive_entropy')) and leave TRL's at 0/False."
+        )
+    if args.top_entropy_quantile < 1.0:
+        problems.append(
+            f"top_entropy_quantile={args.top_entropy_quantile}: high-entropy token masking is not an lmpo "
+            f"objective part; set top_entropy_quantile=1.0 or use TRL's GRPOTrainer."
+        )
+    if args.off_policy_mask_threshold is not None:
+        problems.append(
+            f"off_policy_mask_threshold={args.off_policy_mask_threshold}: the off-policy sequence mask is not an "
+            f"lmpo objective part; set it to None or use TRL's GRPOTrainer."
+        )
+    if args.delta is not None:
+        problems.append(
+            f"delta={args.delta}: TRL's two-sided ratio cap is not an lmpo part; set delta=None (for a cap on "
+            f"negative-advantage terms use Objective(dual_clip=True, dual_clip_c={args.delta}))."
+        )
+    if args.beta != 0.0 and args.use_bias_correction_kl:
+        problems.append(
+            "use_bias_correction_kl=True (TRL's default) multiplies TRL's KL by the importance ratio; the lmpo "
+            "objective's KL term (kl_estimator) does not, so set GRPOConfig(use_bias_correction_kl=False)."
+        )
+    if args.scale_rewards != objective.advantage_scale:
+        problems.append(
+            f"scale_rewards={args.scale_rewards!r} but preset {objective.name!r} expects advantage_scale="
+            f"{objective.advantage_scale!r}; set GRPOConfig(scale_rewards={objective.advantage_scale!r}) or "
+            f"build the objective with advantage_scale={args.scale_rewards!r}."
+        )
+    if objective.requires_token_grad_norm and objective.grad_norm_mode == "exact":
+        problems.append(
+            "grad_norm_mode='exact' needs one backward pass per token, which is not feasible inside TRL; use "
+            "grad_norm_mode='lm_head' (exact over the output head) or 'logits'."
+        )
+    if objective.cov_control != "none" and args.use_vllm and args.vllm_importance_sampling_correction:
+        problems.append(
+            f"cov_control={objective.cov_control!r} selects tokens by the covariance of the advantages, which "
+            f"vLLM's importance-sampling correction (applied through the advantages) would change; set "
+            f"vllm_importance_sampling_correction=False or pick another preset."
+        )
+    if problems:
+        raise ValueError("LmpoGRPOTrainer cannot run with these settings:\n- " + "\n- ".join(problems))
+
+
+def _warn_ignored_fields(args: GRPOConfig) -> None:
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig) if f.name in _IGNORED_LOSS_FIELDS}
+    changed = [f"{k}={getattr(args, k)!r}" for k, v in defaults.items() if getattr(args, k) != v]
+    if args.epsilon_high not in (None, args.epsilon):
+        changed.append(f"epsilon_high={args.epsilon_high!r}")
+    if changed:
+        warnings.warn(
+            f"LmpoGRPOTrainer ignores {', '.join(changed)}: the lmpo objective defines the importance level, "
+            f"trust region and aggregation (set them on the Objective).",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+class LmpoGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` whose loss is an lmpo ``Objective`` (see the module docstring for the mapping).
+
+    Args:
+        model, reward_funcs, args, ...: as ``trl.GRPOTrainer``.
+        objective: an ``Objective`` or a preset name (keyword only).
+    """
+
+    def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None, *positional: Any,
+                 objective: Objective | str, **kwargs: Any) -> None:
+        objective = _as_objective(objective)
+        if args is not None:  # fail before TRL loads models
+            check_trl_args(objective, args)
+        super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        self.objective = objective
+
+    # ------------------------------------------------------------------ objective and its state
+    @property
+    def objective(self) -> Objective:
+        return self._lmpo_objective
+
+    @objective.setter
+    def objective(self, objective: Objective | str) -> None:
+        """Set (or swap) the objective: checked against ``self.args``; a fresh entropy controller."""
+        objective = _as_objective(objective)
+        check_trl_args(objective, self.args)
+        _warn_ignored_fields(self.args)
+        if objective.aggregation == "seq_sum_norm" and objective.norm_constant is None:
+            # Dr. GRPO's constant, as TRL's loss_type="dr_grpo" uses
+            objective = objective.replace(norm_constant=float(self.args.max_completion_length))
+        self._lmpo_objective = objective
+        self.entropy_controller = objective.make_entropy_controller()
+        self._lmpo_window: list[torch.Tensor] = []
+        self._lmpo_window_keys: tuple[str, ...] | None = None
+
+    # ------------------------------------------------------------------ the loss
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P+T)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)  # T
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        extra = {k: inputs.get(k) for k in _MULTIMODAL_KEYS}
+
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled, **extra,
+        )  # (B, T) each
+        objective = self.objective
+        old = inputs.get("old_per_token_logps")
+        old = per_token_logps.detach() if old is None else old
+        advantages = inputs["advantages"]  # (B,) or (B, T)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            weights = inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
+            advantages = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages) * weights
+            advantages = advantages.expand_as(per_token_logps)
+        token_grad_norm = None
+        if objective.requires_token_grad_norm:
+            token_grad_norm = self._token_grad_norm(model, input_ids, attention_mask, completion_ids, extra)
+
+        mode = "train" if self.model.training else "eval"
+        accumulation_steps = self.current_gradient_accumulation_steps if mode == "train" else 1
+        if objective.aggregation == "token_mean":
+            # TRL's loss_type="dapo": num_items_in_batch counts the whole generation batch on all processes
+            num_tokens = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                num_tokens = num_tokens * accumulation_steps / self.args.steps_per_generation
+            normalisers = {"num_tokens": num_tokens}
+        else:  # TRL's loss_type="grpo"/"dr_grpo": a mean over the micro-batch's rows, divided by GA
+            normalisers = {"num_seqs": float(per_token_logps.shape[0] * accumulation_steps)}
+
+        loss, stats = objective(
+            per_token_logps, old, advantages, mask,
+            ref_logp=inputs.get("ref_per_token_logps") if objective.requires_ref_logp else None,
+            entropy=entropies,
+            token_grad_norm=token_grad_norm,
+            entropy_coef=self.entropy_controller.coef if self.entropy_controller is not None else None,
+            **normalisers,
+        )
+        if self.aux_loss_enabled:  # MoE load balancing, scaled for accumulation as TRL does
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation_steps
+            stats["loss/router_aux"] = aux_loss.detach()
+        self._record_stats(stats, mode)
+        return loss
+
+    @torch.no_grad()
+    def _token_grad_norm(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         completion_ids: torch.Tensor, extra: dict[str, Any]) -> torch.Tensor:
+        """(B, T) ‖∇θ log π(y_t)‖ for ``grad_norm_mode`` logits / lm_head from one no-grad forward.
+
+        The weights are detached in the objective, so a separate forward at the same parameters is exact.
+        Logits are divided by TRL's sampling temperature, as in TRL's log-probs.
+        """
+        present = sorted(k for k, v in extra.items() if v is not None)
+        if present:
+            raise NotImplementedError(
+                f"credit='gradient_adaptive' is supported for text-only inputs; this batch has {present}. "
+                f"Use credit='none' or 'temporal_decay' with multimodal models."
+            )
+        length = completion_ids.size(1)
+        want_hidden = self.objective.grad_norm_mode == "lm_head"
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                    output_hidden_states=want_hidden)
+        logits = out.logits[:, -length - 1 : -1, :] / self.temperature  # (B, T, V) predicting completion tokens
+        if not want_hidden:
+            return logits_grad_norm(logits, completion_ids)
+        hidden = out.hidden_states[-1][:, -length - 1 : -1, :]  # (B, T, H) after the final norm
+        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        return lm_head_grad_norm(hidden, logits, completion_ids, head_has_bias=getattr(head, "bias", None) is not None,
+                                 logit_scale=1.0 / self.temperature)
+
+    # ------------------------------------------------------------------ metrics and the controller
+    def _record_stats(self, stats: dict[str, torch.Tensor], mode: str) -> None:
+        keys = tuple(stats)
+        values = torch.stack([stats[k].detach().float().reshape(()) for k in keys])  # (K,)
+        if mode == "eval":
+            for key, value in zip(keys, self.accelerator.reduce(values, reduction="mean").tolist()):
+                self._metrics["eval"][key].append(value)
+            return
+        if self._lmpo_window_keys is not None and keys != self._lmpo_window_keys:
+            self._flush_window()
+        self._lmpo_window_keys = keys
+        self._lmpo_window.append(values)
+
+    def _flush_window(self) -> None:
+        """Once per optimizer step: window means → floats in ``_metrics``; controller update."""
+        if not self._lmpo_window:
+            return
+        keys = self._lmpo_window_keys
+        window = torch.stack(self._lmpo_window)  # (M, K) one row per micro-batch
+        self._lmpo_window = []
+        summary = window.mean(0) / self.accelerator.num_processes  # summed over processes below → mean
+        if "entropy/mean" in keys and "tokens/valid" in keys:
+            ent, n = window[:, keys.index("entropy/mean")], window[:, keys.index("tokens/valid")]
+            summary = torch.cat([summary, torch.stack([(ent * n).sum(), n.sum()])])
+        values = self.accelerator.reduce(summary, reduction="sum").tolist()  # the one host sync per step
+        for key, value in zip(keys, values):
+            self._metrics["train"][key].append(value)
+        if self.entropy_controller is not None:
+            entropy_sum, tokens = values[len(keys)], values[len(keys) + 1]
+            if tokens > 0:
+                self.entropy_controller.update(entropy_sum / tokens)
+            self._metrics["train"]["entropy/controller_coef"].append(self.entropy_controller.coef)
+
+    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
+                      ) -> torch.Tensor:
+        output = super().training_step(model, inputs, num_items_in_batch)
+        if self.accelerator.sync_gradients:  # last micro-batch of the accumulation window
+            self._flush_window()
+        return output
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.entropy_controller is not None and self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial),
+                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            with open(os.path.join(folder, CONTROLLER_STATE_FILE), "w") as f:
+                json.dump(self.entropy_controller.state_dict(), f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self.entropy_controller is not None and checkpoint is not None:
+            path = os.path.join(checkpoint, CONTROLLER_STATE_FILE)
+            if os.path.exists(path):
+                with open(path) as f:
+                    self.entropy_controller.load_state_dict(json.load(f))
+
+
+_MULTIMODAL_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+"""Optional inputs TRL forwards to the model (multimodal models); passed through unchanged."""
+
+__all__ = ["CONTROLLER_STATE_FILE", "TESTED_TRL_VERSION", "LmpoGRPOTrainer", "check_trl_args"]

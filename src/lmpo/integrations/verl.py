@@ -1,0 +1,356 @@
+"""Run lmpo objectives as verl policy losses (SPEC §3). Tested with verl 0.9.1.
+
+Importing this module registers every preset of ``lmpo.objectives.PRESETS`` with verl's
+``register_policy_loss`` as ``lmpo_<name>`` (``lmpo_grpo``, ``lmpo_gspo``, …). In a verl run::
+
+    actor_rollout_ref.model.external_lib=lmpo.integrations.verl      # imported in every Ray worker
+    actor_rollout_ref.actor.policy_loss.loss_mode=lmpo_gspo
+
+Field overrides (any ``Objective`` field except the aggregation ones) go in ``policy_loss.lmpo``. verl's
+``PolicyLossConfig`` rejects unknown keys, so the policy-loss node is switched to this module's subclass
+that adds the ``lmpo`` dict::
+
+    actor_rollout_ref.actor.policy_loss._target_=lmpo.integrations.verl.LmpoPolicyLossConfig
+    +actor_rollout_ref.actor.policy_loss.lmpo={eps_low:0.0003,eps_high:0.0004}
+
+The loss function does no maths of its own; per call (one micro-batch) it
+
+1. builds the objective (cached) from the preset, the ``policy_loss.lmpo`` overrides and verl's
+   ``actor.loss_agg_mode``, which wins over the preset's own aggregation, because verl aggregates its
+   entropy and KL terms with the same mode and defines the global-batch normalisation per mode:
+
+   ==========================  ========================  ==========================================
+   verl ``loss_agg_mode``      lmpo ``aggregation``      normaliser passed (global_batch_info)
+   ==========================  ========================  ==========================================
+   token-mean                  token_mean                num_tokens = batch_num_tokens / dp_size
+   token-sum                   token_mean                num_tokens = 1 / dp_size
+   seq-mean-token-mean         seq_mean_token_mean       num_seqs = global_batch_size / dp_size
+   seq-mean-token-sum          seq_mean_token_sum        num_seqs = global_batch_size / dp_size
+   seq-mean-token-sum-norm     seq_sum_norm              same, norm_constant = loss_scale_factor or T
+   ==========================  ========================  ==========================================
+
+   (verl's DDP/FSDP averages gradients over ranks, so a rank-local ``Σ/(global count/dp_size)`` is the
+   global mean; without global info the counts are the micro-batch's own: valid tokens, non-empty rows.)
+2. folds ``rollout_is_weights`` w ≥ 0 into the advantages: every per-token policy term of lmpo is
+   positively homogeneous in A (ψ(ρ, w·A) = w·ψ(ρ, A) for the clips, dual clip, PTRW and the plain
+   term), so this equals verl's ``pg_losses * rollout_is_weights``. ``clip_cov``/``kl_cov`` select tokens
+   by a covariance of A, so with rollout weights they are refused rather than changed.
+3. calls the objective and returns ``(loss, metrics)`` with verl's metric names: ``actor/pg_clipfrac``
+   (lmpo ``clip/region_frac``), ``actor/pg_clipfrac_lower`` (``clip/dual_frac``, 0 without dual clip),
+   ``actor/ppo_kl`` (lmpo's k3 estimate of KL(π_old‖π_θ); verl's own losses report k1), plus every lmpo
+   statistic as ``actor/lmpo/<key>``. Statistics are converted to floats in one host sync.
+
+Refused at call time with an error saying what to use instead (never silently degraded): entropy terms
+(static or adaptive: verl's hook receives no entropies and no optimizer-step hook for a controller; use
+``actor.entropy_coeff``), reference KL (use ``actor.use_kl_loss``), gradient-adaptive credit (needs
+per-token gradient norms from logits or hidden states, which the hook does not receive), overrides of
+``aggregation``/``norm_constant`` (use ``actor.loss_agg_mode``/``actor.loss_scale_factor``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lmpo.objectives import PRESETS, Objective
+
+logger = logging.getLogger(__name__)
+
+TESTED_VERL_VERSION = "0.9.1"
+LOSS_MODE_PREFIX = "lmpo_"
+
+try:
+    import verl
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
+    from verl.workers.config import PolicyLossConfig
+except ImportError as err:  # pragma: no cover - exercised only without verl
+    raise ImportError(
+        f"lmpo.integrations.verl needs verl (tested with {TESTED_VERL_VERSION}): pip install 'lmpo[verl]'. "
+        f"Import failed with: {err}"
+    ) from err
+
+if getattr(verl, "__version__", None) != TESTED_VERL_VERSION:
+    warnings.warn(
+        f"lmpo.integrations.verl is tested with verl {TESTED_VERL_VERSION}, found verl "
+        f"{getattr(verl, '__version__', 'unknown')}; the policy-loss signature or global_batch_info keys may "
+        f"differ. Run tests/integrations/test_verl.py against this version before trusting results.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+AGGREGATION_FROM_VERL: Mapping[str, str] = {
+    "token-mean": "token_mean",
+    "token-sum": "token_mean",  # with num_tokens = 1/dp_size, i.e. Σ·dp_size as verl does
+    "seq-mean-token-mean": "seq_mean_token_mean",
+    "seq-mean-token-sum": "seq_mean_token_sum",
+    "seq-mean-token-sum-norm": "seq_sum_norm",
+}
+"""verl ``actor.loss_agg_mode`` → lmpo ``Objective.aggregation``."""
+
+AGGREGATION_TO_VERL: Mapping[str, str] = {
+    "token_mean": "token-mean",
+    "seq_mean_token_mean": "seq-mean-token-mean",
+    "seq_mean_token_sum": "seq-mean-token-sum",
+    "seq_sum_norm": "seq-mean-token-sum-norm",
+}
+"""The ``loss_agg_mode`` that reproduces a preset's own aggregation."""
+
+_OVERRIDES_OWNED_BY_VERL = {
+    "aggregation": "actor_rollout_ref.actor.loss_agg_mode",
+    "norm_constant": "actor_rollout_ref.actor.loss_scale_factor",
+}
+
+
+@dataclass
+class LmpoPolicyLossConfig(PolicyLossConfig):
+    """verl's ``PolicyLossConfig`` plus ``lmpo``: ``Objective`` field overrides for ``lmpo_*`` loss modes.
+
+    Select it with ``actor_rollout_ref.actor.policy_loss._target_=lmpo.integrations.verl.LmpoPolicyLossConfig``
+    (verl instantiates config nodes from ``_target_`` and its own class rejects the extra key).
+    """
+
+    lmpo: dict[str, Any] = field(default_factory=dict)
+    """Objective fields, e.g. ``{eps_high: 0.3, dual_clip: true}``; see ``lmpo.objectives.Objective``."""
+
+
+def _config_get(node: Any, key: str) -> Any:
+    if node is None:
+        return None
+    if isinstance(node, Mapping) or hasattr(node, "get"):
+        return node.get(key, None)
+    return getattr(node, key, None)
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers → Python dict/list (verl may hand over DictConfig nodes)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return value
+
+
+def _overrides_from_config(config: Any) -> dict[str, Any]:
+    overrides = _plain(_config_get(_config_get(config, "policy_loss"), "lmpo")) or {}
+    if not isinstance(overrides, Mapping):
+        raise TypeError(
+            f"actor.policy_loss.lmpo must be a mapping of Objective fields, got {type(overrides).__name__} "
+            f"({overrides!r}); e.g. +actor_rollout_ref.actor.policy_loss.lmpo={{eps_high:0.3}}."
+        )
+    for key, where in _OVERRIDES_OWNED_BY_VERL.items():
+        if key in overrides:
+            raise ValueError(
+                f"actor.policy_loss.lmpo.{key}={overrides[key]!r}: under verl the aggregation follows verl's "
+                f"config so that the entropy and KL terms agree with the policy term; set {where} instead."
+            )
+    return dict(overrides)
+
+
+@functools.lru_cache(maxsize=256)
+def _build_objective(preset: str, overrides: tuple[tuple[str, Any], ...], aggregation: str,
+                     norm_constant: float | None) -> Objective:
+    objective = Objective.preset(preset, **dict(overrides))
+    return objective.replace(aggregation=aggregation, norm_constant=norm_constant)
+
+
+@functools.cache
+def _preset_aggregation(preset: str) -> str:
+    return Objective.preset(preset).aggregation
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_aggregation_once(preset: str, preset_aggregation: str, loss_agg_mode: str) -> None:
+    warnings.warn(
+        f"lmpo_{preset}: the preset's own aggregation is {preset_aggregation!r} "
+        f"(verl loss_agg_mode={AGGREGATION_TO_VERL[preset_aggregation]!r}) but verl's "
+        f"actor.loss_agg_mode={loss_agg_mode!r} is used; set actor_rollout_ref.actor.loss_agg_mode="
+        f"{AGGREGATION_TO_VERL[preset_aggregation]} to reproduce the method as published.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def objective_for_verl(preset: str, loss_agg_mode: str, config: Any = None, loss_scale_factor: Any = None,
+                       response_length: int | None = None) -> Objective:
+    """The ``Objective`` an ``lmpo_<preset>`` loss runs with under verl's config (cached; refusals checked).
+
+    Args:
+        preset: a name in ``lmpo.objectives.PRESETS``.
+        loss_agg_mode: verl's ``actor.loss_agg_mode``.
+        config: verl's actor config (reads ``policy_loss.lmpo``); None for the preset's defaults.
+        loss_scale_factor: verl's ``seq-mean-token-sum-norm`` constant; None uses ``response_length`` (T).
+    """
+    if loss_agg_mode not in AGGREGATION_FROM_VERL:
+        raise ValueError(
+            f"loss_agg_mode={loss_agg_mode!r} is not one of verl's modes "
+            f"({', '.join(AGGREGATION_FROM_VERL)}); set actor_rollout_ref.actor.loss_agg_mode."
+        )
+    overrides = _overrides_from_config(config)
+    aggregation = AGGREGATION_FROM_VERL[loss_agg_mode]
+    norm_constant = None
+    if aggregation == "seq_sum_norm":
+        norm_constant = float(loss_scale_factor) if loss_scale_factor is not None else response_length
+    objective = _build_objective(preset, tuple(sorted(overrides.items())), aggregation, norm_constant)
+    _refuse_unsupported(preset, objective)
+    preset_aggregation = _preset_aggregation(preset)
+    if loss_agg_mode == "token-sum" or aggregation != preset_aggregation:
+        _warn_aggregation_once(preset, preset_aggregation, loss_agg_mode)
+    return objective
+
+
+def _refuse_unsupported(preset: str, objective: Objective) -> None:
+    name = f"lmpo_{preset}"
+    if objective.adaptive_entropy:
+        raise NotImplementedError(
+            f"{name}: adaptive entropy control needs token entropies inside the loss and a controller updated "
+            f"once per optimizer step; verl's policy-loss hook receives neither. Use verl's static bonus "
+            f"(actor_rollout_ref.actor.entropy_coeff=<c>, calculate_entropy=True) with another preset, or run "
+            f"this preset with lmpo's trainer or lmpo.integrations.trl.LmpoGRPOTrainer."
+        )
+    if objective.entropy_coef != 0.0:
+        raise NotImplementedError(
+            f"{name}: entropy_coef={objective.entropy_coef} needs token entropies, which verl's policy-loss hook "
+            f"does not receive; set policy_loss.lmpo.entropy_coef=0 and use verl's own "
+            f"actor_rollout_ref.actor.entropy_coeff={objective.entropy_coef} (aggregated with loss_agg_mode)."
+        )
+    if objective.requires_ref_logp:
+        raise NotImplementedError(
+            f"{name}: kl_coef={objective.kl_coef} needs reference log-probs, which verl's policy-loss hook does "
+            f"not receive; set policy_loss.lmpo.kl_coef=0 and use verl's actor_rollout_ref.actor.use_kl_loss=True "
+            f"kl_loss_coef={objective.kl_coef} kl_loss_type=<k1|k2|k3> (aggregated with loss_agg_mode)."
+        )
+    if objective.requires_token_grad_norm:
+        raise NotImplementedError(
+            f"{name}: credit='gradient_adaptive' needs per-token gradient norms ‖∇θ log π(y_t)‖ "
+            f"(grad_norm_mode={objective.grad_norm_mode!r}: logits or lm-head hidden states), which verl's "
+            f"policy-loss hook does not receive. Use lmpo.integrations.trl.LmpoGRPOTrainer or lmpo's trainer "
+            f"(both compute them), or set policy_loss.lmpo.credit=none / temporal_decay."
+        )
+
+
+def _normalisers(loss_agg_mode: str, mask: torch.Tensor, global_batch_info: Mapping[str, Any]) -> dict[str, Any]:
+    """num_tokens / num_seqs for one micro-batch from verl's ``config.global_batch_info``."""
+    dp_size = global_batch_info.get("dp_size", 1) or 1
+    if loss_agg_mode == "token-sum":
+        return {"num_tokens": 1.0 / dp_size}
+    if loss_agg_mode == "token-mean":
+        batch_num_tokens = global_batch_info.get("batch_num_tokens")
+        if batch_num_tokens is None:
+            if dp_size > 1:
+                raise ValueError(
+                    "loss_agg_mode='token-mean' with dp_size > 1 needs global_batch_info['batch_num_tokens'] "
+                    "(verl sets it in ppo_loss); without it the data-parallel mean would be wrong."
+                )
+            return {"num_tokens": None}
+        return {"num_tokens": batch_num_tokens / dp_size}
+    global_batch_size = global_batch_info.get("global_batch_size")
+    if global_batch_size is None:
+        if dp_size > 1:
+            raise ValueError(
+                f"loss_agg_mode={loss_agg_mode!r} with dp_size > 1 needs global_batch_info['global_batch_size'] "
+                f"(verl sets it in ppo_loss)."
+            )
+        # verl's agg_loss counts only sequences with at least one valid token
+        return {"num_seqs": (mask.sum(-1) > 0).sum().clamp(min=1)}
+    return {"num_seqs": global_batch_size / dp_size}
+
+
+def verl_metrics(stats: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """lmpo statistics → verl metric names, as floats (one host sync for all of them)."""
+    keys = list(stats)
+    values = torch.stack([stats[k].detach().float().reshape(()) for k in keys]).tolist() if keys else []
+    plain = dict(zip(keys, values))
+    metrics = {
+        "actor/pg_clipfrac": plain.get("clip/region_frac", 0.0),
+        "actor/pg_clipfrac_lower": plain.get("clip/dual_frac", 0.0),
+        "actor/ppo_kl": plain.get("kl/behaviour_k3", 0.0),
+    }
+    metrics.update({f"actor/lmpo/{k}": v for k, v in plain.items()})
+    return metrics
+
+
+def make_policy_loss(preset: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
+    """A verl policy-loss function for one lmpo preset (what ``lmpo_<preset>`` is registered as)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}.")
+
+    def policy_loss(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """verl policy loss ``lmpo_<preset>``.
+
+        Args:
+            old_log_prob, log_prob: (B, T) behaviour / current log-probs (log_prob carries the gradient).
+            advantages: (B, T); response_mask: (B, T) bool or 0/1.
+            loss_agg_mode: verl's ``actor.loss_agg_mode`` (wins over the preset's aggregation).
+            config: verl ``ActorConfig`` (reads ``global_batch_info``, ``loss_scale_factor``,
+                ``policy_loss.lmpo``) or None.
+            rollout_is_weights: (B, T) rollout-correction weights ≥ 0, or None.
+        Returns:
+            ``(loss, metrics)``: 0-dim loss for backward; dict of floats with verl's names.
+        """
+        global_batch_info = dict(_config_get(config, "global_batch_info") or {})
+        loss_scale_factor = global_batch_info.get("loss_scale_factor", _config_get(config, "loss_scale_factor"))
+        objective = objective_for_verl(preset, loss_agg_mode, config, loss_scale_factor, log_prob.shape[-1])
+        if rollout_is_weights is not None:
+            if objective.cov_control != "none":
+                raise NotImplementedError(
+                    f"lmpo_{preset}: cov_control={objective.cov_control!r} selects tokens by the covariance of the "
+                    f"advantages, and lmpo applies rollout-correction weights through the advantages, so the "
+                    f"selection would change. Disable algorithm.rollout_correction for this run or use verl's "
+                    f"own loss_mode={objective.cov_control}."
+                )
+            advantages = advantages * rollout_is_weights
+        loss, stats = objective(
+            log_prob, old_log_prob, advantages, response_mask,
+            **_normalisers(loss_agg_mode, response_mask, global_batch_info),
+        )
+        return loss, verl_metrics(stats)
+
+    policy_loss.__name__ = policy_loss.__qualname__ = f"{LOSS_MODE_PREFIX}{preset}"
+    return policy_loss
+
+
+def register_lmpo_losses(presets: Mapping[str, Any] = PRESETS) -> list[str]:
+    """Register ``lmpo_<name>`` for every preset with verl (idempotent); returns the registered names."""
+    names = []
+    for preset in presets:
+        name = f"{LOSS_MODE_PREFIX}{preset}"
+        existing = POLICY_LOSS_REGISTRY.get(name)
+        if existing is not None and getattr(existing, "__module__", None) != __name__:
+            raise RuntimeError(f"verl already has a policy loss named {name!r} from {existing.__module__}.")
+        register_policy_loss(name)(make_policy_loss(preset))
+        names.append(name)
+    return names
+
+
+REGISTERED_LOSS_MODES: tuple[str, ...] = tuple(register_lmpo_losses())
+"""The verl ``loss_mode`` names this module registered at import."""
+
+__all__ = [
+    "AGGREGATION_FROM_VERL",
+    "AGGREGATION_TO_VERL",
+    "LOSS_MODE_PREFIX",
+    "REGISTERED_LOSS_MODES",
+    "TESTED_VERL_VERSION",
+    "LmpoPolicyLossConfig",
+    "make_policy_loss",
+    "objective_for_verl",
+    "register_lmpo_losses",
+    "verl_metrics",
+]
