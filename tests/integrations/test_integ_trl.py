@@ -1,0 +1,238 @@
+"""Contract tests of lmpo.integrations.trl against the real TRL 1.16 (CPU, built-in tiny model, offline).
+
+- every preset: ``LmpoGRPOTrainer.compute_loss`` on a constructed TRL inputs dict equals the core
+  ``Objective`` on log-probs computed independently from the model's logits (loss and parameter grads),
+  with TRL's gradient-accumulation / global-token normalisers;
+- lmpo grpo / dapo / dr_grpo / gspo through the subclass equal TRL's own loss for the matching loss_type;
+- a few optimizer steps of real GRPO training change the weights, the entropy controller steps once per
+  optimizer step; unsupported settings are refused with the fix in the message.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from lmpo.integrations.trl import LmpoGRPOTrainer, check_trl_args
+from lmpo.models import CharTokenizer, build_tiny_model
+from lmpo.objectives import PRESETS, Objective, lm_head_grad_norm, logits_grad_norm
+
+TINY = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
+PROMPTS = ["1+1=", "2+3=", "4+4=", "5+1="]
+
+
+def digit_reward(completions, **kwargs):
+    """Fraction of digits in the completion: varied on an untrained model, so advantages are non-zero."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def grpo_args(**overrides):
+    base = dict(
+        output_dir=tempfile.mkdtemp(prefix="lmpo_trl_"), per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=6, max_steps=2, use_cpu=True, report_to="none", bf16=False, logging_steps=1,
+        learning_rate=1e-2, save_strategy="no", gradient_accumulation_steps=2, disable_tqdm=True,
+        temperature=0.7,
+    )
+    base.update(overrides)
+    return GRPOConfig(**base)
+
+
+def make_trainer(objective, from_path=False, **arg_overrides):
+    tokenizer = CharTokenizer()
+    model = build_tiny_model(tokenizer, seed=0, **TINY)
+    if from_path:  # TRL builds its reference model (beta != 0) from the policy's path
+        path = tempfile.mkdtemp(prefix="lmpo_tiny_")
+        model.save_pretrained(path)
+        model = path
+    dataset = Dataset.from_dict({"prompt": PROMPTS * 4})
+    return LmpoGRPOTrainer(model, digit_reward, grpo_args(**arg_overrides), train_dataset=dataset,
+                           processing_class=tokenizer, objective=objective)
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    return make_trainer(Objective.preset("grpo"))
+
+
+def trl_inputs(seed, vocab, noise, B=4, P=5, T=7):
+    """A TRL training micro-batch as ``_generate_and_score_completions`` returns it (left-padded prompts,
+    right-padded completions); old log-probs are filled in by the caller."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(4, vocab, (B, P), generator=g)
+    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    prompt_mask[0, :2] = 0  # left padding
+    completion_ids = torch.randint(4, vocab, (B, T), generator=g)
+    lengths = torch.tensor([T, 3, 5, 1])
+    completion_mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    return {
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+        "completion_mask": completion_mask, "advantages": torch.randn(B, generator=g),
+        # the whole generation batch (steps_per_generation = 2 micro-batches) on one process
+        "num_items_in_batch": completion_mask.sum() * 2 + 3,
+        "noise": noise * torch.randn(B, T, generator=g),
+    }
+
+
+def reference_logps(model, inputs, temperature):
+    """log π(y_t) and entropy from the model's full logits (TRL computes them with its fused LM head)."""
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    T = inputs["completion_ids"].shape[1]
+    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    logits = out.logits[:, -T - 1 : -1] / temperature  # (B, T, V)
+    logp_all = torch.log_softmax(logits.float(), -1)
+    logp = logp_all.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy, logits, out.hidden_states[-1][:, -T - 1 : -1]
+
+
+def grads(loss, model):
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.autograd.grad(loss, params, allow_unused=True)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_compute_loss_equals_core_for_every_preset(trainer, name):
+    objective = Objective.preset(name, advantage_scale="group")  # the trainer's scale_rewards; no effect on the loss
+    trainer.objective = objective
+    trainer.current_gradient_accumulation_steps = 2
+    model = trainer.model
+    model.train()
+    inputs = trl_inputs(seed=len(name), vocab=len(trainer.processing_class),
+                        noise=5e-4 if objective.is_sequence_level else 0.3)
+    logp, entropy, logits, hidden = reference_logps(model, inputs, trainer.temperature)
+    inputs["old_per_token_logps"] = logp.detach() + inputs.pop("noise")
+    mask = inputs["completion_mask"]
+    B = mask.shape[0]
+    if objective.aggregation == "token_mean":  # TRL dapo: N_gen / processes · GA / steps_per_generation
+        norm = {"num_tokens": inputs["num_items_in_batch"] / 1 * 2 / trainer.args.steps_per_generation}
+    else:  # TRL grpo / dr_grpo: rows of the micro-batch times GA
+        norm = {"num_seqs": float(B * 2)}
+    core = objective
+    if objective.aggregation == "seq_sum_norm":
+        core = objective.replace(norm_constant=float(trainer.args.max_completion_length))
+    extra = {}
+    if objective.requires_token_grad_norm:
+        extra["token_grad_norm"] = (lm_head_grad_norm(hidden, logits, inputs["completion_ids"],
+                                                      logit_scale=1 / trainer.temperature)
+                                    if objective.grad_norm_mode == "lm_head"
+                                    else logits_grad_norm(logits, inputs["completion_ids"]))
+    if objective.adaptive_entropy:
+        trainer.entropy_controller.c = 0.3  # a non-zero coefficient, so the entropy term is exercised
+        extra["entropy_coef"] = trainer.entropy_controller.coef
+    torch.manual_seed(0)  # clip_cov draws from the global RNG
+    want_loss, want_stats = core(logp, inputs["old_per_token_logps"], inputs["advantages"], mask, entropy=entropy,
+                                 **norm, **extra)
+    want_grads = grads(want_loss, model)
+    torch.manual_seed(0)
+    got_loss = trainer.compute_loss(model, inputs)
+    got_grads = grads(got_loss, model)
+    torch.testing.assert_close(got_loss, want_loss, rtol=2e-5, atol=1e-6)
+    for got, want in zip(got_grads, want_grads):
+        if want is None:
+            assert got is None or not got.any()
+            continue
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert sum(float(g.abs().sum()) for g in want_grads if g is not None) > 0
+    window = trainer._lmpo_window[-1]  # the micro-batch's statistics, still on device (no sync yet)
+    assert trainer._lmpo_window_keys == tuple(want_stats)
+    torch.testing.assert_close(window[trainer._lmpo_window_keys.index("loss/policy")],
+                               want_stats["loss/policy"].float(), rtol=2e-5, atol=1e-6)
+    trainer._lmpo_window.clear()
+
+
+@pytest.mark.parametrize(
+    ("name", "trl_settings"),
+    [
+        ("grpo", dict(loss_type="grpo", epsilon_low=0.2, epsilon_high=0.2, importance_sampling_level="token")),
+        ("dapo", dict(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28, importance_sampling_level="token")),
+        ("dr_grpo", dict(loss_type="dr_grpo", epsilon_low=0.2, epsilon_high=0.2, importance_sampling_level="token")),
+        ("gspo", dict(loss_type="grpo", epsilon_low=3e-4, epsilon_high=4e-4, importance_sampling_level="sequence")),
+    ],
+)
+def test_presets_equal_trl_own_loss(trainer, monkeypatch, name, trl_settings):
+    """Same inputs through TRL's own ``GRPOTrainer._compute_loss`` configured like the preset."""
+    trainer.objective = Objective.preset(name, advantage_scale="group")
+    trainer.current_gradient_accumulation_steps = 2
+    model = trainer.model
+    model.train()
+    seq = trl_settings["importance_sampling_level"] == "sequence"
+    inputs = trl_inputs(seed=7, vocab=len(trainer.processing_class), noise=2e-4 if seq else 0.3)
+    with torch.no_grad():
+        logp, *_ = reference_logps(model, inputs, trainer.temperature)
+    inputs["old_per_token_logps"] = logp + inputs.pop("noise")
+    got_loss = trainer.compute_loss(model, inputs)
+    got_grads = grads(got_loss, model)
+    for key, value in trl_settings.items():
+        monkeypatch.setattr(trainer, key, value)
+    want_loss = GRPOTrainer._compute_loss(trainer, model, inputs)
+    want_grads = grads(want_loss, model)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-7)
+    for got, want in zip(got_grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+    trainer._lmpo_window.clear()
+
+
+@pytest.mark.parametrize("name", ["dapo", "gspo", "grad_adaptive"])
+def test_training_steps_change_the_weights(name):
+    trainer = make_trainer(Objective.preset(name))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    change = max(float((a - b.detach()).abs().max()) for a, b in zip(before, trainer.model.parameters()))
+    assert change > 1e-4
+    logged = trainer.state.log_history[0]
+    assert {"loss/policy", "ratio/mean", "clip/low_frac", "entropy/mean"} <= set(logged)
+    assert trainer.state.global_step == 2
+
+
+def test_adaptive_entropy_controller_steps_once_per_optimizer_step():
+    # target above the tiny model's entropy (≈ ln 100): c rises by Δ each optimizer step, gate open
+    objective = Objective.preset("adaptive_entropy", entropy_target=10.0, entropy_delta=0.01)
+    trainer = make_trainer(objective)  # 2 optimizer steps × 2 accumulation micro-batches
+    trainer.train()
+    controller = trainer.entropy_controller
+    assert controller.steps == 2
+    assert controller.c == pytest.approx(0.02)
+    coefs = [row["entropy/controller_coef"] for row in trainer.state.log_history if "entropy/controller_coef" in row]
+    assert coefs == pytest.approx([0.01, 0.02])
+    assert 0 < controller.last_entropy < 10
+
+
+@pytest.mark.parametrize(
+    ("objective", "settings", "match"),
+    [
+        ("grpo", dict(beta=0.04), "beta=0.04"),
+        ("grpo", dict(entropy_coef=0.01), "entropy_coef"),
+        ("grpo", dict(top_entropy_quantile=0.2), "top_entropy_quantile"),
+        ("grpo", dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold"),
+        ("dr_grpo", dict(), "scale_rewards"),
+        (Objective.preset("grad_adaptive", grad_norm_mode="exact"), dict(), "exact"),
+        (Objective.preset("grpo", kl_coef=0.05), dict(beta=0.05), "use_bias_correction_kl"),
+    ],
+)
+def test_unsupported_settings_are_refused(objective, settings, match):
+    obj = Objective.preset(objective) if isinstance(objective, str) else objective
+    with pytest.raises(ValueError, match=match):
+        check_trl_args(obj, grpo_args(**settings))
+
+
+def test_reference_kl_uses_trl_ref_logps():
+    """beta = kl_coef: TRL loads the reference model and passes ref_per_token_logps to the objective."""
+    objective = Objective.preset("grpo", kl_coef=0.05, kl_estimator="k3")
+    trainer = make_trainer(objective, from_path=True, beta=0.05, use_bias_correction_kl=False)
+    trainer.current_gradient_accumulation_steps = 1
+    model = trainer.model
+    model.train()
+    inputs = trl_inputs(seed=3, vocab=len(trainer.processing_class), noise=0.3)
+    logp, entropy, *_ = reference_logps(model, inputs, trainer.temperature)
+    inputs["old_per_token_logps"] = logp.detach() + inputs.pop("noise")
+    inputs["ref_per_token_logps"] = logp.detach() - 0.1
+    got = trainer.compute_loss(model, inputs)
+    want, stats = objective(logp, inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"],
+                            ref_logp=inputs["ref_per_token_logps"], entropy=entropy, num_seqs=4.0)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-6)
+    assert float(stats["loss/kl_ref"]) > 0
