@@ -405,6 +405,8 @@ class CharTextEnv(gym.Env):
             self.norm_nce.reset()
             if self._scorer is not None:
                 self._scorer.reset_queue()
+        if self._scorer is not None:
+            self._scorer.sync()  # the encoder may be shared and trained elsewhere: take its latest weights
         options = options or {}
         if "chapter" in options:
             ci = int(options["chapter"])

@@ -21,12 +21,14 @@ negatives = the scorer's queue of past positive keys (K of them)::
     nce_t = log softmax_0( [cos(q, k⁺), cos(q, k⁻_1), …, cos(q, k⁻_K)] / τ )   ∈ [−log(K+1)−2/τ, 0]
 
 Speed: the target keys of every reference position of a chapter are computed once per encoder version in
-one batched call and cached; the per-step query is a handful of numpy operations on (L, h) and (h, d)
-arrays without autograd (about 15 µs), so no batching across steps is needed for ≥ 5,000 steps/s.
+one batched call and cached; the per-step score is about a dozen numpy operations on (L, h), (h, d) and
+(K, d) arrays without autograd (≈ 25 µs on one core), so no batching across steps is needed for
+≥ 5,000 steps/s (``score_batch`` scores many windows at once for evaluation).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -321,30 +323,31 @@ class InfoNCEScorer:
     def query(self, window: Sequence[int]) -> np.ndarray:
         """(d,) unit query of the last L ids of ``window`` (left-padded)."""
         L = self.model.cfg.context_chars
-        ids = list(window[-L:])
+        ids = window[-L:]
         if len(ids) < L:
-            ids = [self.model.pad_id] * (L - len(ids)) + ids
-        x = np.tanh((self._emb_q[ids] * self._pos_q).sum(0))
+            ids = [self.model.pad_id] * (L - len(ids)) + list(ids)
+        x = np.tanh(np.einsum("lh,lh->h", self._emb_q.take(ids, axis=0), self._pos_q))
         v = x @ self._w_q
-        return v / max(float(np.sqrt(v @ v)), 1e-12)
+        return v / max(math.sqrt(v @ v), 1e-12)
 
     def score(self, window: Sequence[int], chapter: int, pos: int, enqueue: bool = True) -> float:
         """``nce_t`` for the agent window against the reference n-gram after ``pos`` of ``chapter``."""
-        keys = self.chapter_keys(chapter)
+        keys = self._keys.get(chapter)
+        if keys is None:
+            keys = self.chapter_keys(chapter)
         k_pos = keys[pos]
         kid = self._key_ids[chapter][pos]
-        q = self.query(window)
-        inv_tau = 1.0 / self.model.cfg.tau
-        s_pos = float(k_pos @ q) * inv_tau
-        s_neg = (self.queue @ q) * inv_tau
+        q = self.query(window) * (1.0 / self.model.cfg.tau)  # fold 1/τ into the query: one scaling
+        s_pos = float(k_pos @ q)
+        s_neg = self.queue @ q  # (K,)
         s_neg[self.queue_ids == kid] = -np.inf  # the same n-gram is not a negative
         mx = max(s_pos, float(s_neg.max()))
-        nce = s_pos - mx - np.log(np.exp(s_pos - mx) + np.exp(s_neg - mx).sum())
+        nce = s_pos - mx - math.log(math.exp(s_pos - mx) + float(np.exp(s_neg - mx).sum()))
         if enqueue:
             self.queue[self._ptr] = k_pos
             self.queue_ids[self._ptr] = kid
             self._ptr = (self._ptr + 1) % len(self.queue)
-        return float(nce)
+        return nce
 
     def score_batch(self, windows: np.ndarray, chapter: int, positions: np.ndarray) -> np.ndarray:
         """``nce`` for B windows (B, L) at once against the current queue (no enqueue); for evaluation."""
