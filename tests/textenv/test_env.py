@@ -282,3 +282,15 @@ def test_config_errors_name_the_field():
         EnvConfig(start="middle")
     with pytest.raises(ValueError, match="no chapters with text"):
         CharTextEnv(["", ""], config=EnvConfig(use_infonce=False))
+
+
+def test_step_after_episode_end_is_an_error(sample_chapters):
+    env = CharTextEnv(sample_chapters, config=EnvConfig(max_steps=1, use_infonce=False))
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step(1)
+    env.reset(seed=0)
+    assert env.step(env.teacher_action())[3]  # truncated after T = 1
+    with pytest.raises(RuntimeError, match="episode has ended"):
+        env.step(env.alphabet.eos_id)
+    env.reset()
+    assert env.step(env.alphabet.eos_id)[2]

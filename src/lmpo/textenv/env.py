@@ -284,6 +284,7 @@ class CharTextEnv(gym.Env):
             }
         )
         self._teacher = False
+        self._done = False
         self._y: list[int] | None = None
         self._last_info: dict[str, Any] | None = None
 
@@ -435,6 +436,7 @@ class CharTextEnv(gym.Env):
         self._h0 = h0
         self._coverage.start(self._chapter_ref_keys(ci), p - h0, h0)
         self._phi = 0.0
+        self._done = False
         self._update_mask()
         self._last_info = None
         info = {"chapter": ci, "position": p, "mask_fallback": self._fallback, "is_teacher": self._teacher}
@@ -443,6 +445,8 @@ class CharTextEnv(gym.Env):
     def step(self, action):
         if self._y is None:
             raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode has ended (terminated or truncated); call reset() before step()")
         a = int(action)
         A = self.num_actions
         if not 0 <= a < A:
@@ -481,6 +485,7 @@ class CharTextEnv(gym.Env):
             info["is_eos"] = False
             info["history_tail"] = alph.decode(self._y[-8:])
             self._last_info = info
+            self._done = True
             return self._obs(), -r_ill, True, False, info
 
         self._y.append(played)
@@ -514,6 +519,7 @@ class CharTextEnv(gym.Env):
             self._phi = phi_next
         reward = base + potential + bonus
 
+        self._done = terminated or truncated
         self._update_mask()
         info.update(
             {

@@ -288,10 +288,12 @@ class InfoNCEScorer:
             q0, q0_ids = w["queue"][:k_size], w["queue_ids"][:k_size]
         else:
             # untrained model: negatives = keys of K reference positions spread evenly over the chapters
-            flat = [(c, p) for c, ids in enumerate(self.chapters_ids) for p in range(len(ids))]
-            pick = np.linspace(0, len(flat) - 1, num=k_size).astype(int)
-            q0 = np.stack([self.chapter_keys(flat[i][0])[flat[i][1]] for i in pick])
-            q0_ids = np.array([self._key_ids[flat[i][0]][flat[i][1]] for i in pick])
+            cum = np.cumsum([len(ids) for ids in self.chapters_ids])
+            pick = np.linspace(0, cum[-1] - 1, num=k_size).astype(np.int64)
+            chap = np.searchsorted(cum, pick, side="right")
+            pos = pick - np.concatenate([[0], cum[:-1]])[chap]
+            q0 = np.stack([self.chapter_keys(int(c))[p] for c, p in zip(chap, pos)])
+            q0_ids = np.array([self._key_ids[int(c)][p] for c, p in zip(chap, pos)])
         self._queue0, self._queue0_ids = q0.astype(np.float64), q0_ids.astype(np.int64)
         self._version = m.version
         self.reset_queue()
