@@ -14,6 +14,9 @@ import sys
 
 #: top-level commands: name -> "module:register function"
 COMMANDS: dict[str, str] = {
+    "train": "lmpo.trainer.cli:register_train",
+    "demo": "lmpo.trainer.cli:register_demo",
+    "plot": "lmpo.trainer.cli:register_plot",
 }
 
 #: ``lmpo sac <command>``: the text environment and SAC agent

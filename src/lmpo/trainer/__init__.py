@@ -1,0 +1,15 @@
+"""Single-machine GRPO-family trainer for Hugging Face causal LMs (SPEC §2).
+
+>>> from lmpo.trainer import Trainer, load_config
+>>> result = Trainer(load_config("configs/addition_grpo.yaml", ["--optim.lr", "1e-4"])).train()
+
+Modules: ``config`` (frozen dataclass sections, validation, YAML), ``loop`` (the ``Trainer``), ``rollout``
+(generation engines), ``logprobs`` (selective log-softmax, chunked entropy), ``optim`` (AdamW + schedule),
+``checkpoint`` (atomic checkpoints), ``metrics`` (progress bar, JSONL, TensorBoard, W&B), ``sft``
+(supervised warm-up), ``evaluate`` (greedy held-out accuracy), ``plot``, ``demo`` and ``cli``.
+"""
+
+from lmpo.trainer.config import ConfigError, TrainConfig, load_config, validate_config
+from lmpo.trainer.loop import NonFiniteError, Trainer, TrainResult
+
+__all__ = ["ConfigError", "NonFiniteError", "TrainConfig", "TrainResult", "Trainer", "load_config", "validate_config"]

@@ -1,0 +1,138 @@
+"""``lmpo train``, ``lmpo demo`` and ``lmpo plot``: argparse sub-commands registered by ``lmpo.cli``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class _OverridesParser(argparse.ArgumentParser):
+    """A sub-parser that sets aside dotted ``--section.key value`` overrides before argparse sees them.
+
+    Config overrides are open-ended (every field of every section), so they cannot be declared as options;
+    ``lmpo.cli`` builds the sub-parser, and ``_accept_overrides`` switches it to this class. Every token
+    ``--a.b`` (or ``--a.b=v``) and the value after it go to ``namespace.overrides`` unparsed.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        rest: list[str] = []
+        overrides: list[str] = []
+        i = 0
+        while i < len(args):
+            tok = args[i]
+            if tok.startswith("--") and "." in tok.split("=", 1)[0]:
+                overrides.append(tok)
+                if "=" not in tok and i + 1 < len(args):
+                    overrides.append(args[i + 1])
+                    i += 1
+            else:
+                rest.append(tok)
+            i += 1
+        ns, extras = super().parse_known_args(rest, namespace)
+        ns.overrides = overrides
+        return ns, extras
+
+
+def _accept_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.__class__ = _OverridesParser
+
+
+def _presets_help() -> str:
+    from lmpo.objectives import PRESETS
+
+    return ", ".join(PRESETS)
+
+
+def register_train(subparsers: argparse._SubParsersAction, name: str) -> None:
+    p = subparsers.add_parser(
+        name, help="train a causal LM with a GRPO-family objective from a YAML config",
+        description="Train with a YAML config plus dotted overrides, e.g. "
+                    "`lmpo train configs/addition_grpo.yaml --objective.preset dapo --optim.lr 1e-4`. "
+                    "Config reference: docs/trainer.md. Objective presets: " + _presets_help() + ".",
+    )
+    p.add_argument("config", nargs="?", default=None, help="YAML config file (omit to use the defaults)")
+    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="PATH",
+                   help="continue from the latest checkpoint of the run directory (no value) or from PATH")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.set_defaults(func=_run_train)
+    _accept_overrides(p)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    import yaml
+
+    from lmpo.trainer.config import ConfigError, config_to_dict, load_config, validate_config
+
+    try:
+        cfg = load_config(args.config, overrides=list(args.overrides))
+        validate_config(cfg)
+    except ConfigError as e:
+        print(f"lmpo train: config error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        return 0
+    from lmpo.trainer.loop import NonFiniteError, Trainer
+
+    try:
+        result = Trainer(cfg).train(resume=args.resume)
+    except NonFiniteError as e:
+        print(f"lmpo train: stopped: {e}", file=sys.stderr)
+        return 3
+    before = (result.eval_before or {}).get("eval/accuracy")
+    after = (result.eval_after or {}).get("eval/accuracy")
+    if after is not None:
+        msg = f"held-out greedy accuracy: {after:.3f}"
+        if before is not None:
+            msg = f"held-out greedy accuracy: {before:.3f} -> {after:.3f}"
+        print(msg)
+    print(f"run directory: {result.run_dir}")
+    return 0
+
+
+def register_demo(subparsers: argparse._SubParsersAction, name: str) -> None:
+    p = subparsers.add_parser(
+        name, help="offline demo: tiny model, SFT warm-up then GRPO-family RL on addition (CPU, < 5 min)",
+        description="Build the tiny model, warm it up briefly on addition, train it with RL and print held-out "
+                    "greedy accuracy before and after RL. Extra `--section.key value` overrides apply to "
+                    "configs/demo.yaml's settings (the embedded copy).",
+    )
+    p.add_argument("--run-dir", default="runs/demo", help="run directory (default: runs/demo)")
+    p.add_argument("--seed", type=int, default=None, help="seed of data, sampling and initialisation")
+    p.add_argument("--preset", default=None, help="objective preset (default: the demo's); one of " + _presets_help())
+    p.set_defaults(func=_run_demo)
+    _accept_overrides(p)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from lmpo.trainer.config import ConfigError
+    from lmpo.trainer.demo import run_demo
+
+    try:
+        run_demo(run_dir=args.run_dir, seed=args.seed, preset=args.preset, overrides=list(args.overrides))
+    except ConfigError as e:
+        print(f"lmpo demo: config error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def register_plot(subparsers: argparse._SubParsersAction, name: str) -> None:
+    p = subparsers.add_parser(name, help="draw reward/accuracy/entropy/clip/KL curves of runs to PNG",
+                              description="Plot the metrics.jsonl of one or more run directories, overlaid.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", default=None, help="output directory (default: FIRST_RUN_DIR/plots)")
+    p.set_defaults(func=_run_plot)
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    from lmpo.trainer.plot import plot_runs
+
+    try:
+        paths = plot_runs(args.run_dirs, args.out)
+    except FileNotFoundError as e:
+        print(f"lmpo plot: {e}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    return 0

@@ -1,0 +1,564 @@
+"""The training loop. Read ``Trainer.train`` top to bottom; ``_rl_step`` is one RL step::
+
+    prompts (P = prompts_per_step)  →  rollout: G completions each (B = P·G sequences)
+    →  rewards (B,)  →  advantages (B,)  [optional zero-variance group filter]
+    →  behaviour log-probs (only when off-policy)  →  reference log-probs (only when the objective needs them)
+    →  for epoch in epochs_per_step: for minibatch in minibatches_per_step:
+           for microbatch: logp (B_μ,T) [+ entropy, token_grad_norm when needed] → objective → backward
+           clip grad-norm → (skip if non-finite) → AdamW step → schedule → entropy controller
+    →  metrics (one host sync) → evaluation / checkpoint when due
+
+The objective call is the only indirection: everything an objective needs (global token and sequence
+counts for exact gradient accumulation, entropy, reference log-probs, per-token gradient norms, the
+adaptive entropy coefficient, a seeded generator) is computed here only when it asks for it.
+
+Determinism: data order is a seeded permutation per data epoch (position saved in checkpoints), each step's
+sampling uses a generator seeded from ``(loop.seed, step)``, minibatch shuffles and clip_cov's selection
+likewise; on CPU a resumed run reproduces the uninterrupted one bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lmpo.trainer import checkpoint as ckpt
+from lmpo.trainer.config import TrainConfig, config_to_dict, save_config, validate_config
+from lmpo.trainer.evaluate import _meta_columns, evaluate
+from lmpo.trainer.metrics import MetricsLogger, to_host
+from lmpo.trainer.optim import Schedule, build_optimizer
+from lmpo.trainer.sft import position_ids_from_mask, supervised_warmup
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive optimizer steps had a non-finite loss or gradient."""
+
+
+@dataclass
+class TrainResult:
+    """What ``Trainer.train`` returns."""
+
+    run_dir: Path
+    steps_done: int
+    eval_before: dict[str, float] | None = None
+    eval_after: dict[str, float] | None = None
+    history: list[dict[str, float]] = field(default_factory=list)  # train metrics of the steps run here
+    nonfinite_skipped: int = 0
+    sft_losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _seed_for(*parts: int) -> int:
+    """A 63-bit seed from integers (splitmix-style), so nearby steps get unrelated streams."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h ^= (int(p) + 0x9E3779B97F4A7C15 + (h << 6) + (h >> 2)) & 0xFFFFFFFFFFFFFFFF
+        h = (h * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    return torch.device(name)
+
+
+class Trainer:
+    """Single-machine GRPO-family trainer.
+
+    >>> result = Trainer(load_config("configs/addition_grpo.yaml")).train()
+
+    Args:
+        config: the run (validated here, before any model is built).
+        model, tokenizer: use these instead of building ``config.model.name``.
+        task: use this task instead of building ``config.task``.
+        rollout_engine: any object with ``generate(prompts, completions_per_prompt, seed) -> Rollout``
+            (default: ``lmpo.trainer.rollout.HFRollout``).
+        log: callable for one-line console messages (default ``print``).
+    """
+
+    def __init__(self, config: TrainConfig, *, model=None, tokenizer=None, task=None, rollout_engine=None,
+                 log: Callable[[str], None] | None = None):
+        validate_config(config)
+        self.cfg = config
+        self.log = log or (lambda msg: print(msg, flush=True))
+        if config.loop.num_threads > 0:
+            torch.set_num_threads(config.loop.num_threads)
+        self.device = _resolve_device(config.loop.device)
+        self.run_dir = Path(config.logging.run_dir)
+        #: test hook: ``loss_hook(rl_step, loss) -> loss`` applied to every microbatch loss (NaN injection)
+        self.loss_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+
+        from lmpo.objectives import Objective
+
+        # the trainer checks loss and gradient finiteness once per optimizer step itself (and skips the step),
+        # so the objective's own per-call check (one host sync per microbatch) is off unless asked for
+        self.objective = Objective.preset(config.objective.preset,
+                                          **{"check_finite": False, **config.objective.overrides})
+        self.grad_norm_mode = self.objective.grad_norm_mode
+
+        self.task = task if task is not None else self._build_task()
+        self.train_examples = self.task.train_examples(seed=config.loop.seed)
+        self.eval_examples = self.task.eval_examples()[: config.task.eval_examples]
+        self.scorer, self.accuracy_fn = self._build_rewards()
+
+        if model is None:
+            from lmpo.models import load_model_and_tokenizer
+
+            model, tok = load_model_and_tokenizer(config.model.name, dtype=config.model.dtype,
+                                                  device=self.device, seed=config.model.init_seed)
+            tokenizer = tokenizer or tok
+        elif tokenizer is None:
+            raise ValueError("Trainer(model=...) needs tokenizer=... as well")
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+        if config.model.lora.enabled:
+            self.model = self._wrap_lora(self.model)
+        self.rollout_engine = rollout_engine
+        self.ref_model = None
+
+    # ---------------------------------------------------------------- construction helpers
+    def _build_task(self):
+        from lmpo.tasks import load_file_task, load_hf_task, make_task
+
+        tk = self.cfg.task
+        if tk.name == "file":
+            return load_file_task(tk.path, prompt_field=tk.prompt_field, answer_field=tk.answer_field, **tk.options)
+        if tk.name == "hf":
+            return load_hf_task(tk.hf_name, prompt_field=tk.prompt_field, answer_field=tk.answer_field,
+                                **tk.options)
+        return make_task(tk.name, **tk.options)
+
+    def _build_rewards(self):
+        from lmpo.rewards import RewardScorer, get_reward_fn
+
+        rw = self.cfg.rewards
+        if rw.functions:
+            weights = rw.weights or (1.0,) * len(rw.functions)
+            specs = [{"name": n, "weight": w, "kwargs": dict(rw.kwargs.get(n, {}))}
+                     for n, w in zip(rw.functions, weights)]
+        else:
+            specs = [{"name": n, "weight": w} for n, w in self.task.default_rewards]
+        scorer = RewardScorer(specs, on_error=rw.on_error)
+        accuracy_fn = get_reward_fn(getattr(self.task, "accuracy_reward", "exact_match"))
+        return scorer, accuracy_fn
+
+    def _wrap_lora(self, model):
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+
+        lc = self.cfg.model.lora
+        peft_cfg = PeftLoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
+                                  target_modules=list(lc.target_modules), task_type="CAUSAL_LM")
+        return get_peft_model(model, peft_cfg)
+
+    def _make_rollout_engine(self):
+        from lmpo.trainer.rollout import HFRollout
+
+        ro = self.cfg.rollout
+        engine = HFRollout(self.model, self.tokenizer, max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
+                           top_p=ro.top_p, top_k=ro.top_k)
+        if ro.ignore_eos:
+            engine.eos_token_ids = [-1]  # no token id matches: every completion runs to max_new_tokens
+        return engine
+
+    # ---------------------------------------------------------------- the run
+    def train(self, resume: str | os.PathLike | None = None) -> TrainResult:
+        """Run (or resume) the whole schedule: warm-up, RL steps, evaluations, checkpoints."""
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml")
+        resume_path = ckpt.resolve_resume(str(resume) if resume not in (None, True) else resume, self.run_dir)
+        result = TrainResult(run_dir=self.run_dir, steps_done=0)
+
+        totals = cfg.derived_totals()
+        self.log("lmpo train: " + ", ".join(f"{k}={v}" for k, v in totals.items()) + f", device={self.device}")
+
+        # 1. supervised warm-up (skipped on resume: the checkpoint already holds the warmed-up weights)
+        if resume_path is None and cfg.sft.steps > 0:
+            result.sft_losses = supervised_warmup(self.model, self.tokenizer, self.task, self.train_examples,
+                                                  cfg.sft, seed=cfg.loop.seed, device=self.device, log=self.log)
+
+        # 2. reference model: a frozen copy of the initial policy (or a given path), only when needed
+        if self.objective.requires_ref_logp:
+            self.ref_model = self._build_ref_model()
+
+        # 3. optimizer, schedule, adaptive entropy controller, data order
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.schedule = Schedule(self.optimizer, cfg.optim, cfg.total_optimizer_steps)
+        self.controller = self.objective.make_entropy_controller()
+        self.data_epoch, self.data_pos = 0, 0
+        self._perm = self._permutation(0)
+        self.nonfinite_total, self.nonfinite_in_row = 0, 0
+        start_step = 0
+        if resume_path is not None:
+            start_step = self._load(resume_path)
+            self.log(f"resumed from {resume_path} at step {start_step}")
+        if self.rollout_engine is None:
+            self.rollout_engine = self._make_rollout_engine()
+
+        lg = cfg.logging
+        self.metrics = MetricsLogger(self.run_dir, cfg.loop.steps, start_step=start_step,
+                                     progress_bar=lg.progress_bar, tensorboard=lg.tensorboard, wandb=lg.wandb,
+                                     wandb_project=lg.wandb_project, config=config_to_dict(cfg),
+                                     print_every_steps=lg.print_every_steps)
+        try:
+            if start_step == 0 and cfg.eval.at_start:
+                result.eval_before = self._evaluate()
+                self.metrics.log(0, result.eval_before, kind="eval")
+            step = start_step
+            for step in range(start_step + 1, cfg.loop.steps + 1):
+                stats = self._rl_step(step)
+                self.metrics.log(step, stats)
+                result.history.append(stats)
+                if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step != cfg.loop.steps:
+                    self.metrics.log(step, self._evaluate(), kind="eval")
+                if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+                    self.save(step)
+            result.steps_done = step
+            if cfg.loop.steps > start_step or start_step == 0:
+                result.eval_after = self._evaluate()
+                self.metrics.log(cfg.loop.steps, result.eval_after, kind="eval")
+            if cfg.checkpoint.at_end and cfg.loop.steps > start_step and (
+                    not cfg.checkpoint.every_steps or cfg.loop.steps % cfg.checkpoint.every_steps):
+                self.save(cfg.loop.steps)
+        finally:
+            self.metrics.close()
+        result.nonfinite_skipped = self.nonfinite_total
+        result.seconds = time.perf_counter() - t_start
+        return result
+
+    # ---------------------------------------------------------------- one RL step
+    def _rl_step(self, step: int) -> dict[str, float]:
+        cfg, obj = self.cfg, self.objective
+        G = cfg.rollout.completions_per_prompt
+        t0 = time.perf_counter()
+
+        # sample prompts, generate G completions each
+        examples = self._next_examples(cfg.loop.prompts_per_step)
+        # (no inference_mode: the sampled ids become inputs of the training graph)
+        ro = self.rollout_engine.generate([e.prompt for e in examples], G, seed=_seed_for(cfg.loop.seed, step, 1))
+        t_gen = time.perf_counter()
+
+        # score rewards (prompt-major: sequence b belongs to prompt b // G)
+        group = ro.group_ids.to(self.device)
+        prompts = [examples[i].prompt for i in group.tolist()]
+        answers = [examples[i].answer for i in group.tolist()]
+        columns = _meta_columns([examples[i] for i in group.tolist()])
+        rewards, per_fn = self.scorer.score(prompts, ro.completions, answers, **columns)
+        acc_values = self.accuracy_fn(prompts=prompts, completions=ro.completions, answer=answers, **columns)
+        correct = torch.tensor([v is not None and float(v) >= cfg.rewards.success_threshold for v in acc_values],
+                               dtype=torch.float32)
+        rewards = rewards.to(self.device)
+
+        # advantages (B,) and the zero-variance statistic
+        from lmpo.objectives.advantages import compute_advantages
+
+        adv, adv_stats = compute_advantages(cfg.objective.advantage_estimator, rewards, group,
+                                            scale=obj.advantage_scale)
+        num_groups = int(group.max()) + 1
+        g_min = torch.full((num_groups,), math.inf, device=self.device).scatter_reduce(0, group, rewards, "amin")
+        g_max = torch.full((num_groups,), -math.inf, device=self.device).scatter_reduce(0, group, rewards, "amax")
+        zero_var = g_max - g_min <= 1e-12  # (num_groups,)
+        keep = ~zero_var[group] if cfg.objective.filter_zero_variance else torch.ones_like(group, dtype=torch.bool)
+        t_score = time.perf_counter()
+
+        comp_mask = ro.completion_mask.to(self.device).bool()
+        lengths = comp_mask.sum(-1).float()
+        stats: dict[str, torch.Tensor | float] = {
+            "reward/mean": rewards.mean(), "reward/std": rewards.std() if rewards.numel() > 1 else rewards.new_zeros(()),
+            "reward/accuracy": correct.mean(), "reward/errors": float(self.scorer.last_stats.get("reward/skipped", 0.0)),
+            "adv/mean": adv[keep].mean() if keep.any() else adv.new_zeros(()),
+            "adv/std": adv[keep].std() if keep.sum() > 1 else adv.new_zeros(()),
+            "adv/abs_mean": adv[keep].abs().mean() if keep.any() else adv.new_zeros(()),
+            "adv/zero_var_frac": zero_var.float().mean(), "adv/kept_frac": keep.float().mean(),
+            "completion/length_mean": lengths.mean(), "completion/length_max": lengths.max(),
+            "completion/truncated_frac": self._truncated_frac(ro, comp_mask),
+        }
+        for name, vals in per_fn.items():
+            finite = vals[torch.isfinite(vals)]
+            stats[f"reward/{name}/mean"] = finite.mean() if finite.numel() else torch.tensor(float("nan"))
+            stats[f"reward/{name}/std"] = finite.std() if finite.numel() > 1 else torch.tensor(0.0)
+        for k, v in (adv_stats or {}).items():
+            stats.setdefault(k if "/" in k else f"adv/{k}", v)
+
+        # the sequences trained on
+        idx = torch.nonzero(keep).squeeze(-1)
+        batch = {
+            "input_ids": torch.cat([ro.prompt_ids, ro.completion_ids], dim=1).to(self.device)[idx],
+            "attention_mask": torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(self.device)[idx],
+            "completion_ids": ro.completion_ids.to(self.device)[idx],
+            "mask": comp_mask[idx],
+            "adv": adv[idx],
+        }
+        train_stats = self._update(step, batch) if idx.numel() > 0 else {}
+        stats.update(train_stats)
+        t_end = time.perf_counter()
+
+        tokens = float(lengths.sum()) + float(batch["mask"].sum())
+        stats.update({"time/generate_s": t_gen - t0, "time/score_s": t_score - t_gen, "time/train_s": t_end - t_score,
+                      "perf/step_s": t_end - t0, "perf/tokens_per_s": tokens / max(t_end - t0, 1e-9),
+                      "optim/nonfinite_skipped": float(self.nonfinite_total)})
+        return to_host(stats)
+
+    def _truncated_frac(self, ro, comp_mask: torch.Tensor) -> torch.Tensor:
+        eos = self.tokenizer.eos_token_id
+        ids = ro.completion_ids.to(comp_mask.device)
+        has_eos = ((ids == eos) & comp_mask).any(-1)
+        return (~has_eos).float().mean()
+
+    # ---------------------------------------------------------------- the update
+    def _update(self, step: int, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | float]:
+        cfg, obj = self.cfg, self.objective
+        B = batch["input_ids"].shape[0]
+        T = batch["completion_ids"].shape[1]
+        off_policy = cfg.off_policy
+        self.model.train()
+
+        # behaviour log-probs: only when the same rollout is used for more than one optimizer step
+        old_logp = self._no_grad_logp(self.model, batch, T) if off_policy else None
+        ref_logp = self._no_grad_logp(self.ref_model, batch, T) if obj.requires_ref_logp else None
+
+        M = cfg.loop.minibatches_per_step
+        mb_size = -(-B // M)
+        shuffle_gen = torch.Generator().manual_seed(_seed_for(cfg.loop.seed, step, 2))
+        sums: dict[str, torch.Tensor] = {}
+        mins: dict[str, torch.Tensor] = {}
+        maxs: dict[str, torch.Tensor] = {}
+        n_opt = 0
+        grad_norms, losses = [], []
+        lr = self.schedule.current_lr()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for epoch in range(cfg.loop.epochs_per_step):
+            order = torch.randperm(B, generator=shuffle_gen).to(self.device) if M > 1 else torch.arange(
+                B, device=self.device)
+            for m in range(M):
+                mb = order[m * mb_size:(m + 1) * mb_size]
+                if mb.numel() == 0:
+                    continue
+                num_tokens = batch["mask"][mb].sum()
+                num_seqs = int(mb.numel())
+                entropy_coef = self.controller.coef if self.controller is not None else None
+                cov_gen = torch.Generator(device=self.device).manual_seed(_seed_for(cfg.loop.seed, step, 3, epoch, m))
+                self.optimizer.zero_grad(set_to_none=True)
+                mb_loss = torch.zeros((), device=self.device)
+                ent_sum = torch.zeros((), device=self.device)
+                for start in range(0, num_seqs, cfg.loop.seqs_per_microbatch):
+                    mu = mb[start:start + cfg.loop.seqs_per_microbatch]
+                    fwd = self._forward(self.model, batch, mu, T, with_grad=True)
+                    logp = fwd["logp"]
+                    old = old_logp[mu] if old_logp is not None else logp.detach()
+                    loss, ostats = obj(
+                        logp, old, batch["adv"][mu], batch["mask"][mu],
+                        ref_logp=ref_logp[mu] if ref_logp is not None else None,
+                        entropy=fwd.get("entropy"), token_grad_norm=fwd.get("token_grad_norm"),
+                        num_tokens=num_tokens, num_seqs=num_seqs, entropy_coef=entropy_coef, generator=cov_gen)
+                    if self.loss_hook is not None:
+                        loss = self.loss_hook(step, loss)
+                    loss.backward()
+                    mb_loss = mb_loss + loss.detach()
+                    w = mu.numel() / num_seqs
+                    for k, v in ostats.items():
+                        v = v.detach().float()
+                        if k.endswith("/min"):
+                            mins[k] = torch.minimum(mins[k], v) if k in mins else v
+                        elif k.endswith("/max"):
+                            maxs[k] = torch.maximum(maxs[k], v) if k in maxs else v
+                        else:
+                            sums[k] = sums.get(k, 0.0) + w * v
+                    if "entropy" in fwd:
+                        ent_sum = ent_sum + (fwd["entropy"].detach() * batch["mask"][mu]).sum()
+                # clip, then one host sync per optimizer step to decide whether the step is finite
+                max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                finite = bool(torch.isfinite(mb_loss) & torch.isfinite(grad_norm))
+                n_opt += 1
+                if not finite:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.nonfinite_total += 1
+                    self.nonfinite_in_row += 1
+                    self.metrics.write(f"step {step}: non-finite loss or gradient (loss={float(mb_loss)}, grad "
+                                       f"norm={float(grad_norm)}); optimizer step skipped "
+                                       f"({self.nonfinite_in_row} in a row)")
+                    if self.nonfinite_in_row >= cfg.loop.max_nonfinite_steps:
+                        raise NonFiniteError(
+                            f"{self.nonfinite_in_row} consecutive optimizer steps had a non-finite loss or gradient "
+                            f"(limit loop.max_nonfinite_steps={cfg.loop.max_nonfinite_steps}); stopping at RL step "
+                            f"{step}. Checkpoints already written in {ckpt.checkpoint_dir(self.run_dir)} are intact. "
+                            "Lower optim.lr, check the reward scale, or use a float32 model.")
+                    continue
+                self.nonfinite_in_row = 0
+                lr = self.schedule.apply()
+                self.optimizer.step()
+                self.schedule.advance()
+                grad_norms.append(grad_norm.detach())
+                losses.append(mb_loss)
+                if self.controller is not None:
+                    self.controller.update(float(ent_sum / num_tokens.clamp(min=1)))
+        out: dict[str, torch.Tensor | float] = {}
+        for k, v in sums.items():
+            out[k] = v / max(n_opt, 1)
+        out.update(mins)
+        out.update(maxs)
+        out["loss/policy"] = torch.stack(losses).mean() if losses else torch.tensor(float("nan"))
+        out["optim/grad_norm"] = torch.stack(grad_norms).mean() if grad_norms else torch.tensor(float("nan"))
+        out["optim/lr"] = float(lr)
+        if self.controller is not None:
+            out["entropy/coef"] = float(self.controller.coef)
+        return out
+
+    def _forward(self, model, batch: dict[str, torch.Tensor], rows: torch.Tensor, T: int, *, with_grad: bool
+                 ) -> dict[str, torch.Tensor]:
+        """Log-probs (B_μ, T) of the completion tokens, plus entropy / token_grad_norm when the objective needs them.
+
+        Only the last T+1 positions' logits are computed (``logits_to_keep``); position t of the completion is
+        predicted from the logits of the position before it.
+        """
+        from lmpo.trainer.logprobs import selective_log_softmax, selective_log_softmax_with_entropy
+
+        obj = self.objective
+        ids = batch["input_ids"][rows]
+        attn = batch["attention_mask"][rows]
+        tokens = batch["completion_ids"][rows]
+        need_hidden = with_grad and obj.requires_token_grad_norm and self.grad_norm_mode == "lm_head"
+        captured = {}
+        handle = None
+        if need_hidden:
+            head = model.get_output_embeddings()
+            handle = head.register_forward_hook(lambda mod, inp, out: captured.__setitem__("h", inp[0]))
+        try:
+            out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
+                        logits_to_keep=T + 1, use_cache=False)
+        finally:
+            if handle is not None:
+                handle.remove()
+        logits = out.logits[:, :-1, :]  # (B_μ, T, V)
+        # log-probs of the distribution the rollout sampled from: softmax(logits / τ) (as TRL does)
+        tau = self.cfg.rollout.temperature
+        res: dict[str, torch.Tensor] = {}
+        if with_grad and obj.requires_entropy:
+            # entropy keeps its graph: an entropy bonus in the objective differentiates through it
+            res["logp"], res["entropy"] = selective_log_softmax_with_entropy(logits, tokens, temperature=tau)
+        else:
+            res["logp"] = selective_log_softmax(logits, tokens, temperature=tau)
+        if with_grad and obj.requires_token_grad_norm:
+            res["token_grad_norm"] = self._token_grad_norm(model, logits / tau, tokens, ids, attn, T,
+                                                           captured.get("h"), 1.0 / tau)
+        return res
+
+    def _token_grad_norm(self, model, logits, tokens, ids, attn, T, hidden, scale) -> torch.Tensor:
+        from lmpo.objectives.credit import exact_grad_norm, lm_head_grad_norm, logits_grad_norm
+
+        mode = self.grad_norm_mode
+        if mode == "logits":
+            return logits_grad_norm(logits.detach(), tokens)
+        if mode == "lm_head":
+            head = model.get_output_embeddings()
+            h = hidden[:, -(T + 1):-1, :]  # (B_μ, T, H) inputs of the head at the predicting positions
+            return lm_head_grad_norm(h, logits.detach(), tokens, head_has_bias=getattr(head, "bias", None) is not None,
+                                     logit_scale=scale)
+
+        def call(input_ids, attention_mask=None):
+            return model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids_from_mask(attention_mask), use_cache=False).logits * scale
+
+        return exact_grad_norm(call, ids, T, attention_mask=attn)
+
+    def _no_grad_logp(self, model, batch: dict[str, torch.Tensor], T: int) -> torch.Tensor:
+        """(B, T) log-probs without gradient, in microbatches (behaviour or reference policy)."""
+        was_training = model.training
+        model.eval()
+        outs = []
+        B = batch["input_ids"].shape[0]
+        with torch.no_grad():
+            for start in range(0, B, self.cfg.loop.seqs_per_microbatch):
+                rows = torch.arange(start, min(B, start + self.cfg.loop.seqs_per_microbatch), device=self.device)
+                outs.append(self._forward(model, batch, rows, T, with_grad=False)["logp"])
+        if was_training:
+            model.train()
+        return torch.cat(outs, 0)
+
+    # ---------------------------------------------------------------- data, reference, evaluation
+    def _permutation(self, data_epoch: int) -> list[int]:
+        gen = torch.Generator().manual_seed(_seed_for(self.cfg.loop.seed, data_epoch, 4))
+        return torch.randperm(len(self.train_examples), generator=gen).tolist()
+
+    def _next_examples(self, n: int) -> list:
+        out = []
+        while len(out) < n:
+            if self.data_pos >= len(self._perm):
+                self.data_epoch += 1
+                self.data_pos = 0
+                self._perm = self._permutation(self.data_epoch)
+            out.append(self.train_examples[self._perm[self.data_pos]])
+            self.data_pos += 1
+        return out
+
+    def _build_ref_model(self):
+        if self.cfg.model.ref_path:
+            from lmpo.models import load_model_and_tokenizer
+
+            ref, _ = load_model_and_tokenizer(self.cfg.model.ref_path, dtype=self.cfg.model.dtype, device=self.device)
+        else:
+            ref = copy.deepcopy(self.model)
+            if self.cfg.model.lora.enabled and hasattr(ref, "merge_and_unload"):
+                ref = ref.merge_and_unload()
+        ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    def _evaluate(self) -> dict[str, float]:
+        ev = self.cfg.eval
+        return evaluate(self.model, self.tokenizer, self.eval_examples, accuracy_fn=self.accuracy_fn,
+                        scorer=self.scorer, max_new_tokens=ev.max_new_tokens or self.cfg.rollout.max_new_tokens,
+                        seqs_per_batch=ev.seqs_per_batch, device=self.device,
+                        success_threshold=self.cfg.rewards.success_threshold)
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self, step: int) -> dict:
+        return {
+            "step": step,
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "controller": self.controller.state_dict() if self.controller is not None else None,
+            "data": {"epoch": self.data_epoch, "pos": self.data_pos},
+            "nonfinite": {"total": self.nonfinite_total, "in_row": self.nonfinite_in_row},
+            "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+                    "python_version": random.getstate()[0], "python_gauss": random.getstate()[2],
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        }
+
+    def save(self, step: int) -> Path:
+        return ckpt.save_checkpoint(self.run_dir, step, self.model, self.state_dict(step), ref_model=self.ref_model,
+                                    keep_last=self.cfg.checkpoint.keep_last)
+
+    def _load(self, path: Path) -> int:
+        state = ckpt.load_checkpoint(path, self.model, ref_model=self.ref_model)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        if self.controller is not None and state.get("controller") is not None:
+            self.controller.load_state_dict(state["controller"])
+        self.data_epoch, self.data_pos = int(state["data"]["epoch"]), int(state["data"]["pos"])
+        self._perm = self._permutation(self.data_epoch)
+        self.nonfinite_total = int(state["nonfinite"]["total"])
+        self.nonfinite_in_row = int(state["nonfinite"]["in_row"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate((rng["python_version"], tuple(rng["python"]), rng["python_gauss"]))
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        return int(state["step"])

@@ -1,0 +1,159 @@
+"""Metric sinks: console progress bar (tqdm), JSONL, TensorBoard and (when asked) Weights & Biases.
+
+The trainer gathers per-step statistics as 0-dim tensors and moves them to the host once per step
+(``to_host``); sinks only ever see plain floats. Keys are ``component/name`` (see ``METRIC_DOCS``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+#: every metric the trainer logs, with its meaning (docs/trainer.md's metric table is built from this)
+METRIC_DOCS: dict[str, str] = {
+    "reward/mean": "mean total (weighted) reward of the step's completions",
+    "reward/std": "standard deviation of the total reward over the step's completions",
+    "reward/<fn>/mean": "mean of one reward function's (unweighted) score",
+    "reward/<fn>/std": "standard deviation of one reward function's score",
+    "reward/accuracy": "fraction of completions whose first (accuracy) reward is >= rewards.success_threshold",
+    "reward/errors": "reward-function calls that raised and were skipped (rewards.on_error: skip)",
+    "adv/mean": "mean advantage over the sequences trained on",
+    "adv/std": "standard deviation of the advantages",
+    "adv/abs_mean": "mean absolute advantage (the size of the learning signal)",
+    "adv/zero_var_frac": "fraction of groups whose rewards are all equal (no GRPO signal)",
+    "adv/kept_frac": "fraction of sequences kept after zero-variance filtering (1 without filtering)",
+    "completion/length_mean": "mean completion length in tokens (up to and including EOS)",
+    "completion/length_max": "longest completion in tokens",
+    "completion/truncated_frac": "fraction of completions that hit max_new_tokens without EOS",
+    "loss/policy": "objective value averaged over the step's optimizer steps",
+    "entropy/mean": "mean token entropy of the policy on sampled completions (when the objective needs it)",
+    "entropy/coef": "entropy coefficient applied (adaptive controller's output when it is on)",
+    "clip/low_frac": "fraction of tokens (sequences for sequence levels) clipped at 1-eps where it binds (A<0)",
+    "clip/high_frac": "fraction clipped at 1+eps where it binds (A>0)",
+    "ratio/mean": "mean importance weight pi/pi_old (1 on-policy)",
+    "ratio/min": "minimum importance weight",
+    "ratio/max": "maximum importance weight",
+    "kl/behaviour_k3": "k3 estimate of KL(pi_old || pi) over the minibatch",
+    "kl/ref": "KL estimate to the reference policy (when beta > 0)",
+    "optim/grad_norm": "global gradient norm before clipping (mean over the step's optimizer steps)",
+    "optim/lr": "learning rate of the last optimizer step",
+    "optim/nonfinite_skipped": "optimizer steps skipped so far because the loss or gradient was non-finite",
+    "perf/tokens_per_s": "completion tokens generated and trained on per second of step wall time",
+    "perf/step_s": "wall time of the step in seconds",
+    "time/generate_s": "seconds spent generating completions",
+    "time/score_s": "seconds spent scoring rewards and computing advantages",
+    "time/train_s": "seconds spent in forward/backward/optimizer (incl. behaviour/reference log-probs)",
+    "eval/accuracy": "greedy accuracy on the held-out split",
+    "eval/reward_mean": "mean total reward of the greedy completions on the held-out split",
+    "eval/length_mean": "mean greedy completion length on the held-out split",
+}
+
+
+def to_host(stats: dict[str, torch.Tensor | float | int]) -> dict[str, float]:
+    """One device→host transfer for every tensor statistic (stacked), then plain floats."""
+    tensor_keys = [k for k, v in stats.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in stats.items() if not isinstance(v, torch.Tensor)}
+    if tensor_keys:
+        stacked = torch.stack([stats[k].detach().float().reshape(()) for k in tensor_keys]).cpu()
+        out.update(zip(tensor_keys, stacked.tolist()))
+    return out
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                rows.append(json.loads(line))
+    return rows
+
+
+class MetricsLogger:
+    """Writes per-step metrics to RUN_DIR/metrics.jsonl, TensorBoard and W&B, and drives the progress bar."""
+
+    def __init__(self, run_dir: str | os.PathLike, total_steps: int, *, start_step: int = 0,
+                 progress_bar: bool = True, tensorboard: bool = True, wandb: bool = False,
+                 wandb_project: str = "lmpo", config: dict | None = None, print_every_steps: int = 0):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.run_dir / "metrics.jsonl"
+        self._truncate_after(start_step)
+        self._fh = open(self.jsonl_path, "a", encoding="utf-8")
+        self.print_every_steps = print_every_steps
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=start_step + 1)
+        self._wandb = None
+        if wandb:
+            import wandb as _wandb
+
+            self._wandb = _wandb.init(project=wandb_project, dir=str(self.run_dir), config=config,
+                                      name=self.run_dir.name, resume="allow")
+        self._bar = None
+        if progress_bar and total_steps > start_step:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, desc="rl", dynamic_ncols=True,
+                             leave=True)
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop records past the checkpoint so the file equals an uninterrupted run's."""
+        if not self.jsonl_path.exists():
+            return
+        keep = [r for r in read_jsonl(self.jsonl_path) if r.get("step", 0) <= step]
+        with open(self.jsonl_path, "w", encoding="utf-8") as fh:
+            for r in keep:
+                fh.write(json.dumps(r) + "\n")
+
+    def log(self, step: int, metrics: dict[str, float], kind: str = "train") -> None:
+        record = {"step": step, "kind": kind, **{k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}}
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        if kind == "train" and self._bar is not None:
+            post = {}
+            for key, short in (("reward/mean", "R"), ("reward/accuracy", "acc"), ("entropy/mean", "H"),
+                               ("optim/grad_norm", "|g|")):
+                if key in metrics:
+                    post[short] = f"{metrics[key]:.3g}"
+            self._bar.set_postfix(post, refresh=False)
+            self._bar.update(1)
+        if kind == "eval" and self._bar is not None:
+            self._bar.write(f"step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        if kind == "train" and self.print_every_steps and step % self.print_every_steps == 0:
+            msg = f"step {step}: " + "  ".join(
+                f"{k}={metrics[k]:.4g}" for k in ("reward/mean", "reward/accuracy", "loss/policy",
+                                                 "optim/grad_norm") if k in metrics)
+            (self._bar.write if self._bar is not None else print)(msg)
+
+    def write(self, msg: str) -> None:
+        if self._bar is not None:
+            self._bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+        if not self._fh.closed:
+            self._fh.close()
