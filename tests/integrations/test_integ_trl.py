@@ -236,3 +236,25 @@ def test_reference_kl_uses_trl_ref_logps():
                             ref_logp=inputs["ref_per_token_logps"], entropy=entropy, num_seqs=4.0)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-6)
     assert float(stats["loss/kl_ref"]) > 0
+
+
+def test_example_script_builds_the_trainer(tmp_path):
+    """examples/trl/train_lmpo_trl.py wires preset, overrides, task and rewards into LmpoGRPOTrainer."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "trl", "train_lmpo_trl.py")
+    spec = importlib.util.spec_from_file_location("train_lmpo_trl", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = script.parse_args([
+        "--model", "tiny", "--task", "addition", "--task-option", "num_train=32", "--preset", "dr_grpo",
+        "--override", "eps_high=0.3", "--override", "dual_clip=true", "--use-cpu", "--max-steps", "1",
+        "--prompts-per-device", "2", "--completions-per-prompt", "2", "--max-completion-length", "4",
+        "--output-dir", str(tmp_path),
+    ])
+    trainer = script.build_trainer(args)
+    objective = trainer.objective
+    assert (objective.name, objective.eps_high, objective.dual_clip) == ("dr_grpo", 0.3, True)
+    assert objective.norm_constant == 4.0  # Dr. GRPO's constant: the max completion length
+    assert trainer.args.scale_rewards == "none" and len(trainer.train_dataset) == 32
