@@ -294,3 +294,45 @@ def test_step_after_episode_end_is_an_error(sample_chapters):
         env.step(env.alphabet.eos_id)
     env.reset()
     assert env.step(env.alphabet.eos_id)[2]
+
+
+def test_normalised_components_follow_the_ema_standardiser(sample_chapters):
+    from lmpo.textenv import EmaStandardizer
+
+    env = CharTextEnv(sample_chapters, config=EnvConfig(norm_beta=0.05, max_steps=200, **FAST))
+    ref_cov, ref_nce = EmaStandardizer(0.05), EmaStandardizer(0.05)
+    rng = np.random.default_rng(1)
+    obs, _ = env.reset(seed=4)
+    for _ in range(60):
+        obs, r, term, trunc, info = env.step(_random_legal(env, obs, rng))
+        assert info["reward/cov_norm"] == pytest.approx(ref_cov.update(info["reward/cov"]), abs=1e-12)
+        assert info["reward/nce_norm"] == pytest.approx(ref_nce.update(info["reward/nce"]), abs=1e-12)
+        if term or trunc:
+            obs, _ = env.reset()  # no seed: the statistics keep running
+    assert env.normaliser_stats()["norm/cov_mean"] == pytest.approx(ref_cov.mean)
+
+
+def test_out_of_alphabet_target_is_unk_and_a_mask_conflict():
+    train = "我们今天去山上看红叶，山上的红叶很好看。" * 3
+    heldout = "我们明天去河边看小鱼，河边的小鱼很好看。" * 3
+    from lmpo.textenv import Alphabet
+
+    alphabet = Alphabet.from_texts([train])
+    env = CharTextEnv(
+        [heldout], alphabet, EnvConfig(window_chars=4, use_infonce=False, use_bigram_bonus=False)
+    )
+    env.reset(options={"chapter": 0, "position": 2})  # target 明 is not in the train alphabet
+    assert env.teacher_action() == alphabet.unk_id and not env.action_masks()[alphabet.unk_id]
+    env.set_teacher(True)
+    obs, r, term, trunc, info = env.step(0)
+    assert info["mask_conflict"] and info["target_char"] == "<unk>" and not term
+    assert obs["window"][-1] == alphabet.unk_id
+
+
+def test_chapter_start_mode(sample_chapters):
+    env = CharTextEnv(
+        sample_chapters, config=EnvConfig(start="chapter_start", window_chars=16, use_infonce=False)
+    )
+    for seed in range(4):
+        _, info = env.reset(seed=seed)
+        assert info["position"] == 16
