@@ -336,3 +336,17 @@ def test_chapter_start_mode(sample_chapters):
     for seed in range(4):
         _, info = env.reset(seed=seed)
         assert info["position"] == 16
+
+
+def test_everything_blacklisted_falls_back_to_whitelist_and_bad_chapters():
+    text = "一二三四五六七八九十" * 3
+    cfg = EnvConfig(
+        window_chars=4, blacklist=(text,), whitelist_size=5, use_infonce=False, use_bigram_bonus=False
+    )
+    env = CharTextEnv([text], config=cfg)
+    obs, info = env.reset(seed=0)
+    assert info["mask_fallback"] and int(obs["legal_mask"].sum()) == 6  # 5 whitelist chars + <eos>
+    with pytest.raises(ValueError, match="no legal characters"):
+        CharTextEnv(["\u200b\u200c" * 40], config=EnvConfig(window_chars=4, use_infonce=False))
+    with pytest.raises(TypeError, match="chapters must be strings, got int"):
+        CharTextEnv(["好的", 3], config=EnvConfig(use_infonce=False))

@@ -226,7 +226,10 @@ class CharTextEnv(gym.Env):
         elif isinstance(chapters, Corpus):
             source = ", ".join(sorted(set(chapters.sources)))
             chapters = list(chapters.chapters)
-        chapters = [c for c in chapters if isinstance(c, str)]
+        bad = [type(c).__name__ for c in chapters if not isinstance(c, str)]
+        if bad:
+            raise TypeError(f"CharTextEnv: chapters must be strings, got {bad[0]}; pass texts or a Corpus")
+        chapters = list(chapters)
         if not chapters or not any(chapters):
             raise ValueError(f"CharTextEnv: no chapters with text ({source}); bring a non-empty corpus")
         if alphabet is None:
@@ -251,10 +254,11 @@ class CharTextEnv(gym.Env):
         self.compliance = Compliance(
             alphabet, cfg.max_run_chars, _chars(cfg.blacklist), cfg.blacklist_path, cfg.whitelist_size
         )
-        if int(self.compliance.static_mask[alphabet.num_special :].sum()) == 0:
+        # the whitelist holds the class-acceptable characters (the blacklist alone falls back to it)
+        if int(self.compliance.whitelist_mask[alphabet.num_special :].sum()) == 0:
             raise ValueError(
-                f"CharTextEnv: no legal characters in the alphabet of {source} (every character is a control/"
-                "format/private-use/unassigned code point or blacklisted); check the corpus and EnvConfig.blacklist"
+                f"CharTextEnv: no legal characters in the alphabet of {source} (every character is a control, "
+                "format, private-use or unassigned code point); check the corpus encoding"
             )
         self._garble = alphabet.garble_mask(cfg.garble_min_count)
         self._lexicon = None
