@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
 #: ``lmpo sac <command>``: the text environment and SAC agent
 SAC_COMMANDS: dict[str, str] = {
     "build-lexicon": "lmpo.textenv.cli:register_build_lexicon",
+    "env-demo": "lmpo.textenv.cli:register_env_demo",
 }
 
 

@@ -1,16 +1,8 @@
-"""Shared fixtures: every test writes the lexicon cache under a temporary directory, never the user's."""
+"""Shared fixtures of the text-environment tests (the lexicon cache is redirected by tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _lexicon_cache_in_tmp(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("LMPO_CACHE_DIR", str(tmp_path_factory.mktemp("lmpo_cache")))
-    yield
-    mp.undo()
 
 
 @pytest.fixture(scope="session")
