@@ -27,10 +27,32 @@ def test_clipped_modes_match_scalar_loop(seed, dual):
     g = torch.Generator().manual_seed(seed)
     rho = torch.exp(torch.randn(7, 9, generator=g, dtype=torch.float64) * 0.8)
     adv = torch.randn(7, 9, generator=g, dtype=torch.float64)
-    loss, _ = trust_region_loss(rho, adv, "clip_higher", eps_low=0.2, eps_high=0.28, dual_clip=dual)
+    loss = trust_region_loss(rho, adv, "clip_higher", eps_low=0.2, eps_high=0.28, dual_clip=dual).loss
     torch.testing.assert_close(loss, _loop_ppo(rho, adv, 0.8, 1.28, 3.0 if dual else None))
-    loss, _ = trust_region_loss(rho, adv, "ppo", eps_low=0.1, eps_high=0.1, dual_clip=dual, dual_clip_c=2.0)
+    loss = trust_region_loss(rho, adv, "ppo", eps_low=0.1, eps_high=0.1, dual_clip=dual, dual_clip_c=2.0).loss
     torch.testing.assert_close(loss, _loop_ppo(rho, adv, 0.9, 1.1, 2.0 if dual else None))
+
+
+@pytest.mark.parametrize("dual", [False, True])
+def test_clipped_form_matches_textbook_min_values_and_gradients(dual):
+    g = torch.Generator().manual_seed(4)
+    rho = torch.exp(torch.randn(9, 13, generator=g, dtype=torch.float64)).requires_grad_()
+    adv = torch.randn(9, 13, generator=g, dtype=torch.float64) * 2
+    cot = torch.rand(9, 13, generator=g, dtype=torch.float64)
+    for mode, kw, lo, hi in (("ppo", dict(eps_low=0.2, eps_high=0.2), 0.8, 1.2),
+                             ("clip_higher", dict(eps_low=0.2, eps_high=0.28), 0.8, 1.28)):
+        fast = trust_region_loss(rho, adv, mode, dual_clip=dual, **kw).loss
+        slow = torch.maximum(-rho * adv, -torch.clamp(rho, lo, hi) * adv)
+        if dual:
+            slow = torch.where(adv < 0, torch.minimum(slow, -3.0 * adv), slow)
+        torch.testing.assert_close(fast, slow)
+        torch.testing.assert_close(torch.autograd.grad(fast, rho, cot)[0], torch.autograd.grad(slow, rho, cot)[0])
+    # sign_asym as the seed writes it: ε chosen by the sign of A inside a symmetric clip, then the min
+    eps = torch.where(adv > 0, 0.28, 0.2)
+    slow = -torch.minimum(rho * adv, torch.clamp(rho, 1 - eps, 1 + eps) * adv)
+    fast = trust_region_loss(rho, adv, "sign_asym", eps_pos=0.28, eps_neg=0.2).loss
+    torch.testing.assert_close(fast, slow)
+    torch.testing.assert_close(torch.autograd.grad(fast, rho, cot)[0], torch.autograd.grad(slow, rho, cot)[0])
 
 
 def test_sign_asym_equals_clip_higher_under_eps_mapping():
@@ -51,13 +73,13 @@ def test_ptrw_gradient_sign_change_at_rho_rho_minus_one_equals_sigma_squared():
     root = (1 + math.sqrt(1 + 4 * sigma**2)) / 2  # ρ(ρ−1) = σ² → ρ ≈ 1.2071
     rho = torch.tensor([0.6, 1.0, root - 0.01, root + 0.01, 1.6], dtype=torch.float64, requires_grad=True)
     adv = torch.ones(5, dtype=torch.float64)
-    loss, _ = trust_region_loss(rho, adv, "gaussian", ptrw_sigma=sigma, ptrw_grad="full")
+    loss = trust_region_loss(rho, adv, "gaussian", ptrw_sigma=sigma, ptrw_grad="full").loss
     (grad,) = torch.autograd.grad(loss.sum(), rho)
     # d(−φρA)/dρ = −φ(1 − ρ(ρ−1)/σ²): negative (ρ pushed up) below the root, positive above it
     assert (grad[:3] < 0).all() and (grad[3:] > 0).all()
     phi = torch.exp(-((rho.detach() - 1) ** 2) / (2 * sigma**2))
     torch.testing.assert_close(grad, -phi * (1 - rho.detach() * (rho.detach() - 1) / sigma**2))
-    loss, _ = trust_region_loss(rho, adv, "gaussian", ptrw_sigma=sigma, ptrw_grad="detach_phi")
+    loss = trust_region_loss(rho, adv, "gaussian", ptrw_sigma=sigma, ptrw_grad="detach_phi").loss
     (grad,) = torch.autograd.grad(loss.sum(), rho)
     torch.testing.assert_close(grad, -phi)  # a pure weight, never sign-flipped
 
@@ -67,11 +89,11 @@ def test_hand_case_ppo_and_dual_clip():
     # ρ = 5, A = −1: unclipped −ρA = 5, dual clip caps at 3.
     rho = torch.tensor([1.5, 0.5, 5.0])
     adv = torch.tensor([1.0, -1.0, -1.0])
-    loss, _ = trust_region_loss(rho, adv, "ppo", eps_low=0.2, eps_high=0.2)
+    loss = trust_region_loss(rho, adv, "ppo", eps_low=0.2, eps_high=0.2).loss
     torch.testing.assert_close(loss, torch.tensor([-1.2, 0.8, 5.0]))
-    loss, _ = trust_region_loss(rho, adv, "ppo", eps_low=0.2, eps_high=0.2, dual_clip=True)
+    loss = trust_region_loss(rho, adv, "ppo", eps_low=0.2, eps_high=0.2, dual_clip=True).loss
     torch.testing.assert_close(loss, torch.tensor([-1.2, 0.8, 3.0]))
-    loss, _ = trust_region_loss(rho, adv, "none")
+    loss = trust_region_loss(rho, adv, "none").loss
     torch.testing.assert_close(loss, torch.tensor([-1.5, 0.5, 5.0]))
 
 

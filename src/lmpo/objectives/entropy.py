@@ -92,21 +92,29 @@ class AdaptiveEntropyController:
 
 
 def token_covariance(
-    logp: torch.Tensor, adv: torch.Tensor, m: torch.Tensor, num_valid: torch.Tensor
+    logp: torch.Tensor, adv: torch.Tensor, m: torch.Tensor, num_valid: torch.Tensor, *, inplace: bool = False
 ) -> torch.Tensor:
     """``cov_t = (A_t − Ā)(logp_t − mean logp)`` with batch means over valid tokens; detached.
 
     Args:
-        logp: (B, T); adv: (B, T) or (B, 1); m: (B, T) float mask; num_valid: 0-dim count N.
+        logp: (B, T) finite; adv: (B, T) or (B, 1), finite; m: (B, T) float mask; num_valid: 0-dim count N.
+        inplace: overwrite ``logp`` with the result (saves a (B, T) allocation for a temporary).
     Returns:
         (B, T), 0 at invalid positions.
     """
     with torch.no_grad():
         n = num_valid.clamp(min=1.0)
-        adv_bt = adv.expand_as(logp)
-        mean_adv = (adv_bt * m).sum() / n
+        if adv.shape[-1] == 1:
+            mean_adv = (adv.squeeze(-1) * m.sum(-1)).sum() / n
+        else:
+            mean_adv = (adv * m).sum() / n
         mean_logp = (logp * m).sum() / n
-        return (adv_bt - mean_adv) * (logp - mean_logp) * m
+        # one (B, T) allocation; the rest in place (allocations dominate the cost on CPU)
+        out = logp.sub_(mean_logp) if inplace else logp - mean_logp
+        return out.mul_(adv - mean_adv).mul_(m)
+
+
+_MAX = 3.0e38  # ≥ −_MAX holds for every finite float32/float64 value and never for −inf
 
 
 def _count(fraction: float, num_valid: torch.Tensor) -> torch.Tensor:
@@ -119,21 +127,50 @@ def _bound(fraction: float, numel: int) -> int:
     return max(1, min(numel, math.floor(fraction * numel)))
 
 
-def _ranked_pick(scores: torch.Tensor, eligible: torch.Tensor, count: torch.Tensor, bound: int) -> torch.Tensor:
-    """Bool mask (same shape as scores) of the ``count`` highest-scoring eligible entries (≤ ``bound``)."""
-    flat = torch.where(eligible, scores, -math.inf).reshape(-1)
-    values, index = flat.topk(bound)  # sorted, descending
-    rank = torch.arange(bound, device=scores.device)
-    keep = (rank < count) & (values > -math.inf)
-    picked = torch.zeros(flat.shape, dtype=torch.bool, device=scores.device)
+def _ranked_pick(filled: torch.Tensor, threshold: float, count: torch.Tensor, bound: int):
+    """Flat indices (bound,) of the highest entries of ``filled`` and which of them to keep: the first
+    ``count`` that reach ``threshold``."""
+    values, index = filled.reshape(-1).topk(bound)  # sorted, descending
+    keep = (torch.arange(bound, device=filled.device) < count) & (values >= threshold)
+    return index, keep, values
+
+
+def _as_mask(index: torch.Tensor, keep: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    picked = torch.zeros(like.numel(), dtype=torch.bool, device=like.device)
     picked.scatter_(0, index, keep)
-    return picked.view(scores.shape)
+    return picked.view(like.shape)
+
+
+def clip_cov_pick(
+    cov: torch.Tensor,
+    valid: torch.Tensor,
+    trust_clipped: torch.Tensor | None,
+    num_valid: torch.Tensor,
+    *,
+    ratio: float,
+    lb: float,
+    ub: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """clip_cov's choice as ``(flat_index (K,), keep (K,) bool)``, K = max(1, ⌊r·B·T⌋); see ``clip_cov_selection``."""
+    with torch.no_grad():
+        # candidate ⇔ lb < cov < ub ⇔ |cov − mid| < half, and valid
+        mid, half = (lb + ub) / 2.0, (ub - lb) / 2.0
+        candidates = (cov - mid).abs_() < half
+        candidates &= valid
+        # keys: uniform in [1, 2) for candidates, below 1 for everything else (no ties, so topk stays fast)
+        keys = torch.rand(cov.shape, generator=generator, device=cov.device, dtype=torch.float32)
+        keys.add_(candidates)
+        if trust_clipped is not None:
+            keys.masked_fill_(trust_clipped, 0.0)
+        index, keep, _ = _ranked_pick(keys, 1.0, _count(ratio, num_valid), _bound(ratio, cov.numel()))
+        return index, keep
 
 
 def clip_cov_selection(
     cov: torch.Tensor,
     valid: torch.Tensor,
-    trust_clipped: torch.Tensor,
+    trust_clipped: torch.Tensor | None,
     num_valid: torch.Tensor,
     *,
     ratio: float,
@@ -143,24 +180,40 @@ def clip_cov_selection(
 ) -> torch.Tensor:
     """Tokens whose loss terms clip_cov zeroes: ``max(1, ⌊r·N⌋)`` drawn uniformly from the candidates.
 
-    Candidates: valid, not clipped by the trust region, ``lb < cov < ub``. Random order comes from uniform
-    keys drawn with ``generator`` (which must live on the tensors' device; None uses the global RNG).
-    Returns (B, T) bool.
+    Candidates: valid, not clipped by the trust region (``trust_clipped``, (B, T) or (B, 1) bool),
+    ``lb < cov < ub``. Random order comes from uniform keys drawn with ``generator`` (which must live on
+    the tensors' device; None uses the global RNG). Returns (B, T) bool; nothing when no candidate exists.
     """
+    index, keep = clip_cov_pick(cov, valid, trust_clipped, num_valid, ratio=ratio, lb=lb, ub=ub,
+                                generator=generator)
+    return _as_mask(index, keep, cov)
+
+
+def fill_invalid_(cov: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """In place: −inf at invalid positions, so that top-k only sees valid tokens."""
+    return cov.masked_fill_(~valid, -math.inf)
+
+
+def kl_cov_pick(filled_cov: torch.Tensor, num_valid: torch.Tensor, *, fraction: float):
+    """kl_cov's choice as ``(flat_index, keep)`` from covariances with −inf at invalid positions."""
     with torch.no_grad():
-        candidates = valid & ~trust_clipped & (cov > lb) & (cov < ub)
-        keys = torch.rand(cov.shape, generator=generator, device=cov.device, dtype=torch.float32)
-        return _ranked_pick(keys, candidates, _count(ratio, num_valid), _bound(ratio, cov.numel()))
+        index, keep, _ = _ranked_pick(filled_cov, -_MAX, _count(fraction, num_valid),
+                                      _bound(fraction, filled_cov.numel()))
+        return index, keep
 
 
 def kl_cov_selection(cov: torch.Tensor, valid: torch.Tensor, num_valid: torch.Tensor, *, fraction: float) -> torch.Tensor:
     """Top ``max(1, ⌊k·N⌋)`` valid tokens by covariance; (B, T) bool."""
-    with torch.no_grad():
-        return _ranked_pick(cov, valid, _count(fraction, num_valid), _bound(fraction, cov.numel()))
+    index, keep = kl_cov_pick(fill_invalid_(cov.clone(), valid), num_valid, fraction=fraction)
+    return _as_mask(index, keep, cov)
 
 
-def top_fraction_mean(cov: torch.Tensor, valid: torch.Tensor, num_valid: torch.Tensor, fraction: float = 2e-4) -> torch.Tensor:
-    """Mean of the top ``max(1, ⌊fraction·N⌋)`` covariances (the paper's "top 0.02 %" statistic); 0-dim."""
+def top_fraction_mean(filled_cov: torch.Tensor, num_valid: torch.Tensor, fraction: float = 2e-4) -> torch.Tensor:
+    """Mean of the top ``max(1, ⌊fraction·N⌋)`` covariances (the paper's "top 0.02 %" statistic); 0-dim.
+
+    ``filled_cov`` holds −inf at invalid positions (``fill_invalid_``).
+    """
     with torch.no_grad():
-        top = _ranked_pick(cov, valid, _count(fraction, num_valid), _bound(fraction, cov.numel()))
-        return (cov * top).sum() / top.sum().clamp(min=1)
+        _, keep, values = _ranked_pick(filled_cov, -_MAX, _count(fraction, num_valid),
+                                       _bound(fraction, filled_cov.numel()))
+        return torch.where(keep, values, 0.0).sum() / keep.sum().clamp(min=1)

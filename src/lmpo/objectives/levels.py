@@ -60,7 +60,7 @@ def ema_scan(weights: torch.Tensor, valid: torch.Tensor, beta: float, block_size
             out[:, t] = state
 
     Method: with ``a = 1−β`` and ``n_j`` the count of valid tokens from the block start to j,
-    ``y_j = a^{n_j}·(carry + Σ_{s≤j} β·w_s·valid_s·a^{−n_s})``. The block length keeps ``a^{−n} ≤ 1e25`` so
+    ``y_j = a^{n_j}·(carry + β·Σ_{s≤j} w_s·valid_s·a^{−n_s})``. The block length keeps ``a^{−n} ≤ 1e25`` so
     nothing overflows (every term is positive, so there is no cancellation either); blocks are computed
     all at once and only the scalar carry per row runs through a loop over T/block blocks.
     """
@@ -74,33 +74,44 @@ def ema_scan(weights: torch.Tensor, valid: torch.Tensor, beta: float, block_size
     block = block_size or ema_block_size(beta)
     num_blocks = -(-length // block)
     pad = num_blocks * block - length
+    needs_grad = weights.requires_grad and torch.is_grad_enabled()
     v = valid.to(weights.dtype)
-    b = beta * weights * v
+    # w_t·valid_t (β is applied once at the end); under autograd `v` must stay untouched, so use where
+    x = torch.where(valid, weights, 0.0) if needs_grad else weights * v
     if pad:
-        b = torch.nn.functional.pad(b, (0, pad))
+        x = torch.nn.functional.pad(x, (0, pad))
         v = torch.nn.functional.pad(v, (0, pad))
-    b = b.view(batch, num_blocks, block)  # (B, nb, C)
-    v = v.view(batch, num_blocks, block)
-    log_a = math.log1p(-beta)
-    count = v.cumsum(-1)  # (B, nb, C) valid tokens since block start, inclusive
-    decay = torch.exp(count * log_a)  # a^{n_j} ∈ [1e-25, 1]
-    scaled = (b * torch.exp(-count * log_a)).cumsum(-1)  # Σ_{s≤j} b_s a^{−n_s}
+    x = x.view(batch, num_blocks, block)  # (B, nb, C)
+    # The decays depend only on the mask: computed in place, without autograd. On a busy CPU the fresh
+    # allocations (first-touch page faults) cost more than the arithmetic, so the no-grad path reuses
+    # two buffers throughout.
+    with torch.no_grad():
+        inv_decay = v.view(batch, num_blocks, block).mul_(math.log1p(-beta)).cumsum_(-1).neg_().exp_()  # a^{−n_j}
+    if needs_grad:
+        scaled = (x * inv_decay).cumsum(-1)  # Σ_{s≤j} w_s a^{−n_s}
+        decay = inv_decay.reciprocal()  # a^{n_j} ∈ [1e-25, 1]
+    else:
+        scaled = x.mul_(inv_decay).cumsum_(-1)
+        decay = inv_decay.reciprocal_()
     block_decay = decay[..., -1]  # (B, nb)
     block_sum = scaled[..., -1]
     carries = []
     carry = weights.new_ones(batch)
     for k in range(num_blocks):  # carry into block k; T/C iterations on (B,) tensors
         carries.append(carry)
-        carry = block_decay[:, k] * (carry + block_sum[:, k])
+        carry = block_decay[:, k] * (carry + beta * block_sum[:, k])
     carry_in = torch.stack(carries, dim=-1).unsqueeze(-1)  # (B, nb, 1)
-    out = decay * (carry_in + scaled)  # (B, nb, C)
-    return out.reshape(batch, num_blocks * block)[:, :length]
+    if needs_grad:
+        out = decay * (beta * scaled + carry_in)
+    else:
+        out = scaled.mul_(beta).add_(carry_in).mul_(decay)
+    return out.view(batch, num_blocks * block)[:, :length]
 
 
 def importance_weight(
     level: str,
-    logp: torch.Tensor,
     log_ratio: torch.Tensor,
+    carrier: torch.Tensor,
     m: torch.Tensor,
     valid: torch.Tensor,
     lengths: torch.Tensor,
@@ -111,13 +122,14 @@ def importance_weight(
     """Importance weight ρ for a level.
 
     Args:
-        logp:      (B, T) current log-probs (zeros at invalid positions; carries gradient).
-        log_ratio: (B, T) clamped ``logp − old_logp`` (zeros at invalid positions; carries gradient).
+        log_ratio: (B, T) clamped ``logp − old_logp``, 0 at invalid positions; carries gradient.
+        carrier:   (B, T) ``x − sg[x]`` with x the unclamped masked log-ratio: value 0, gradient ∇logπ_t.
+                   ``exp(v + carrier)`` has value e^v and gradient e^v·∇logπ_t (sequence_token, token_ema local).
         m:         (B, T) float mask; ``valid`` the same as bool; ``lengths`` (B,) = |y| = Σ_t m.
         credit:    (B, T) detached token credit weights or None (≡ 1).
     Returns:
         ``(rho, rho_value)``: ρ used by the trust region, (B, T) or (B, 1), and its detached value per
-        token (token levels) or per sequence (sequence levels), used for statistics.
+        token (token levels) or per sequence (sequence levels, (B, 1)), used for statistics.
     """
     if level == "token":
         rho = torch.exp(log_ratio)
@@ -129,20 +141,19 @@ def importance_weight(
             return rho, rho.detach()
         with torch.no_grad():
             smoothed = ema_scan(w.detach(), valid, ema_beta)
-        # value w'_t, gradient w'_t·∇logπ_t
-        rho = smoothed * torch.exp(logp - logp.detach())
-        return rho, smoothed
+        return smoothed * torch.exp(carrier), smoothed  # value w'_t, gradient w'_t·∇logπ_t
     denom = lengths.clamp(min=1.0).unsqueeze(-1)  # (B, 1); empty rows give 0/1 and no gradient
-    weighted_m = m if credit is None else m * credit
     if level == "sequence_arith":
+        weighted_m = m if credit is None else m * credit
         s = (weighted_m * torch.exp(log_ratio)).sum(-1, keepdim=True) / denom
         return s, s.detach()
-    log_s = (weighted_m * log_ratio).sum(-1, keepdim=True) / denom  # (B, 1)
+    # log_ratio is already 0 at invalid positions, so no mask is needed in the plain mean
+    total = log_ratio if credit is None else credit * log_ratio
+    log_s = total.sum(-1, keepdim=True) / denom  # (B, 1)
     if level == "sequence":
         s = torch.exp(log_s)
         return s, s.detach()
     if level == "sequence_token":
-        s_value = torch.exp(log_s.detach())
-        rho = torch.exp(log_s.detach() + logp - logp.detach())  # (B, T): value s, gradient s·∇logπ_t
-        return rho, s_value
+        log_s = log_s.detach()
+        return torch.exp(log_s + carrier), torch.exp(log_s)  # (B, T): value s, gradient s·∇logπ_t
     raise ValueError(f"level={level!r} is not a known choice; use one of {', '.join(map(repr, LEVELS))}.")

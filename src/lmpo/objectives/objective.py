@@ -27,8 +27,9 @@ from .credit import CREDIT_MODES, GRAD_NORM_MODES, gradient_adaptive_weights, te
 from .entropy import (
     COV_CONTROLS,
     AdaptiveEntropyController,
-    clip_cov_selection,
-    kl_cov_selection,
+    clip_cov_pick,
+    fill_invalid_,
+    kl_cov_pick,
     token_covariance,
     top_fraction_mean,
 )
@@ -281,30 +282,34 @@ class Objective:
         m = valid.to(dtype)
         lengths = m.sum(-1)  # (B,) |y|
         num_valid = lengths.sum()  # N
-        zero = torch.zeros((), dtype=dtype, device=logp.device)
-        # zeroing invalid positions keeps garbage (even NaN) out of both the values and the gradients
-        logp_ = torch.where(valid, logp.to(dtype), zero)
-        old_ = torch.where(valid, old_logp.detach().to(dtype), zero)
+        # One masked select keeps garbage (even NaN) at invalid positions out of values and gradients.
+        diff = torch.where(valid, logp.to(dtype) - old_logp.detach().to(dtype), 0.0)  # (B, T) log-ratio
         if advantages.dim() == 1:
             adv = advantages.detach().to(dtype).unsqueeze(-1)  # (B, 1)
+            adv_check = torch.where(lengths > 0, advantages.detach().to(dtype), 0.0)
         else:
-            adv = torch.where(valid, advantages.detach().to(dtype), zero)  # (B, T)
-        raw_log_ratio = logp_ - old_
+            adv = adv_check = torch.where(valid, advantages.detach().to(dtype), 0.0)  # (B, T)
+        masked = {}
+        for name, x in (("ref_logp", ref_logp), ("entropy", entropy), ("token_grad_norm", token_grad_norm)):
+            if x is not None:
+                masked[name] = torch.where(valid, x.to(dtype), 0.0)
+        if self.check_finite:
+            self._check_values(diff, adv_check, masked, mask, valid, logp, old_logp, advantages)
+
         clamp = self.log_ratio_clamp
-        log_ratio = raw_log_ratio.clamp(-clamp, clamp)
+        log_ratio = diff.clamp(-clamp, clamp)
+        carrier = diff - diff.detach()  # value 0, gradient ∇logπ_t at valid tokens
 
         credit = None
         if self.credit == "temporal_decay":
             credit = temporal_decay_weights(valid, lengths, self.decay_gamma, self.decay_normalize)
         elif self.credit == "gradient_adaptive":
-            credit = gradient_adaptive_weights(
-                torch.where(valid, token_grad_norm.detach().to(dtype), zero), valid, lengths, self.grad_tau
-            )
+            credit = gradient_adaptive_weights(masked["token_grad_norm"], valid, lengths, self.grad_tau)
 
         rho, rho_value = importance_weight(
-            self.level, logp_, log_ratio, m, valid, lengths, credit, self.ema_beta, self.ema_grad
+            self.level, log_ratio, carrier, m, valid, lengths, credit, self.ema_beta, self.ema_grad
         )
-        per_token, phi = trust_region_loss(
+        term = trust_region_loss(
             rho,
             adv,
             self.trust_region,
@@ -317,56 +322,59 @@ class Objective:
             ptrw_sigma=self.ptrw_sigma,
             ptrw_grad=self.ptrw_grad,
         )
+        per_token = term.loss
         # Sequence-constant terms already carry c_t inside the sequence mean (levels.py); per-token ones
         # take it here.
         if credit is not None and per_token.shape[-1] != 1:
             per_token = per_token * credit
 
         stats: dict[str, torch.Tensor] = {}
-        lower, upper = clip_bounds(self.trust_region, self.eps_low, self.eps_high, self.eps_pos, self.eps_neg)
-        with torch.no_grad():
-            low, high = clip_activity(rho_value, adv, self.trust_region, lower, upper)
-
         if self.cov_control != "none":
-            cov = token_covariance(logp_.detach(), adv, m, num_valid)
+            with torch.no_grad():
+                cov = token_covariance(torch.where(valid, logp.detach().to(dtype), 0.0), adv, m, num_valid,
+                                       inplace=True)
+                stats["cov/mean"] = cov.sum() / num_valid.clamp(min=1.0)
+            # The picks are a handful of tokens: edit them through their flat indices instead of building
+            # (B, T) masks (fewer full-size allocations, which dominate the cost on CPU).
+            flat = per_token.expand(logp.shape).reshape(-1)
             if self.cov_control == "clip_cov":
-                trust_clipped = (low | high).expand_as(logp_) if low.shape[-1] == 1 else (low | high)
-                chosen = clip_cov_selection(
+                trust_clipped = None if term.low is None else term.low | term.high  # disjoint flags
+                index, keep = clip_cov_pick(
                     cov, valid, trust_clipped, num_valid,
                     ratio=self.clip_cov_ratio, lb=self.clip_cov_lb, ub=self.clip_cov_ub, generator=generator,
                 )
-                per_token = torch.where(chosen, zero, per_token)
+                per_token = flat.index_add(0, index, -flat[index] * keep).view(logp.shape)  # picked → 0
+                fill_invalid_(cov, valid)
             else:
-                chosen = kl_cov_selection(cov, valid, num_valid, fraction=self.kl_cov_frac)
-                per_token = per_token + torch.where(chosen, self.kl_cov_coef * log_ratio.abs(), zero)
+                fill_invalid_(cov, valid)
+                index, keep = kl_cov_pick(cov, num_valid, fraction=self.kl_cov_frac)
+                penalty = self.kl_cov_coef * log_ratio.reshape(-1)[index].abs() * keep
+                per_token = flat.index_add(0, index, penalty).view(logp.shape)
             with torch.no_grad():
-                stats["cov/mean"] = (cov.sum() / num_valid.clamp(min=1.0)).detach()
-                stats["cov/top_mean"] = top_fraction_mean(cov, valid, num_valid)
+                stats["cov/top_mean"] = top_fraction_mean(cov, num_valid)
                 key = "cov/clipped_tokens" if self.cov_control == "clip_cov" else "cov/penalised_tokens"
-                stats[key] = chosen.sum().to(dtype)
+                stats[key] = keep.sum().to(dtype)
 
         agg = dict(lengths=lengths, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=self.norm_constant)
         policy_loss = aggregate(per_token, m, self.aggregation, **agg)
         loss = policy_loss
         stats["loss/policy"] = policy_loss.detach()
 
-        if self.requires_ref_logp:
-            ref_ = torch.where(valid, ref_logp.detach().to(dtype), zero)
-            kl_term = kl_estimate(logp_, ref_, self.kl_estimator, clamp)
-            kl_loss = self.kl_coef * aggregate(kl_term, m, self.aggregation, **agg)
-            loss = loss + kl_loss
-            stats["loss/kl_ref"] = kl_loss.detach()
-            stats["kl/ref"] = ((kl_term.detach() * m).sum() / num_valid.clamp(min=1.0))
-        elif ref_logp is not None:
-            with torch.no_grad():
-                ref_ = torch.where(valid, ref_logp.to(dtype), zero)
-                stats["kl/ref"] = (kl_estimate(logp_, ref_, self.kl_estimator, clamp) * m).sum() / num_valid.clamp(
-                    min=1.0
-                )
+        if "ref_logp" in masked:
+            logp_m = diff + torch.where(valid, old_logp.detach().to(dtype), 0.0)  # logp at valid tokens
+            if self.requires_ref_logp:
+                kl_term = kl_estimate(logp_m, masked["ref_logp"], self.kl_estimator, clamp)
+                kl_loss = self.kl_coef * aggregate(kl_term, m, self.aggregation, **agg)
+                loss = loss + kl_loss
+                stats["loss/kl_ref"] = kl_loss.detach()
+                kl_term = kl_term.detach()
+            else:
+                kl_term = kl_estimate(logp_m.detach(), masked["ref_logp"], self.kl_estimator, clamp)
+            stats["kl/ref"] = (kl_term * m).sum() / num_valid.clamp(min=1.0)
 
-        if entropy is not None:
-            ent = torch.where(valid, entropy.to(dtype), zero)
-            stats["entropy/mean"] = ((ent.detach() * m).sum() / num_valid.clamp(min=1.0))
+        if "entropy" in masked:
+            ent = masked["entropy"]
+            stats["entropy/mean"] = ent.detach().sum() / num_valid.clamp(min=1.0)
             if self.requires_entropy:
                 coef = self.entropy_coef if entropy_coef is None else entropy_coef
                 entropy_loss = -coef * aggregate(ent, m, self.aggregation, **agg)
@@ -375,42 +383,42 @@ class Objective:
                 stats["entropy/coef"] = torch.as_tensor(coef, dtype=dtype, device=logp.device).detach().clone()
 
         with torch.no_grad():
-            self._ratio_stats(stats, rho_value, adv, low, high, phi, raw_log_ratio, log_ratio, m, valid, lengths,
-                              num_valid, credit, rho, dtype)
+            self._ratio_stats(stats, term, rho, rho_value, adv, diff, log_ratio, m, lengths, num_valid, credit,
+                              dtype)
         return loss, stats
 
     # ------------------------------------------------------------------ internals
-    def _ratio_stats(self, stats, rho_value, adv, low, high, phi, raw_log_ratio, log_ratio, m, valid, lengths,
-                     num_valid, credit, rho, dtype) -> None:
+    def _ratio_stats(self, stats, term, rho, rho_value, adv, diff, log_ratio, m, lengths, num_valid, credit,
+                     dtype) -> None:
         n = num_valid.clamp(min=1.0)
-        if rho_value.shape[-1] == 1:  # sequence levels: count per non-empty sequence
-            weight = (lengths > 0).to(dtype).unsqueeze(-1)  # (B, 1)
-            if low.shape[-1] != 1:  # (B, T) advantages with a sequence weight: per token after all
-                weight = m
+        if term.low is not None and rho_value.shape == rho.shape:
+            low, high = term.low, term.high  # token levels: the flags the loss used
         else:
-            weight = m
-        count = weight.sum().clamp(min=1.0) if weight is not m else n
-        values = rho_value.expand_as(weight) if rho_value.shape != weight.shape else rho_value
-        present = weight > 0
-        any_present = present.any()
-        one = torch.ones((), dtype=dtype, device=m.device)
+            lower, upper = clip_bounds(self.trust_region, self.eps_low, self.eps_high, self.eps_pos, self.eps_neg)
+            low, high = clip_activity(rho_value, adv, self.trust_region, lower, upper)
+        # Sequence levels with per-sequence advantages count per non-empty sequence, all else per token.
+        per_sequence = low.shape[-1] == 1
+        weight = (lengths > 0).to(dtype).unsqueeze(-1) if per_sequence else m  # (B, 1) or (B, T)
+        count = weight.sum().clamp(min=1.0) if per_sequence else n
+        values = rho_value if rho_value.shape == weight.shape else rho_value.expand_as(weight)
+        # ratios are positive and ≤ e^{20}: the masked min/max need no select
         stats["ratio/mean"] = (values * weight).sum() / count
-        stats["ratio/min"] = torch.where(any_present, torch.where(present, values, torch.inf).amin(), one)
-        stats["ratio/max"] = torch.where(any_present, torch.where(present, values, -torch.inf).amax(), one)
-        stats["ratio/clamped_tokens"] = ((raw_log_ratio.abs() > self.log_ratio_clamp) & valid).sum().to(dtype)
-        stats["clip/low_frac"] = (low.to(dtype) * weight).sum() / count
-        stats["clip/high_frac"] = (high.to(dtype) * weight).sum() / count
+        stats["ratio/min"] = (values + (1.0 - weight) * 1e30).amin().clamp(max=1e30)
+        stats["ratio/max"] = (values * weight).amax()
+        stats["ratio/clamped_tokens"] = (log_ratio != diff).sum().to(dtype)
+        stats["clip/low_frac"] = (low * weight).sum() / count
+        stats["clip/high_frac"] = (high * weight).sum() / count
         stats["clip/region_frac"] = stats["clip/low_frac"] + stats["clip/high_frac"]
         if self.dual_clip:
-            dual = (adv < 0) & (rho_value > self.dual_clip_c)
-            stats["clip/dual_frac"] = (dual.to(dtype) * weight).sum() / count
-        if phi is not None:
-            phi_w = phi.expand_as(weight) if phi.shape != weight.shape else phi
-            stats["ptrw/phi_mean"] = (phi_w * weight).sum() / count
-        # k3 estimate of KL(π_old‖π_θ)... written as E_old[exp(−r) + r − 1] over valid tokens
-        stats["kl/behaviour_k3"] = ((torch.exp(-log_ratio) + log_ratio - 1.0) * m).sum() / n
+            dual = (adv < 0) & (values > self.dual_clip_c)
+            stats["clip/dual_frac"] = (dual * weight).sum() / count
+        if term.phi is not None:
+            phi = term.phi if term.phi.shape == weight.shape else term.phi.expand_as(weight)
+            stats["ptrw/phi_mean"] = (phi * weight).sum() / count
+        # k3 estimate of KL(π_old‖π_θ) = E_old[e^{−r} + r − 1]; expm1 is exact 0 at the masked zeros
+        stats["kl/behaviour_k3"] = (torch.expm1(-log_ratio) + log_ratio).sum() / n
         if credit is not None:
-            stats["credit/max"] = torch.where(valid, credit, 0.0).amax()
+            stats["credit/max"] = credit.amax()
         stats["tokens/valid"] = num_valid.detach().clone()
 
     def _check_inputs(self, logp, old_logp, advantages, mask, ref_logp, entropy, token_grad_norm, num_tokens,
@@ -448,32 +456,25 @@ class Objective:
         for name, x in (("num_tokens", num_tokens), ("num_seqs", num_seqs)):
             if isinstance(x, (int, float)) and not x > 0:
                 raise ValueError(f"{name}={x!r} must be positive (the global count over the optimizer step).")
-        valid = mask if mask.dtype == torch.bool else mask != 0
-        if self.check_finite:
-            self._check_values(logp, old_logp, advantages, mask, valid, ref_logp, entropy, token_grad_norm)
-        return valid
+        return mask if mask.dtype == torch.bool else mask != 0
 
-    def _check_values(self, logp, old_logp, advantages, mask, valid, ref_logp, entropy, token_grad_norm) -> None:
+    def _check_values(self, diff, adv, masked, mask, valid, logp, old_logp, advantages) -> None:
+        """One fused pass over tensors the call computes anyway; a single host sync, then a slow report."""
         with torch.no_grad():
-            total = logp.detach() + old_logp.to(logp.dtype)
-            total = total + (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages)
-            for x in (ref_logp, entropy, token_grad_norm):
-                if x is not None:
-                    total = total + x.detach()
-            # any NaN/inf at a valid token makes the sum non-finite there (inf − inf is NaN)
-            flags = [(~torch.isfinite(total) & valid).any()]
+            # inf − inf is NaN and x − inf is −inf: a non-finite logp or old_logp leaves diff non-finite
+            flags = [torch.isfinite(diff.detach()).all(), torch.isfinite(adv).all()]
+            flags += [torch.isfinite(x.detach()).all() for x in masked.values()]
             if mask.dtype != torch.bool:
-                flags.append(((mask != 0) & (mask != 1)).any())
-            bad = torch.stack(flags).tolist()  # the one host sync of the call
-        if bad[0]:
-            report_nonfinite(
-                {"logp": logp, "old_logp": old_logp, "advantages": advantages, "ref_logp": ref_logp,
-                 "entropy": entropy, "token_grad_norm": token_grad_norm},
-                valid,
-            )
-            raise ValueError("inputs hold NaN/inf at valid tokens (their sum overflowed); check their scale.")
-        if len(bad) > 1 and bad[1]:
+                flags.append(((mask == 0) | (mask == 1)).all())
+            ok = torch.stack(flags).tolist()  # the one host sync of the call
+        if all(ok):
+            return
+        if mask.dtype != torch.bool and not ok[-1]:
             report_bad_mask(mask)
+        report_nonfinite(
+            {"logp": logp, "old_logp": old_logp, "advantages": advantages, **masked}, valid
+        )
+        raise ValueError("logp − old_logp overflowed at a valid token; check the scale of the log-probs.")
 
     def _why(self, name: str) -> str:
         if name == "ref_logp":

@@ -24,6 +24,8 @@ weight: gradient ``φ(ρ)·A·∇ρ``, never sign-flipped.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 TRUST_REGIONS = ("ppo", "clip_higher", "sign_asym", "gaussian", "none")
@@ -40,6 +42,17 @@ def clip_bounds(
     return 1.0 - eps_low, 1.0 + eps_high
 
 
+class TrustRegionTerm(NamedTuple):
+    loss: torch.Tensor
+    """Per-token loss, broadcast shape of ρ and A."""
+    low: torch.Tensor | None
+    """Detached bool: the lower clip binds (ρ < 1−ε, A < 0); None for soft modes."""
+    high: torch.Tensor | None
+    """Detached bool: the upper clip binds (ρ > 1+ε, A > 0); None for soft modes."""
+    phi: torch.Tensor | None
+    """Detached PTRW weight φ(ρ) (gaussian mode only)."""
+
+
 def trust_region_loss(
     rho: torch.Tensor,
     adv: torch.Tensor,
@@ -53,33 +66,46 @@ def trust_region_loss(
     dual_clip_c: float = 3.0,
     ptrw_sigma: float = 0.5,
     ptrw_grad: str = "full",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> TrustRegionTerm:
     """Per-token policy loss term.
 
     Args:
         rho: (B, T) or (B, 1) importance weight; adv: (B, T) or (B, 1) advantages (broadcastable).
     Returns:
-        ``(loss, phi)`` with ``loss`` of the broadcast shape of rho and adv, and ``phi`` the detached PTRW
-        weight for the gaussian mode (None otherwise).
+        ``TrustRegionTerm(loss, low, high, phi)``.
+
+    The clipped modes are computed as ``−A·ρ̃`` with ``ρ̃ = ρ`` where no bound binds and the constant bound
+    where one does. This equals ``−min(ρA, clip(ρ)A)`` (and its gradient, which is zero where a bound
+    binds) but needs only multiplications, which are several times cheaper on CPU than the masked selects
+    that ``torch.maximum``'s backward runs. Naive equivalent (what the tests compare against)::
+
+        loss = torch.maximum(-rho * adv, -torch.clamp(rho, 1 - eps_low, 1 + eps_high) * adv)
+        if dual_clip:
+            loss = torch.where(adv < 0, torch.minimum(loss, -dual_clip_c * adv), loss)
     """
     if trust_region in CLIPPED_TRUST_REGIONS:
-        if trust_region == "sign_asym":
-            eps = torch.where(adv > 0, eps_pos, eps_neg)
-            clipped = torch.clamp(rho, 1.0 - eps, 1.0 + eps)
-        else:
-            clipped = torch.clamp(rho, 1.0 - eps_low, 1.0 + eps_high)
-        loss = torch.maximum(-rho * adv, -clipped * adv)
-        if dual_clip:
-            # A < 0: cap at −c·A (a positive number), the lower the better for a large ρ on a bad sample
-            loss = torch.where(adv < 0, torch.minimum(loss, -dual_clip_c * adv), loss)
-        return loss, None
+        lower, upper = clip_bounds(trust_region, eps_low, eps_high, eps_pos, eps_neg)
+        with torch.no_grad():
+            r = rho.detach()
+            low = (r < lower) & (adv < 0)
+            high = (r > upper) & (adv > 0)
+            frozen = low | high
+            bound = r.clamp(lower, upper)
+            if dual_clip:
+                # A < 0 with ρ > c: the loss −ρA is capped at −c·A
+                dual = (adv < 0) & (r > dual_clip_c)
+                frozen = frozen | dual
+                bound = torch.where(dual, dual_clip_c, bound)
+            keep = (~frozen).to(rho.dtype)
+            constant = bound * (1.0 - keep)
+        return TrustRegionTerm(-adv * (rho * keep + constant), low, high, None)
     if trust_region == "gaussian":
         phi = torch.exp(-((rho - 1.0) ** 2) / (2.0 * ptrw_sigma**2))
         if ptrw_grad == "detach_phi":
             phi = phi.detach()
-        return -phi * rho * adv, phi.detach()
+        return TrustRegionTerm(-phi * rho * adv, None, None, phi.detach())
     if trust_region == "none":
-        return -rho * adv, None
+        return TrustRegionTerm(-rho * adv, None, None, None)
     raise ValueError(
         f"trust_region={trust_region!r} is not a known choice; use one of {', '.join(map(repr, TRUST_REGIONS))}."
     )

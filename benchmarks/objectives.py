@@ -1,0 +1,168 @@
+"""Speed of every objective preset relative to ``grpo``, and of the vectorised EMA against a Python loop.
+
+    .venv/bin/python benchmarks/objectives.py            # B=64, T=4096 on CPU (the SPEC targets)
+    .venv/bin/python benchmarks/objectives.py --quick    # small shapes, a smoke run
+
+Targets (issue #2): forward+backward of every preset ≤ 2.0× ``grpo`` measured in the same run; the
+vectorised ``token_ema`` scan ≥ 50× faster than the naive loop over T. Repetitions of all presets are
+interleaved (preset order shuffled each round) and medians are reported, so background load affects
+every preset alike. The naive EMA loop runs on all B rows (no scaling: its per-step cost is mostly
+dispatch overhead that does not grow with rows, so scaling a few-row timing up would flatter the scan).
+The EMA comparison is reported twice: forward only (the ``local`` mode the ``ema`` preset uses runs the
+scan without autograd) and forward+backward through the recurrence (``full`` mode vs the loop under
+autograd). Default 1 torch thread: on a shared machine, thread hand-offs add more noise than speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from lmpo.objectives import PRESETS, Objective
+from lmpo.objectives.levels import ema_scan
+
+
+def make_inputs(batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(batch, length, generator=g) * 4.0
+    old = logp + 0.2 * torch.randn(batch, length, generator=g)
+    adv = torch.randn(batch, generator=g) * 2.0
+    lengths = torch.randint(length // 4, length + 1, (batch,), generator=g)
+    mask = torch.arange(length)[None, :] < lengths[:, None]
+    return {
+        "logp": logp,
+        "old": old,
+        "adv": adv,
+        "mask": mask,
+        "entropy": torch.rand(batch, length, generator=g) * 2.0,
+        "token_grad_norm": torch.rand(batch, length, generator=g) * 5.0,
+    }
+
+
+def step_fn(obj: Objective, data: dict[str, torch.Tensor]):
+    kw = {}
+    if obj.requires_entropy:
+        kw["entropy"] = data["entropy"]
+        if obj.adaptive_entropy:
+            kw["entropy_coef"] = 0.01
+    if obj.requires_token_grad_norm:
+        kw["token_grad_norm"] = data["token_grad_norm"]
+
+    def run() -> None:
+        logp = data["logp"].clone().requires_grad_()
+        loss, _stats = obj(logp, data["old"], data["adv"], data["mask"], generator=torch.Generator().manual_seed(0),
+                           **kw)
+        loss.backward()
+
+    return run
+
+
+def time_once(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_presets(batch: int, length: int, rounds: int, names: list[str] | None = None) -> dict[str, float]:
+    data = make_inputs(batch, length)
+    names = ["grpo"] + [n for n in (names or PRESETS) if n != "grpo"]
+    fns = {name: step_fn(Objective.preset(name), data) for name in names}
+    for fn in fns.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    rng = random.Random(0)
+    for _ in range(rounds):
+        order = list(fns)
+        rng.shuffle(order)
+        for name in order:
+            times[name].append(time_once(fns[name]))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def naive_ema(w: torch.Tensor, valid: torch.Tensor, beta: float) -> torch.Tensor:
+    state = torch.ones(w.shape[0], dtype=w.dtype)
+    out = []
+    for t in range(w.shape[1]):
+        state = torch.where(valid[:, t], (1 - beta) * state + beta * w[:, t], state)
+        out.append(state)
+    return torch.stack(out, dim=-1)
+
+
+def bench_ema(batch: int, length: int, rounds: int, beta: float) -> dict[str, float]:
+    """Median seconds: scan vs naive loop, forward only and forward+backward (full gradient)."""
+    data = make_inputs(batch, length)
+    w = torch.exp(data["logp"] - data["old"])
+    valid = data["mask"]
+    cot = torch.randn(batch, length, generator=torch.Generator().manual_seed(1))
+
+    def fwd_bwd(fn):
+        def run() -> None:
+            leaf = w.clone().requires_grad_()
+            fn(leaf, valid, beta).backward(cot)
+
+        return run
+
+    def fwd(fn):
+        def run() -> None:
+            with torch.no_grad():
+                fn(w, valid, beta)
+
+        return run
+
+    cases = {
+        "scan_fwd": (fwd(ema_scan), rounds),
+        "loop_fwd": (fwd(naive_ema), 3),
+        "scan_fwd_bwd": (fwd_bwd(ema_scan), rounds),
+        "loop_fwd_bwd": (fwd_bwd(naive_ema), 3),
+    }
+    out = {}
+    for name, (fn, reps) in cases.items():
+        fn()
+        out[name] = statistics.median(time_once(fn) for _ in range(reps))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64, help="sequences B")
+    parser.add_argument("--length", type=int, default=4096, help="response tokens T")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved repetitions per preset")
+    parser.add_argument("--quick", action="store_true", help="B=8, T=512, 5 rounds")
+    parser.add_argument("--presets", nargs="*", default=None, help="only these presets (grpo always runs)")
+    parser.add_argument("--skip-ema", action="store_true", help="skip the EMA scan-vs-loop comparison")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (1 by default: on a shared machine, thread hand-offs "
+                             "between busy cores add noise that swamps the ratios)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        args.batch, args.length, args.rounds = 8, 512, 5
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B={args.batch}, T={args.length}, "
+          f"{args.rounds} interleaved rounds, forward+backward, float32 CPU")
+    medians = bench_presets(args.batch, args.length, args.rounds, args.presets)
+    base = medians["grpo"]
+    print("\n| preset | median ms | ratio to grpo | ≤ 2.0× |\n|---|---|---|---|")
+    worst = 0.0
+    for name, t in medians.items():
+        ratio = t / base
+        worst = max(worst, ratio)
+        print(f"| `{name}` | {t * 1e3:.1f} | {ratio:.2f} | {'yes' if ratio <= 2.0 else 'NO'} |")
+    print(f"\nworst preset ratio: {worst:.2f} (target ≤ 2.0: {'met' if worst <= 2.0 else 'NOT met'})")
+    if args.skip_ema:
+        return
+    beta = Objective.preset("ema").ema_beta
+    ema = bench_ema(args.batch, args.length, max(5, args.rounds), beta)
+    print(f"\nEMA scan vs naive Python loop over T, β={beta}, B={args.batch}, T={args.length} (loop on all rows)")
+    print("| pass | vectorised scan ms | naive loop ms | speed-up | ≥ 50× |\n|---|---|---|---|---|")
+    for label, key in (("forward (local mode)", "fwd"), ("forward+backward (full mode)", "fwd_bwd")):
+        fast, slow = ema[f"scan_{key}"], ema[f"loop_{key}"]
+        print(f"| {label} | {fast * 1e3:.1f} | {slow * 1e3:.1f} | {slow / fast:.0f}× | "
+              f"{'yes' if slow / fast >= 50 else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()
