@@ -3,8 +3,9 @@
 A naive ``logits.float().log_softmax(-1).gather(-1, index)`` writes a full ``(B, T, V)`` float32 tensor in
 the forward pass and two more in the backward pass (the scattered gradient and the softmax gradient): at
 ``B·T = 8·1024`` and a Qwen-size ``V = 152k`` that is 5 GB each. Here rows are processed in chunks of
-``chunk_rows``: the forward keeps only ``(N,)`` log-normalisers, and the backward writes the gradient of
-each chunk straight into the one ``(N, V)`` gradient buffer autograd needs anyway.
+``chunk_rows``: the forward keeps only ``(N,)`` outputs, the backward recomputes each chunk's softmax and
+writes its gradient straight into the one ``(N, V)`` gradient buffer autograd needs anyway — or, with
+``inplace_backward``, into the logits' own storage.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 class _TokenLogprobEntropy(torch.autograd.Function):
     """Rows ``z`` (N, V) of logits scaled by ``1/τ``; returns ``log p(index)`` (N,) and entropy ``H`` (N,).
 
-    Forward:  lse = logsumexp(z),  logp = z[index] − lse,  H = lse − Σ_v p_v z_v.
+    Forward:  log p = log_softmax(z),  logp = log p[index],  H = −Σ_v p_v log p_v.
     Backward: ∂logp/∂z = onehot(index) − p,   ∂H/∂z = −p ⊙ (log p + H),  both times 1/τ for the logits.
 
-    With ``inplace`` the backward writes the gradient into the logits' own storage instead of a new
-    ``(N, V)`` buffer (the memory trick of Liger-Kernel's fused cross-entropy).
+    Each chunk goes through PyTorch's fused ``log_softmax`` / ``softmax`` kernels (one read of the chunk
+    instead of the several passes of ``logsumexp``), and nothing of size (N, V) is kept between the passes:
+    the backward recomputes ``p`` chunk by chunk from the saved logits. With ``inplace`` the backward writes
+    the gradient into the logits' own storage instead of a new ``(N, V)`` buffer (the memory trick of
+    Liger-Kernel's fused cross-entropy).
     """
 
     @staticmethod
@@ -48,31 +52,28 @@ class _TokenLogprobEntropy(torch.autograd.Function):
         num_rows, _ = logits.shape
         dtype = _compute_dtype(logits.dtype)
         logp = torch.empty(num_rows, dtype=dtype, device=logits.device)
-        lse = torch.empty(num_rows, dtype=dtype, device=logits.device)
         entropy = torch.empty(num_rows, dtype=dtype, device=logits.device) if with_entropy else None
         for start in range(0, num_rows, chunk_rows):
             end = min(start + chunk_rows, num_rows)
             z = logits[start:end].to(dtype)  # (C, V): a copy only when logits are bf16/fp16
             if inv_temperature != 1.0:
                 z = z * inv_temperature
-            lse_c = torch.logsumexp(z, dim=-1)  # (C,)
-            lse[start:end] = lse_c
-            logp[start:end] = z.gather(-1, index[start:end, None]).squeeze(-1) - lse_c
+            logp_all = torch.log_softmax(z, dim=-1)  # (C, V)
+            logp[start:end] = logp_all.gather(-1, index[start:end, None]).squeeze(-1)
             if with_entropy:
-                p = (z - lse_c[:, None]).exp_()  # (C, V)
-                entropy[start:end] = lse_c - (p * z).sum(-1)
-        ctx.save_for_backward(logits, index, lse, entropy if with_entropy else lse)
+                entropy[start:end] = -(logp_all.exp() * logp_all).sum(-1)
+        ctx.save_for_backward(logits, index, entropy if with_entropy else logp)
         ctx.inv_temperature = inv_temperature
         ctx.with_entropy = with_entropy
         ctx.chunk_rows = chunk_rows
         ctx.inplace = inplace
-        return (logp, entropy) if with_entropy else (logp, lse.new_zeros(0))
+        return (logp, entropy) if with_entropy else (logp, logp.new_zeros(0))
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        logits, index, lse, entropy = ctx.saved_tensors
+        logits, index, entropy = ctx.saved_tensors
         inv_t = ctx.inv_temperature
-        dtype = lse.dtype
+        dtype = _compute_dtype(logits.dtype)
         num_rows = logits.shape[0]
         # In place: each chunk's gradient overwrites the chunk of logits it was computed from (read first).
         grad = logits if ctx.inplace else torch.empty_like(logits)
@@ -84,15 +85,15 @@ class _TokenLogprobEntropy(torch.autograd.Function):
             z = logits[start:end].to(dtype)
             if inv_t != 1.0:
                 z = z * inv_t
-            logp_all = z - lse[start:end, None]  # (C, V) log p; z is no longer needed after this
-            p = logp_all.exp()
-            g_lp = grad_logp[start:end, None]  # (C, 1)
+            g_lp = grad_logp[start:end, None].to(dtype)  # (C, 1)
             if use_entropy:
-                # g_H · (−p (log p + H))  −  g_lp · p, computed in place in logp_all
-                g_h = grad_entropy[start:end, None]
-                chunk_grad = logp_all.add_(entropy[start:end, None]).mul_(p).mul_(-g_h).sub_(p * g_lp)
+                logp_all = torch.log_softmax(z, dim=-1)  # (C, V)
+                p = logp_all.exp()
+                g_h = grad_entropy[start:end, None].to(dtype)
+                # g_H · (−p ⊙ (log p + H))  −  g_logp · p, in place in logp_all
+                chunk_grad = logp_all.add_(entropy[start:end, None]).mul_(p).mul_(-g_h).sub_(p.mul_(g_lp))
             else:
-                chunk_grad = p.mul_(-g_lp)
+                chunk_grad = torch.softmax(z, dim=-1).mul_(-g_lp)
             chunk_grad.scatter_add_(-1, index[start:end, None], g_lp)
             if inv_t != 1.0:
                 chunk_grad.mul_(inv_t)

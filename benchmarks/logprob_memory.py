@@ -1,0 +1,172 @@
+"""Peak memory and time of the selective log-softmax against the naive ``log_softmax().gather()``.
+
+    python benchmarks/logprob_memory.py                      # V = 32k and 152k, B×T = 8×1024, CPU
+    python benchmarks/logprob_memory.py --vocab 32000 --modes forward --repeats 5
+
+What is measured, for each vocabulary size V and mode, every variant in a fresh subprocess (so that one
+variant's freed memory cannot hide another's peak), all launched from this one run:
+
+- inputs: logits (B, T, V) in ``--dtype`` (default: float32 at V ≤ 64k, bfloat16 above, the dtype a
+  Qwen-size model produces; float32 at 152k would need 5 GB per copy), token ids (B, T), upstream grad (B, T);
+- ``peak extra``: peak resident memory during the call minus the resident memory with the inputs already
+  allocated (CPU: ``ru_maxrss`` delta; CUDA: ``max_memory_allocated`` delta). In ``train`` mode it includes
+  the logits gradient that backward leaves in ``logits.grad`` — unless the variant writes it in place;
+- ``time``: best of ``--repeats`` warm calls (forward, or forward + backward in ``train`` mode).
+
+Modes: ``forward`` = under ``no_grad`` (behaviour / reference log-probs); ``train`` = forward + backward.
+Variants: ``naive`` = ``torch.log_softmax(logits, -1).gather(-1, ids)``; ``selective`` =
+``lmpo.trainer.logprobs.selective_log_softmax`` (chunked, new gradient buffer); ``selective_inplace`` = the
+same with ``inplace_backward=True`` (gradient written into the logits' storage, as ``sequence_logprobs``
+does with the logits it gets from ``lm_head``). Targets: selective ≤ 25 % of naive peak, ≤ 1.2× its time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+VARIANTS = ("naive", "selective", "selective_inplace")
+
+
+def _rss_peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _fill(logits: torch.Tensor, seed: int) -> None:
+    """Random-looking logits without a (B, T, V) temporary: a 64-row random block copied over the rows."""
+    vocab = logits.shape[-1]
+    block = 4.0 * torch.randn(64, vocab, generator=torch.Generator().manual_seed(seed)).to(logits.dtype)
+    flat = logits.view(-1, vocab)
+    for start in range(0, flat.shape[0], 64):
+        rows = min(64, flat.shape[0] - start)
+        flat[start : start + rows].copy_(block[:rows].to(flat.device))
+
+
+def _call(variant: str, logits: torch.Tensor, index: torch.Tensor, grad_out: torch.Tensor | None):
+    from lmpo.trainer.logprobs import selective_log_softmax
+
+    if variant == "naive":
+        out = torch.log_softmax(logits, dim=-1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    elif variant == "selective":
+        out = selective_log_softmax(logits, index)
+    else:
+        out = selective_log_softmax(logits, index, inplace_backward=True)
+    if grad_out is not None:
+        out.backward(grad_out.to(out.dtype))
+    return out
+
+
+def child(args) -> None:
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    train = args.mode == "train"
+    shape = (args.batch, args.seq, args.vocab)
+    logits = torch.empty(shape, dtype=dtype, device=device)
+    _fill(logits, 0)
+    logits.requires_grad_(train)
+    index = torch.randint(0, args.vocab, shape[:2], generator=torch.Generator().manual_seed(1)).to(device)
+    grad_out = torch.randn(shape[:2]).to(device) if train else None
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # 1. memory: the very first call, before anything else has raised the peak
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss_peak_bytes()
+    ctx = torch.enable_grad() if train else torch.no_grad()
+    with ctx:
+        out = _call(args.variant, logits, index, grad_out)
+    sync()
+    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda" else _rss_peak_bytes()) - base
+    checksum = float(out.double().sum())
+    del out
+
+    # 2. time: warm calls; logits are refilled (outside the timer) since the in-place variant overwrites them
+    times = []
+    for _ in range(args.repeats):
+        logits.grad = None
+        if train:
+            with torch.no_grad():
+                _fill(logits, 0)
+        sync()
+        t0 = time.perf_counter()
+        with ctx:
+            out = _call(args.variant, logits, index, grad_out)
+        sync()
+        times.append(time.perf_counter() - t0)
+        del out
+    print(json.dumps({"peak_extra_bytes": peak, "time_s": min(times), "checksum": checksum}))
+
+
+def run_child(args, variant: str, vocab: int, mode: str, dtype: str) -> dict:
+    cmd = [
+        sys.executable, os.path.abspath(__file__), "--child", "--variant", variant, "--mode", mode,
+        "--vocab", str(vocab), "--batch", str(args.batch), "--seq", str(args.seq), "--dtype", dtype,
+        "--device", args.device, "--repeats", str(args.repeats),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{variant} V={vocab} {mode} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 152064])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, or auto (float32 if V ≤ 64k)")
+    parser.add_argument("--modes", nargs="+", default=["forward", "train"], choices=["forward", "train"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=["forward", "train"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        args.vocab = args.vocab[0]
+        child(args)
+        return
+
+    print(f"B×T = {args.batch}×{args.seq}, device {args.device}, torch threads {torch.get_num_threads()}")
+    header = f"{'V':>7} {'dtype':>9} {'mode':>8} {'variant':>18} {'peak extra MB':>14} {'time s':>8} {'mem/naive':>10} {'time/naive':>11}"
+    print(header)
+    results = []
+    for vocab in args.vocab:
+        dtype = args.dtype if args.dtype != "auto" else ("float32" if vocab <= 65536 else "bfloat16")
+        logits_mb = args.batch * args.seq * vocab * torch.finfo(getattr(torch, dtype)).bits / 8 / 2**20
+        for mode in args.modes:
+            variants = VARIANTS if mode == "train" else VARIANTS[:2]  # in-place only changes the backward
+            rows = {v: run_child(args, v, vocab, mode, dtype) for v in variants}
+            naive = rows["naive"]
+            for v in variants:
+                r = rows[v]
+                mem_ratio = r["peak_extra_bytes"] / max(naive["peak_extra_bytes"], 1)
+                time_ratio = r["time_s"] / naive["time_s"]
+                print(
+                    f"{vocab:>7} {dtype:>9} {mode:>8} {v:>18} {r['peak_extra_bytes'] / 2**20:>14.0f} "
+                    f"{r['time_s']:>8.3f} {mem_ratio:>10.3f} {time_ratio:>11.3f}"
+                )
+                results.append({"vocab": vocab, "dtype": dtype, "mode": mode, "variant": v, **r,
+                                "mem_ratio": mem_ratio, "time_ratio": time_ratio})  # fmt: skip
+            rel = abs(rows["selective"]["checksum"] - naive["checksum"]) / max(abs(naive["checksum"]), 1.0)
+            print(f"{'':>7} (logits {logits_mb:.0f} MB; selective vs naive log-prob sum rel. diff {rel:.1e})")
+    print(json.dumps({"results": results}))
+
+
+if __name__ == "__main__":
+    main()
