@@ -69,3 +69,16 @@ def test_documented_preset_aggregations_match_the_registry():
 def test_documented_versions_are_the_pinned_ones():
     assert TESTED_VERSIONS == {"trl": TESTED_TRL_VERSION, "verl": lv.TESTED_VERL_VERSION}
     assert f"TRL {TESTED_TRL_VERSION}.0" in DOC and f"verl {lv.TESTED_VERL_VERSION}" in DOC
+
+
+def test_version_checks_warn_on_untested_versions():
+    import trl
+    import verl
+
+    from lmpo.integrations.trl import check_trl_version
+
+    assert check_trl_version(trl.__version__) and lv.check_verl_version(verl.__version__)  # the installed ones
+    with pytest.warns(RuntimeWarning, match="tested with TRL 1.16.x, found TRL 1.17.0"):
+        assert not check_trl_version("1.17.0")
+    with pytest.warns(RuntimeWarning, match="tested with verl 0.9.1, found verl 0.10.0"):
+        assert not lv.check_verl_version("0.10.0")

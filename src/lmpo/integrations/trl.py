@@ -69,14 +69,23 @@ except ImportError as err:  # pragma: no cover - exercised only without TRL
         f"Import failed with: {err}"
     ) from err
 
-if not str(getattr(trl, "__version__", "")).startswith(TESTED_TRL_VERSION + "."):
+
+
+def check_trl_version(found: str | None) -> bool:
+    """True for a tested version (1.16.x); otherwise a ``RuntimeWarning`` naming both versions."""
+    if str(found or "").startswith(TESTED_TRL_VERSION + "."):
+        return True
     warnings.warn(
-        f"lmpo.integrations.trl is tested with TRL {TESTED_TRL_VERSION}.x, found TRL "
-        f"{getattr(trl, '__version__', 'unknown')}; GRPOTrainer's loss inputs may differ. Run "
-        f"tests/integrations/test_trl.py against this version before trusting results.",
+        f"lmpo.integrations.trl is tested with TRL {TESTED_TRL_VERSION}.x, found TRL {found or 'unknown'}; "
+        f"GRPOTrainer's loss inputs may differ. Run tests/integrations/test_integ_trl.py against this version "
+        f"before trusting results (pip install 'lmpo[trl]' installs {TESTED_TRL_VERSION}.x).",
         RuntimeWarning,
-        stacklevel=2,
+        stacklevel=3,
     )
+    return False
+
+
+check_trl_version(getattr(trl, "__version__", None))
 
 CONTROLLER_STATE_FILE = "lmpo_entropy_controller.json"
 _IGNORED_LOSS_FIELDS = ("loss_type", "epsilon", "importance_sampling_level")
@@ -339,4 +348,4 @@ _MULTIMODAL_KEYS = (
 )
 """Optional inputs TRL forwards to the model (multimodal models); passed through unchanged."""
 
-__all__ = ["CONTROLLER_STATE_FILE", "TESTED_TRL_VERSION", "LmpoGRPOTrainer", "check_trl_args"]
+__all__ = ["CONTROLLER_STATE_FILE", "TESTED_TRL_VERSION", "LmpoGRPOTrainer", "check_trl_args", "check_trl_version"]

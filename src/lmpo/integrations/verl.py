@@ -75,14 +75,24 @@ except ImportError as err:  # pragma: no cover - exercised only without verl
         f"Import failed with: {err}"
     ) from err
 
-if getattr(verl, "__version__", None) != TESTED_VERL_VERSION:
+
+
+def check_verl_version(found: str | None) -> bool:
+    """True for the tested version; otherwise a ``RuntimeWarning`` naming both versions."""
+    if found == TESTED_VERL_VERSION:
+        return True
     warnings.warn(
-        f"lmpo.integrations.verl is tested with verl {TESTED_VERL_VERSION}, found verl "
-        f"{getattr(verl, '__version__', 'unknown')}; the policy-loss signature or global_batch_info keys may "
-        f"differ. Run tests/integrations/test_verl.py against this version before trusting results.",
+        f"lmpo.integrations.verl is tested with verl {TESTED_VERL_VERSION}, found verl {found or 'unknown'}; "
+        f"the policy-loss signature or global_batch_info keys may differ. Run "
+        f"tests/integrations/test_integ_verl.py against this version before trusting results "
+        f"(pip install 'lmpo[verl]' installs {TESTED_VERL_VERSION}).",
         RuntimeWarning,
-        stacklevel=2,
+        stacklevel=3,
     )
+    return False
+
+
+check_verl_version(getattr(verl, "__version__", None))
 
 AGGREGATION_FROM_VERL: Mapping[str, str] = {
     "token-mean": "token_mean",
@@ -349,6 +359,7 @@ __all__ = [
     "REGISTERED_LOSS_MODES",
     "TESTED_VERL_VERSION",
     "LmpoPolicyLossConfig",
+    "check_verl_version",
     "make_policy_loss",
     "objective_for_verl",
     "register_lmpo_losses",
