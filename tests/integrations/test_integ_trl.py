@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import tempfile
 
 import pytest
@@ -17,7 +19,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from lmpo.integrations.trl import LmpoGRPOTrainer, check_trl_args
+from lmpo.integrations.trl import CONTROLLER_STATE_FILE, LmpoGRPOTrainer, check_trl_args
 from lmpo.models import CharTokenizer, build_tiny_model
 from lmpo.objectives import PRESETS, Objective, lm_head_grad_norm, logits_grad_norm
 
@@ -95,9 +97,12 @@ def grads(loss, model):
     return torch.autograd.grad(loss, params, allow_unused=True)
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", [*PRESETS, "grad_adaptive:logits"])
 def test_compute_loss_equals_core_for_every_preset(trainer, name):
-    objective = Objective.preset(name, advantage_scale="group")  # the trainer's scale_rewards; no effect on the loss
+    name, _, grad_norm_mode = name.partition(":")
+    overrides = {"grad_norm_mode": grad_norm_mode} if grad_norm_mode else {}
+    # advantage_scale: the trainer's scale_rewards (it tells the caller how to scale; no effect on the loss)
+    objective = Objective.preset(name, advantage_scale="group", **overrides)
     trainer.objective = objective
     trainer.current_gradient_accumulation_steps = 2
     model = trainer.model
@@ -117,6 +122,8 @@ def test_compute_loss_equals_core_for_every_preset(trainer, name):
         core = objective.replace(norm_constant=float(trainer.args.max_completion_length))
     extra = {}
     if objective.requires_token_grad_norm:
+        # the hidden states are the head's input: lm_head(h)/temperature reproduces the logits
+        torch.testing.assert_close(model.lm_head(hidden) / trainer.temperature, logits)
         extra["token_grad_norm"] = (lm_head_grad_norm(hidden, logits, inputs["completion_ids"],
                                                       logit_scale=1 / trainer.temperature)
                                     if objective.grad_norm_mode == "lm_head"
@@ -189,10 +196,10 @@ def test_training_steps_change_the_weights(name):
     assert trainer.state.global_step == 2
 
 
-def test_adaptive_entropy_controller_steps_once_per_optimizer_step():
+def test_adaptive_entropy_controller_steps_once_per_optimizer_step_and_is_checkpointed():
     # target above the tiny model's entropy (≈ ln 100): c rises by Δ each optimizer step, gate open
     objective = Objective.preset("adaptive_entropy", entropy_target=10.0, entropy_delta=0.01)
-    trainer = make_trainer(objective)  # 2 optimizer steps × 2 accumulation micro-batches
+    trainer = make_trainer(objective, save_strategy="steps", save_steps=2)  # 2 steps × 2 micro-batches
     trainer.train()
     controller = trainer.entropy_controller
     assert controller.steps == 2
@@ -200,6 +207,36 @@ def test_adaptive_entropy_controller_steps_once_per_optimizer_step():
     coefs = [row["entropy/controller_coef"] for row in trainer.state.log_history if "entropy/controller_coef" in row]
     assert coefs == pytest.approx([0.01, 0.02])
     assert 0 < controller.last_entropy < 10
+    # the checkpoint carries the controller; loading it restores the state in a fresh trainer
+    checkpoint = os.path.join(trainer.args.output_dir, "checkpoint-2")
+    with open(os.path.join(checkpoint, CONTROLLER_STATE_FILE)) as f:
+        assert json.load(f) == controller.state_dict()
+    fresh = make_trainer(objective)
+    fresh.create_optimizer_and_scheduler(num_training_steps=2)
+    fresh._load_optimizer_and_scheduler(checkpoint)
+    assert fresh.entropy_controller.state_dict() == controller.state_dict()
+
+
+def test_eval_mode_logs_immediately_without_accumulation(trainer):
+    trainer.objective = Objective.preset("dapo")
+    model = trainer.model
+    model.eval()
+    try:
+        inputs = trl_inputs(seed=31, vocab=len(trainer.processing_class), noise=0.2)
+        with torch.no_grad():
+            logp, entropy, *_ = reference_logps(model, inputs, trainer.temperature)
+            inputs["old_per_token_logps"] = logp + inputs.pop("noise")
+            trainer._metrics["eval"].clear()
+            got = trainer.compute_loss(model, inputs)
+        # eval: TRL's dapo normaliser without the accumulation window, num_items_in_batch / processes
+        want, stats = Objective.preset("dapo")(logp, inputs["old_per_token_logps"], inputs["advantages"],
+                                               inputs["completion_mask"], entropy=entropy,
+                                               num_tokens=inputs["num_items_in_batch"])
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-6)
+        assert trainer._metrics["eval"]["clip/high_frac"] == [pytest.approx(float(stats["clip/high_frac"]))]
+        assert trainer._lmpo_window == []
+    finally:
+        model.train()
 
 
 @pytest.mark.parametrize(
