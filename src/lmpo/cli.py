@@ -21,6 +21,9 @@ COMMANDS: dict[str, str] = {
 
 #: ``lmpo sac <command>``: the text environment and SAC agent
 SAC_COMMANDS: dict[str, str] = {
+    "train": "lmpo.sac.cli:register_train",
+    "sample": "lmpo.sac.cli:register_sample",
+    "gate": "lmpo.sac.cli:register_gate",
     "build-lexicon": "lmpo.textenv.cli:register_build_lexicon",
     "env-demo": "lmpo.textenv.cli:register_env_demo",
 }

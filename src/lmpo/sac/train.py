@@ -55,7 +55,10 @@ def make_text_envs(cfg: TrainConfig) -> EnvBundle:
     train_ch, heldout_ch = corpus.split(heldout_fraction=cfg.heldout_fraction, seed=cfg.split_seed)
     alphabet = Alphabet.from_texts(train_ch)
     env_cfg = EnvConfig(**cfg.env)
-    envs = [CharTextEnv(train_ch, alphabet, env_cfg) for _ in range(cfg.num_envs)]
+    first = CharTextEnv(train_ch, alphabet, env_cfg)
+    # the lexicon and the (pre-trained) InfoNCE encoder are shared: built once, not once per environment
+    envs = [first] + [CharTextEnv(train_ch, alphabet, env_cfg, lexicon=first.lexicon, encoder=first.encoder)
+                      for _ in range(cfg.num_envs - 1)]
     code_points = np.array(
         [ord(c) if i >= alphabet.num_special and len(c) == 1 else -1 for i, c in enumerate(alphabet.chars)],
         dtype=np.int64,
@@ -180,6 +183,9 @@ class Trainer:
         legals = np.stack([np.asarray(o["legal_mask"], dtype=bool) for o in self.obs])
         agent_actions, max_probs = self.agent.act(windows, legals)
         roll.add("data/teacher_ratio", ratio)
+        if hasattr(b.envs[0], "normaliser_stats"):
+            for k, v in b.envs[0].normaliser_stats().items():
+                roll.add(k, float(v))
         for i, env in enumerate(b.envs):
             legal = legals[i]
             teacher = int(env.teacher_action())
@@ -221,12 +227,21 @@ class Trainer:
             roll.add("data/relabel_rate", float(relabeled))
             if trace is not None and self.counters["traced"] < self.trace_steps and i == 0:
                 self.counters["traced"] += 1
-                hist = b.decode([int(x) for x in next_obs["window"][-8:]])
-                trace(_trace_line(self.counters["traced"], info, source, b.decode([action]), hist, float(reward)))
+                if "history_tail" in info and "step" in info:  # the text environment formats its own line
+                    from lmpo.textenv import format_trace
+
+                    line = format_trace({**info, "is_teacher": source == "teacher"}, float(reward))
+                    line = f"Step {self.counters['traced']:02d}" + line[line.index(" |"):]
+                else:
+                    hist = b.decode([int(x) for x in next_obs["window"][-8:]])
+                    line = _trace_line(self.counters["traced"], info, source, b.decode([action]), hist,
+                                       float(reward))
+                trace(line)
             if terminated or truncated:
                 self.episodes += 1
-                early = bool(terminated) and bool(info.get("is_early_termination",
-                                                           info.get("is_illegal", False)))
+                # early = terminated before the chapter's end: an illegal action or an <eos> the reference
+                # does not have (reaching the chapter's end, target <eos>, is the natural end)
+                early = bool(terminated) and int(info.get("teacher_action", -1)) != b.eos_id
                 self.counters["early_terminations"] += int(early)
                 self.counters["episodes"] += 1
                 roll.add("policy/early_termination_rate", float(early))

@@ -1,0 +1,111 @@
+"""Updates per second of the SAC critic + actor step: top-p candidates vs Q on every legal action.
+
+Side by side in one process, same batch, same initial weights:
+* ``top_p``: the soft backup and the policy loss evaluate Q only on the top-p set (p = 0.98, K_max = 64;
+  the context part of the Q head is computed once per state, the action part once per candidate);
+* ``full``: both evaluate Q on every legal action (the action part once for all states).
+Equality check: with p = 1 and K_max = |Σ| the top-p path must give the same losses and the same
+updated weights as the full path.
+
+    .venv/bin/python benchmarks/sac_update.py                 # |Σ| = 1400 and 5000, batch 256
+    .venv/bin/python benchmarks/sac_update.py --net cpu       # the CPU-preset network
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from lmpo.sac.agent import SACAgent
+from lmpo.sac.config import NetworkConfig, SACConfig
+from lmpo.sac.replay import ReplaySample
+
+NETS = {
+    "default": NetworkConfig(),  # seed 004 §9: d = 128, GRU 256
+    "cpu": NetworkConfig(embed_dim=64, gru_hidden=128, q_hidden=128, action_embed_dim=64),
+}
+
+
+def make_batch(A: int, B: int, M: int, seed: int) -> ReplaySample:
+    g = torch.Generator().manual_seed(seed)
+    legal = torch.rand(B, A, generator=g) > 0.02  # a few illegal actions per state
+    legal[:, 1] = True
+    nlegal = torch.rand(B, A, generator=g) > 0.02
+    nlegal[:, 1] = True
+    action = torch.randint(3, A, (B,), generator=g)
+    legal[torch.arange(B), action] = True
+    return ReplaySample(
+        obs=torch.randint(3, A, (B, M), generator=g), legal=legal, action=action,
+        reward=torch.randn(B, generator=g), next_obs=torch.randint(3, A, (B, M), generator=g),
+        next_legal=nlegal, terminated=(torch.rand(B, generator=g) < 0.05).float(),
+        truncated=torch.zeros(B), is_demo=torch.rand(B, generator=g) < 0.25, teacher_action=action,
+        is_relabeled=torch.zeros(B, dtype=torch.bool),
+    )
+
+
+def make_agent(A: int, net: NetworkConfig, sac: SACConfig, peaked: bool) -> SACAgent:
+    agent = SACAgent(A, 0, net, sac, seed=0)
+    if peaked:
+        # a trained policy is peaked: give the head a Zipf-like prior so the top-p set is realistic
+        with torch.no_grad():
+            ranks = torch.arange(1, A + 1, dtype=torch.float32)
+            agent.policy.head[-1].bias.copy_(-1.5 * ranks.log() * 2)
+    return agent
+
+
+def time_updates(agent: SACAgent, batch: ReplaySample, repeats: int) -> tuple[float, dict]:
+    stats = agent.update(batch)  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        stats = agent.update(batch)
+    return repeats / (time.perf_counter() - t0), stats
+
+
+def equality_check(A: int, B: int, M: int, net: NetworkConfig) -> dict[str, float]:
+    batch = make_batch(A, B, M, seed=1)
+    common = dict(top_p_auto_raise=False, use_cql=True, cql_mode="sampled", cql_samples=16)
+    a = make_agent(A, net, SACConfig(use_top_p=True, top_p=1.0, top_p_k_max=A, **common), peaked=True)
+    b = make_agent(A, net, SACConfig(use_top_p=False, **common), peaked=True)
+    sa, sb = a.update(batch), b.update(batch)
+    pa = torch.cat([p.detach().flatten() for p in list(a.policy.parameters()) + list(a.critic.parameters())])
+    pb = torch.cat([p.detach().flatten() for p in list(b.policy.parameters()) + list(b.critic.parameters())])
+    return {
+        "critic_loss_diff": abs(float(sa["losses/critic"] - sb["losses/critic"])),
+        "policy_loss_diff": abs(float(sa["losses/policy"] - sb["losses/policy"])),
+        "next_v_diff": abs(float(sa["value/next_v_mean"] - sb["value/next_v_mean"])),
+        "param_max_abs_diff": float((pa - pb).abs().max()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--actions", default="1400,5000", help="|Σ| values, comma-separated")
+    ap.add_argument("--batch", type=int, default=256, help="transitions per update")
+    ap.add_argument("--window", type=int, default=32, help="observation window (characters)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed updates per setting")
+    ap.add_argument("--net", default="default", choices=sorted(NETS))
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    net = NETS[args.net]
+    print(f"net={args.net} ({net}), batch={args.batch}, window={args.window}, threads={torch.get_num_threads()}")
+    print(f"{'|Σ|':>6} {'top-p upd/s':>12} {'full upd/s':>11} {'speed-up':>9} {'|P| mean':>9} {'coverage':>9}")
+    for A in [int(x) for x in args.actions.split(",")]:
+        batch = make_batch(A, args.batch, args.window, seed=0)
+        sac_common = dict(top_p_auto_raise=False, cql_mode="sampled", cql_samples=64)
+        top = make_agent(A, net, SACConfig(use_top_p=True, top_p=0.98, top_p_k_max=64, **sac_common), True)
+        full = make_agent(A, net, SACConfig(use_top_p=False, **sac_common), True)
+        ups_top, st = time_updates(top, batch, args.repeats)
+        ups_full, _ = time_updates(full, batch, args.repeats)
+        print(f"{A:6d} {ups_top:12.3f} {ups_full:11.3f} {ups_top / ups_full:8.2f}x "
+              f"{float(st['policy/top_p_set_size']):9.1f} {float(st['policy/top_p_coverage']):9.3f}", flush=True)
+    for A in [int(x) for x in args.actions.split(",")]:
+        eq = equality_check(A, min(args.batch, 64), args.window, net)
+        print(f"p=1, K_max=|Σ|={A} vs full (one update, same init): " + ", ".join(f"{k} {v:.2e}" for k, v in eq.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""``lmpo sac train | sample | gate`` — registered in ``lmpo.cli.SAC_COMMANDS``.
+
+Overrides are ``--key value`` pairs after the known options, nested keys dotted:
+``lmpo sac train --config configs/sac_cpu.yaml --seed 1 --sac.top_p 0.99 --env.window_chars 16``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from lmpo.sac.config import load_config, parse_cli_overrides
+
+
+def _swallow_overrides(parser: argparse.ArgumentParser) -> None:
+    """Let the sub-parser keep unknown ``--key value`` tokens as config overrides instead of failing."""
+    original = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        ns, rest = original(args, namespace)
+        ns.overrides = list(getattr(ns, "overrides", None) or []) + list(rest)
+        return ns, []
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+def register_train(subparsers: argparse._SubParsersAction, name: str) -> None:
+    p = subparsers.add_parser(
+        name, help="train the discrete SAC agent on a text corpus",
+        description="Train discrete max-entropy SAC (top-p expected backups, CQL, BC, DAgger) on the "
+        "character-level text environment. Any config field can be overridden with --key value "
+        "(e.g. --seed 1 --sac.top_p 0.99 --replay.agent_fraction 0.5 --env.window_chars 16).",
+    )
+    p.add_argument("--config", help="YAML config file (default: the built-in CPU preset)")
+    p.add_argument("--preset", default="cpu", choices=["cpu", "gpu"], help="preset under the config file")
+    p.add_argument("--run-dir", default=None, help="output directory (default runs/sac-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
+    p.add_argument("--trace", type=int, default=None, metavar="N", help="print the trace of the first N steps")
+    p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
+    p.add_argument("--quiet", action="store_true", help="no console progress lines")
+    p.set_defaults(func=_train)
+    _swallow_overrides(p)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from lmpo.sac.train import train
+
+    cfg = load_config(args.config, parse_cli_overrides(args.overrides), preset=args.preset)
+    run_dir = args.run_dir or f"runs/sac-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary = train(cfg, run_dir, resume=args.resume, trace_steps=args.trace, progress=not args.quiet,
+                    evaluate=not args.no_eval)
+    ev = summary.get("eval")
+    print(f"[sac] {summary['updates']} updates, {summary['env_steps']} env steps in "
+          f"{summary['train_seconds']:.0f}s ({summary['stop_reason']}); run dir {run_dir}")
+    if ev:
+        print(f"[sac] held-out top-1 {ev['agent']['top1']:.4f} top-3 {ev['agent']['top3']:.4f} | "
+              f"{ev['baseline_order']}-gram baseline top-1 {ev['baseline']['top1']:.4f} top-3 {ev['baseline']['top3']:.4f}")
+    return 0
+
+
+def register_sample(subparsers: argparse._SubParsersAction, name: str) -> None:
+    p = subparsers.add_parser(name, help="generate text from a trained SAC run",
+                              description="Continue PROMPT character by character with a trained policy.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (or its checkpoint.pt)")
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-chars", type=int, default=64, help="characters to generate")
+    p.add_argument("--greedy", action="store_true", help="argmax instead of sampling from π")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_sample)
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from lmpo.sac.sample import generate
+
+    text = generate(args.run_dir, args.prompt, args.max_new_chars, greedy=args.greedy, seed=args.seed)
+    print(args.prompt + text)
+    return 0
+
+
+def register_gate(subparsers: argparse._SubParsersAction, name: str) -> None:
+    p = subparsers.add_parser(
+        name, help="quality gate: PASS/FAIL table over seeds, baseline and ablations",
+        description="Judge finished runs (RUN_DIR…) or, with --train, train three seeds and the ablations "
+        "(no BC / no top-p / fixed α) first. Writes gate.json and gate.md to --out.",
+    )
+    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
+    p.add_argument("--train", action="store_true", help="train the seeds and ablations into --out first")
+    p.add_argument("--config", default=None, help="config file for --train")
+    p.add_argument("--out", default=None, help="output directory (default: parent of the first RUN_DIR)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds for --train")
+    p.add_argument("--ablations", default="no_bc,no_top_p,fixed_alpha", help="comma-separated, or 'none'")
+    p.add_argument("--parallel", type=int, default=2, help="training processes at a time")
+    p.set_defaults(func=_gate)
+    _swallow_overrides(p)
+
+
+def _gate(args: argparse.Namespace) -> int:
+    from lmpo.sac.gate import run_gate, train_gate_runs
+
+    run_dirs = list(args.run_dirs)
+    if args.train:
+        if not args.out:
+            print("lmpo sac gate --train needs --out DIR", file=sys.stderr)
+            return 2
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+        abl = [] if args.ablations == "none" else [a for a in args.ablations.split(",") if a]
+        run_dirs += [str(d) for d in train_gate_runs(args.config, args.out, seeds, abl, args.parallel,
+                                                     list(args.overrides))]
+    elif args.overrides:
+        print(f"unexpected arguments {args.overrides}: overrides only apply with --train", file=sys.stderr)
+        return 2
+    if not run_dirs:
+        print("lmpo sac gate: no finished runs to judge (give RUN_DIRs or --train)", file=sys.stderr)
+        return 2
+    out = args.out or str(Path(run_dirs[0]).parent / "gate")
+    result = run_gate(run_dirs, out)
+    print(f"[gate] wrote {out}/gate.json and {out}/gate.md")
+    print(json.dumps({"overall": result["overall"]}))
+    return 0 if result["overall"] == "PASS" else 1

@@ -1,0 +1,117 @@
+"""Replay mixing, DAgger schedule, mask-conflict relabelling, config overrides, baseline and gate logic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lmpo.sac.baseline import NgramModel
+from lmpo.sac.config import TrainConfig, apply_overrides, load_config, parse_cli_overrides
+from lmpo.sac.evaluate import ngram_coverage
+from lmpo.sac.gate import judge
+from lmpo.sac.replay import ReplayBuffer, mixed_counts, nearest_legal, sample_mixed, teacher_ratio
+
+
+def _fill(buf: ReplayBuffer, n: int, A: int, base: int) -> None:
+    for i in range(n):
+        legal = np.zeros(A, dtype=bool)
+        legal[[1, 3 + (i % (A - 3))]] = True
+        buf.add(np.full(4, base + i), legal, 3 + (i % (A - 3)), float(base + i), np.full(4, base + i + 1),
+                legal, i % 5 == 0, False, 3, is_relabeled=i % 2 == 0)
+
+
+def test_buffer_roundtrip_ring_and_mixing():
+    A = 13  # not a multiple of 8: the bit-packed masks must unpack to exactly A columns
+    agent, demo = ReplayBuffer(10, 4, A, is_demo=False), ReplayBuffer(50, 4, A, is_demo=True)
+    _fill(agent, 15, A, base=0)  # ring: only the last 10 survive
+    _fill(demo, 20, A, base=1000)
+    assert len(agent) == 10 and set(agent.reward.tolist()) == set(range(5, 15))
+    batch = sample_mixed(agent, demo, 16, 0.75, np.random.default_rng(0))
+    assert batch.obs.shape == (16, 4) and batch.legal.shape == (16, A)
+    assert batch.is_demo.tolist() == [False] * 12 + [True] * 4  # round(0.75·16) = 12 agent rows
+    # each row's stored mask and action agree (action legal), and obs/reward stayed aligned
+    assert bool(batch.legal[np.arange(16), batch.action].all())
+    assert np.allclose(batch.obs[:, 0].numpy(), batch.reward.numpy())
+    assert mixed_counts(16, 0.75, 0, 5) == (0, 16)  # empty agent buffer: all demo
+    assert mixed_counts(16, 0.75, 5, 0) == (16, 0)
+
+
+def test_teacher_ratio_schedule():
+    assert teacher_ratio(0, 1.0, 0.1, 1000) == 1.0
+    assert teacher_ratio(500, 1.0, 0.1, 1000) == pytest.approx(0.55)  # halfway: 1 − 0.9·0.5
+    assert teacher_ratio(5000, 1.0, 0.1, 1000) == pytest.approx(0.1)
+
+
+def test_nearest_legal_relabel():
+    cps = np.array([-1, -1, -1, 100, 103, 110, 98])
+    legal = np.array([0, 1, 0, 0, 1, 1, 1], dtype=bool)
+    # teacher 3 (code point 100) is illegal: legal code points 103 (Δ3), 110 (Δ10), 98 (Δ2) → id 6
+    assert nearest_legal(3, legal, cps, eos_id=1) == 6
+    legal2 = np.array([0, 1, 0, 0, 1, 0, 0], dtype=bool)  # 103 only
+    assert nearest_legal(3, legal2, cps, eos_id=1) == 4
+    assert nearest_legal(3, np.array([0, 1, 0, 0, 0, 0, 0], dtype=bool), cps, eos_id=1) is None
+
+
+def test_config_overrides_and_errors(tmp_path):
+    cfg = apply_overrides(TrainConfig(), parse_cli_overrides(
+        ["--sac.top_p", "0.99", "--seed", "3", "--sac.use_cql", "false", "--env.window_chars", "16"]))
+    assert cfg.sac.top_p == 0.99 and cfg.seed == 3 and cfg.sac.use_cql is False
+    assert cfg.env == {"window_chars": 16}
+    with pytest.raises(ValueError, match="sac.top_pp"):
+        apply_overrides(TrainConfig(), {"sac.top_pp": 1})
+    with pytest.raises(ValueError, match="policy_set"):
+        load_config(None, {"sac.policy_set": "all"})
+    f = tmp_path / "c.yaml"
+    f.write_text("preset: gpu\nsac:\n  top_p: 0.97\n")
+    c = load_config(f, {"seed": 5})
+    assert c.replay.transitions_per_batch == 2048 and c.sac.top_p == 0.97 and c.seed == 5
+
+
+def test_ngram_baseline_hand_case_and_coverage():
+    m = NgramModel(order=3).fit(["abcabd"])
+    # after "ab": seen c once, d once → tie broken by character: c then d
+    assert m.top_k("xab", 2) == ["c", "d"]
+    # after "zz" (unseen): bigram context "z" unseen → unigram: a, b (2 each) then c, d
+    assert m.top_k("zz", 2) == ["a", "b"]
+    assert m.generate("ab", 3) == "cab"
+    # generated "XYZW" after prompt tail "abc": 4-grams with a generated char: bcX.. etc.
+    assert ngram_coverage("abc", "d", "d") == 1.0
+    assert ngram_coverage("abc", "de", "dx") == pytest.approx(0.5)
+
+
+def _summary(seed: int, top1: float, bc: float = 0.1, top_p: bool = True, auto: bool = True, skips: int = 0):
+    ev = {"agent": {"top1": top1, "top3": top1 + 0.1}, "baseline": {"top1": 0.2, "top3": 0.3},
+          "baseline_order": 4,
+          "generation": {"agent": {"coverage4": 0.5, "chrf": 10.0, "bleu": 5.0},
+                         "baseline": {"coverage4": 0.3, "chrf": 8.0, "bleu": 4.0}},
+          "compliance": {"illegal_rate": 0.0, "early_termination_rate": 0.0, "episodes": 16}}
+    return {"config": {"seed": seed, "sac": {"bc_weight": bc, "use_top_p": top_p, "autotune_alpha": auto}},
+            "nonfinite_skips": skips, "critic_loss_curve": [4.0, 3.0, 2.0, 1.0], "alpha_curve": [0.05, 0.06],
+            "alpha_final": 0.06, "illegal_rate_train": 0.0, "updates": 10, "env_steps": 80, "eval": ev,
+            "run_dir": f"r{seed}"}
+
+
+def test_gate_passes_only_with_all_evidence():
+    runs = [_summary(s, 0.35) for s in range(3)]
+    runs += [_summary(0, 0.2, bc=0.0), _summary(0, 0.25, top_p=False), _summary(0, 0.29, auto=False)]
+    for r in runs:
+        from lmpo.sac.gate import _kind
+
+        r["kind"] = _kind(r["config"])
+    res = judge(runs)
+    status = {r["check"]: r["status"] for r in res["rows"]}
+    assert res["overall"] == "PASS", res["rows"]
+    assert status["held-out top-1 character hit"] == "PASS"  # 35% vs 20% + 10 pp
+    # drop the ablations and one seed: the gate must fail, naming what is missing
+    res2 = judge(runs[:2])
+    status2 = {r["check"]: (r["status"], r["measured"]) for r in res2["rows"]}
+    assert res2["overall"] == "FAIL"
+    assert status2["stability: 3 seeds without divergence"][0] == "FAIL"
+    assert status2["ablation no_bc"] == ("FAIL", "not run")
+    # a diverged seed fails stability; a top-1 only 5 pp above baseline fails the margin
+    runs[1]["nonfinite_skips"] = 3
+    for r in runs[:3]:
+        r["eval"]["agent"]["top1"] = 0.25
+    s3 = {r["check"]: r["status"] for r in judge(runs)["rows"]}
+    assert s3["stability: 3 seeds without divergence"] == "FAIL"
+    assert s3["held-out top-1 character hit"] == "FAIL"
