@@ -16,6 +16,8 @@ autograd). Default 1 torch thread: on a shared machine, thread hand-offs add mor
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import random
 import statistics
 import time
@@ -24,6 +26,27 @@ import torch
 
 from lmpo.objectives import PRESETS, Objective
 from lmpo.objectives.levels import ema_scan
+
+
+def steady_state_malloc() -> bool:
+    """Keep freed heap memory mapped (glibc ``mallopt``), as a long-running training process does.
+
+    With glibc defaults every (B, T) temporary above the mmap threshold is a fresh mapping whose pages
+    fault in on first touch, and the cost of those faults (not the arithmetic) then decides the timings;
+    which preset "wins" depends on the order of allocations. Raising the mmap and trim thresholds lets
+    every preset reuse memory, so the ratios compare the computations. Returns False where unavailable.
+    """
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)) and bool(
+            libc.mallopt(m_trim_threshold, 1024 * 1024 * 1024)
+        )
+    except (OSError, AttributeError):
+        return False
 
 
 def make_inputs(batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -137,12 +160,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (1 by default: on a shared machine, thread hand-offs "
                              "between busy cores add noise that swamps the ratios)")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="keep glibc's default mmap/trim thresholds (page faults then dominate; noisier)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    steady = False if args.default_malloc else steady_state_malloc()
     if args.quick:
         args.batch, args.length, args.rounds = 8, 512, 5
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B={args.batch}, T={args.length}, "
-          f"{args.rounds} interleaved rounds, forward+backward, float32 CPU")
+          f"{args.rounds} interleaved rounds, forward+backward, float32 CPU, "
+          f"{'steady-state malloc (mmap/trim thresholds raised)' if steady else 'default malloc'}")
     medians = bench_presets(args.batch, args.length, args.rounds, args.presets)
     base = medians["grpo"]
     print("\n| preset | median ms | ratio to grpo | ≤ 2.0× |\n|---|---|---|---|")

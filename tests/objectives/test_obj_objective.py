@@ -119,6 +119,22 @@ def test_garbage_in_masked_positions_changes_nothing(name):
         torch.testing.assert_close(s1[k], s2[k], msg=k)
 
 
+@pytest.mark.parametrize("name", ["grpo", "gspo", "ema", "clip_cov"])
+def test_empty_row_with_nan_sequence_advantage_is_ignored(name):
+    obj = Objective.preset(name)
+    logp, old, adv, mask = make_batch(batch=5, length=16, seed=6)
+    mask = mask.clone()
+    mask[2] = False
+    dirty_adv = adv.clone()
+    dirty_adv[2] = float("nan")
+    l1, s1 = obj(logp, old, adv, mask, generator=torch.Generator().manual_seed(0))
+    l2, s2 = obj(logp, old, dirty_adv, mask, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(l1, l2)
+    torch.testing.assert_close(torch.autograd.grad(l1, logp)[0], torch.autograd.grad(l2, logp)[0])
+    for key in s1:
+        torch.testing.assert_close(s1[key], s2[key], msg=key)
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_extreme_log_ratios_are_finite(name):
     obj = Objective.preset(name)

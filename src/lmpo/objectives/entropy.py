@@ -151,18 +151,25 @@ def clip_cov_pick(
     lb: float,
     ub: float,
     generator: torch.Generator | None = None,
+    trust_free: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """clip_cov's choice as ``(flat_index (K,), keep (K,) bool)``, K = max(1, ⌊r·B·T⌋); see ``clip_cov_selection``."""
+    """clip_cov's choice as ``(flat_index (K,), keep (K,) bool)``, K = max(1, ⌊r·B·T⌋); see ``clip_cov_selection``.
+
+    ``trust_free`` (float 0/1, 1 where the trust region did not clip) may replace ``trust_clipped``.
+    """
     with torch.no_grad():
-        # candidate ⇔ lb < cov < ub ⇔ |cov − mid| < half, and valid
+        # candidate ⇔ lb < cov < ub ⇔ half − |cov − mid| > 0, and valid; built as a float 0/1 indicator
+        # with in-place arithmetic (cheaper on CPU than a chain of bool tensors and a bool→float add)
         mid, half = (lb + ub) / 2.0, (ub - lb) / 2.0
-        candidates = (cov - mid).abs_() < half
-        candidates &= valid
-        # keys: uniform in [1, 2) for candidates, below 1 for everything else (no ties, so topk stays fast)
-        keys = torch.rand(cov.shape, generator=generator, device=cov.device, dtype=torch.float32)
-        keys.add_(candidates)
-        if trust_clipped is not None:
-            keys.masked_fill_(trust_clipped, 0.0)
+        indicator = (cov - mid).abs_().neg_().add_(half).sign_().clamp_(min=0.0)
+        indicator.mul_(valid)
+        if trust_free is not None:
+            indicator.mul_(trust_free)
+        elif trust_clipped is not None:
+            indicator.masked_fill_(trust_clipped, 0.0)
+        # keys: uniform in [1, 2) for candidates, in [0, 1) for everything else (no ties: topk stays fast)
+        keys = torch.rand(cov.shape, generator=generator, device=cov.device, dtype=cov.dtype)
+        keys.add_(indicator)
         index, keep, _ = _ranked_pick(keys, 1.0, _count(ratio, num_valid), _bound(ratio, cov.numel()))
         return index, keep
 

@@ -285,8 +285,8 @@ class Objective:
         # One masked select keeps garbage (even NaN) at invalid positions out of values and gradients.
         diff = torch.where(valid, logp.to(dtype) - old_logp.detach().to(dtype), 0.0)  # (B, T) log-ratio
         if advantages.dim() == 1:
-            adv = advantages.detach().to(dtype).unsqueeze(-1)  # (B, 1)
-            adv_check = torch.where(lengths > 0, advantages.detach().to(dtype), 0.0)
+            adv_check = torch.where(lengths > 0, advantages.detach().to(dtype), 0.0)  # empty rows may hold NaN
+            adv = adv_check.unsqueeze(-1)  # (B, 1)
         else:
             adv = adv_check = torch.where(valid, advantages.detach().to(dtype), 0.0)  # (B, T)
         masked = {}
@@ -329,6 +329,7 @@ class Objective:
             per_token = per_token * credit
 
         stats: dict[str, torch.Tensor] = {}
+        policy_m = m  # clip_cov replaces it by a copy with the picked tokens at 0
         if self.cov_control != "none":
             with torch.no_grad():
                 cov = token_covariance(torch.where(valid, logp.detach().to(dtype), 0.0), adv, m, num_valid,
@@ -336,27 +337,29 @@ class Objective:
                 stats["cov/mean"] = cov.sum() / num_valid.clamp(min=1.0)
             # The picks are a handful of tokens: edit them through their flat indices instead of building
             # (B, T) masks (fewer full-size allocations, which dominate the cost on CPU).
-            flat = per_token.expand(logp.shape).reshape(-1)
             if self.cov_control == "clip_cov":
-                trust_clipped = None if term.low is None else term.low | term.high  # disjoint flags
                 index, keep = clip_cov_pick(
-                    cov, valid, trust_clipped, num_valid,
+                    cov, valid, None, num_valid, trust_free=term.free,
                     ratio=self.clip_cov_ratio, lb=self.clip_cov_lb, ub=self.clip_cov_ub, generator=generator,
                 )
-                per_token = flat.index_add(0, index, -flat[index] * keep).view(logp.shape)  # picked → 0
+                # weight 0 for the picked tokens' policy terms (counts for the normalisers stay unchanged)
+                policy_m = m.clone()
+                flat_m = policy_m.view(-1)
+                flat_m.index_put_((index,), flat_m[index] * ~keep)
                 fill_invalid_(cov, valid)
             else:
                 fill_invalid_(cov, valid)
                 index, keep = kl_cov_pick(cov, num_valid, fraction=self.kl_cov_frac)
                 penalty = self.kl_cov_coef * log_ratio.reshape(-1)[index].abs() * keep
-                per_token = flat.index_add(0, index, penalty).view(logp.shape)
+                per_token = per_token.expand(logp.shape).reshape(-1).index_add(0, index, penalty).view(logp.shape)
             with torch.no_grad():
                 stats["cov/top_mean"] = top_fraction_mean(cov, num_valid)
                 key = "cov/clipped_tokens" if self.cov_control == "clip_cov" else "cov/penalised_tokens"
                 stats[key] = keep.sum().to(dtype)
 
-        agg = dict(lengths=lengths, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=self.norm_constant)
-        policy_loss = aggregate(per_token, m, self.aggregation, **agg)
+        agg = dict(lengths=lengths, num_tokens=num_valid.clamp(min=1.0) if num_tokens is None else num_tokens,
+                   num_seqs=num_seqs, norm_constant=self.norm_constant)
+        policy_loss = aggregate(per_token, policy_m, self.aggregation, **agg)
         loss = policy_loss
         stats["loss/policy"] = policy_loss.detach()
 
@@ -383,13 +386,13 @@ class Objective:
                 stats["entropy/coef"] = torch.as_tensor(coef, dtype=dtype, device=logp.device).detach().clone()
 
         with torch.no_grad():
-            self._ratio_stats(stats, term, rho, rho_value, adv, diff, log_ratio, m, lengths, num_valid, credit,
-                              dtype)
+            self._ratio_stats(stats, term, rho, rho_value, adv, diff, log_ratio, m, valid, lengths, num_valid,
+                              credit, dtype)
         return loss, stats
 
     # ------------------------------------------------------------------ internals
-    def _ratio_stats(self, stats, term, rho, rho_value, adv, diff, log_ratio, m, lengths, num_valid, credit,
-                     dtype) -> None:
+    def _ratio_stats(self, stats, term, rho, rho_value, adv, diff, log_ratio, m, valid, lengths, num_valid,
+                     credit, dtype) -> None:
         n = num_valid.clamp(min=1.0)
         if term.low is not None and rho_value.shape == rho.shape:
             low, high = term.low, term.high  # token levels: the flags the loss used
@@ -401,13 +404,18 @@ class Objective:
         weight = (lengths > 0).to(dtype).unsqueeze(-1) if per_sequence else m  # (B, 1) or (B, T)
         count = weight.sum().clamp(min=1.0) if per_sequence else n
         values = rho_value if rho_value.shape == weight.shape else rho_value.expand_as(weight)
-        # ratios are positive and ≤ e^{20}: the masked min/max need no select
-        stats["ratio/mean"] = (values * weight).sum() / count
-        stats["ratio/min"] = (values + (1.0 - weight) * 1e30).amin().clamp(max=1e30)
-        stats["ratio/max"] = (values * weight).amax()
+        # ratios are positive and ≤ e^{20}: masked min/max/mean need no select
+        weighted = values * weight
+        stats["ratio/mean"] = weighted.sum() / count
+        stats["ratio/max"] = weighted.amax()
+        stats["ratio/min"] = weighted.add_(weight.sub(1.0).mul_(-1e30)).amin().clamp(max=1e30)
         stats["ratio/clamped_tokens"] = (log_ratio != diff).sum().to(dtype)
-        stats["clip/low_frac"] = (low * weight).sum() / count
-        stats["clip/high_frac"] = (high * weight).sum() / count
+        if per_sequence:
+            stats["clip/low_frac"] = (low * weight).sum() / count
+            stats["clip/high_frac"] = (high * weight).sum() / count
+        else:  # bool ands are far cheaper than float products
+            stats["clip/low_frac"] = (low & valid).sum().to(dtype) / count
+            stats["clip/high_frac"] = (high & valid).sum().to(dtype) / count
         stats["clip/region_frac"] = stats["clip/low_frac"] + stats["clip/high_frac"]
         if self.dual_clip:
             dual = (adv < 0) & (values > self.dual_clip_c)
@@ -415,8 +423,8 @@ class Objective:
         if term.phi is not None:
             phi = term.phi if term.phi.shape == weight.shape else term.phi.expand_as(weight)
             stats["ptrw/phi_mean"] = (phi * weight).sum() / count
-        # k3 estimate of KL(π_old‖π_θ) = E_old[e^{−r} + r − 1]; expm1 is exact 0 at the masked zeros
-        stats["kl/behaviour_k3"] = (torch.expm1(-log_ratio) + log_ratio).sum() / n
+        # k3 estimate of KL(π_old‖π_θ) = E_old[e^{−r} + r − 1]: exactly 0 at the masked zeros (exp(0) = 1)
+        stats["kl/behaviour_k3"] = (torch.exp(-log_ratio).add_(log_ratio).sub_(1.0)).sum() / n
         if credit is not None:
             stats["credit/max"] = credit.amax()
         stats["tokens/valid"] = num_valid.detach().clone()
@@ -459,11 +467,14 @@ class Objective:
         return mask if mask.dtype == torch.bool else mask != 0
 
     def _check_values(self, diff, adv, masked, mask, valid, logp, old_logp, advantages) -> None:
-        """One fused pass over tensors the call computes anyway; a single host sync, then a slow report."""
+        """One cheap reduction per tensor the call computes anyway, a single host sync, then a slow report.
+
+        A sum is non-finite iff some element is (inf − inf gives NaN), barring overflow of a sum of
+        finite values, which needs magnitudes near 1e38 / (B·T) that log-probs never reach.
+        """
         with torch.no_grad():
-            # inf − inf is NaN and x − inf is −inf: a non-finite logp or old_logp leaves diff non-finite
-            flags = [torch.isfinite(diff.detach()).all(), torch.isfinite(adv).all()]
-            flags += [torch.isfinite(x.detach()).all() for x in masked.values()]
+            sums = [diff.detach().sum(), adv.sum()] + [x.detach().sum() for x in masked.values()]
+            flags = [torch.isfinite(torch.stack(sums)).all()]
             if mask.dtype != torch.bool:
                 flags.append(((mask == 0) | (mask == 1)).all())
             ok = torch.stack(flags).tolist()  # the one host sync of the call

@@ -51,6 +51,8 @@ class TrustRegionTerm(NamedTuple):
     """Detached bool: the upper clip binds (ρ > 1+ε, A > 0); None for soft modes."""
     phi: torch.Tensor | None
     """Detached PTRW weight φ(ρ) (gaussian mode only)."""
+    free: torch.Tensor | None = None
+    """Detached float 0/1: 1 where no bound binds (the ratio keeps its gradient); None for soft modes."""
 
 
 def trust_region_loss(
@@ -96,9 +98,9 @@ def trust_region_loss(
                 dual = (adv < 0) & (r > dual_clip_c)
                 frozen = frozen | dual
                 bound = torch.where(dual, dual_clip_c, bound)
-            keep = (~frozen).to(rho.dtype)
-            constant = bound * (1.0 - keep)
-        return TrustRegionTerm(-adv * (rho * keep + constant), low, high, None)
+            free = (~frozen).to(rho.dtype)
+            constant = bound * frozen  # the bound where one binds, else 0
+        return TrustRegionTerm(-adv * (rho * free + constant), low, high, None, free)
     if trust_region == "gaussian":
         phi = torch.exp(-((rho - 1.0) ** 2) / (2.0 * ptrw_sigma**2))
         if ptrw_grad == "detach_phi":
