@@ -82,3 +82,25 @@ def test_version_checks_warn_on_untested_versions():
         assert not check_trl_version("1.17.0")
     with pytest.warns(RuntimeWarning, match="tested with verl 0.9.1, found verl 0.10.0"):
         assert not lv.check_verl_version("0.10.0")
+
+
+def test_documented_verl_command_composes_with_verl_config():
+    """The complete `python3 -m verl.trainer.main_ppo ...` command of the guide is valid for verl's Hydra tree."""
+    import os
+    import shlex
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    block = DOC.split("python3 -m verl.trainer.main_ppo \\\n", 1)[1].split("```", 1)[0]
+    overrides = shlex.split(block.replace("\\\n", " "))
+    assert "actor_rollout_ref.model.external_lib=lmpo.integrations.verl" in overrides
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode=lmpo_gspo" in overrides
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (2, 8)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    objective = lv.objective_for_verl("gspo", actor.loss_agg_mode, actor)
+    assert (objective.eps_low, objective.eps_high) == (3e-4, 4e-4)
