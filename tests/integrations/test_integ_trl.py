@@ -295,3 +295,42 @@ def test_example_script_builds_the_trainer(tmp_path):
     assert (objective.name, objective.eps_high, objective.dual_clip) == ("dr_grpo", 0.3, True)
     assert objective.norm_constant == 4.0  # Dr. GRPO's constant: the max completion length
     assert trainer.args.scale_rewards == "none" and len(trainer.train_dataset) == 32
+
+
+@pytest.mark.parametrize(
+    ("name", "trl_settings", "ratio_shape"),
+    [
+        ("dapo", dict(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28, importance_sampling_level="token"),
+         "token"),
+        ("gspo", dict(loss_type="grpo", epsilon_low=3e-4, epsilon_high=4e-4, importance_sampling_level="sequence"),
+         "sequence"),
+    ],
+)
+def test_vllm_importance_sampling_correction_equals_trl(trainer, monkeypatch, name, trl_settings, ratio_shape):
+    """vLLM IS ratios folded into the advantages give TRL's ``per_token_loss * importance_sampling_ratio``."""
+    monkeypatch.setattr(trainer, "use_vllm", True)
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_correction", True)
+    trainer.objective = Objective.preset(name, advantage_scale="group")
+    trainer.current_gradient_accumulation_steps = 2
+    model = trainer.model
+    model.train()
+    seq = ratio_shape == "sequence"
+    inputs = trl_inputs(seed=41, vocab=len(trainer.processing_class), noise=2e-4 if seq else 0.3)
+    with torch.no_grad():
+        logp, *_ = reference_logps(model, inputs, trainer.temperature)
+    inputs["old_per_token_logps"] = logp + inputs.pop("noise")
+    g = torch.Generator().manual_seed(5)
+    B, T = logp.shape
+    ratio = torch.rand(B, 1 if seq else T, generator=g) * 2  # TRL: (B, 1) sequence modes, (B, T) token modes
+    ratio[0, 0] = 0.0  # a masked-out ("*_mask" mode) entry
+    inputs["importance_sampling_ratio"] = ratio
+    got_loss = trainer.compute_loss(model, inputs)
+    got_grads = grads(got_loss, model)
+    for key, value in trl_settings.items():
+        monkeypatch.setattr(trainer, key, value)
+    want_loss = GRPOTrainer._compute_loss(trainer, model, inputs)
+    want_grads = grads(want_loss, model)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-7)
+    for got, want in zip(got_grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+    trainer._lmpo_window.clear()
