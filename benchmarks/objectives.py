@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64, help="sequences B")
     parser.add_argument("--length", type=int, default=4096, help="response tokens T")
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved repetitions per preset")
+    parser.add_argument("--rounds", type=int, default=41, help="interleaved repetitions per preset")
     parser.add_argument("--quick", action="store_true", help="B=8, T=512, 5 rounds")
     parser.add_argument("--presets", nargs="*", default=None, help="only these presets (grpo always runs)")
     parser.add_argument("--skip-ema", action="store_true", help="skip the EMA scan-vs-loop comparison")

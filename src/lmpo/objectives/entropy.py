@@ -92,15 +92,22 @@ class AdaptiveEntropyController:
 
 
 def token_covariance(
-    logp: torch.Tensor, adv: torch.Tensor, m: torch.Tensor, num_valid: torch.Tensor, *, inplace: bool = False
+    logp: torch.Tensor,
+    adv: torch.Tensor,
+    m: torch.Tensor,
+    num_valid: torch.Tensor,
+    *,
+    inplace: bool = False,
+    invalid_fill: float = 0.0,
 ) -> torch.Tensor:
     """``cov_t = (A_t − Ā)(logp_t − mean logp)`` with batch means over valid tokens; detached.
 
     Args:
         logp: (B, T) finite; adv: (B, T) or (B, 1), finite; m: (B, T) float mask; num_valid: 0-dim count N.
         inplace: overwrite ``logp`` with the result (saves a (B, T) allocation for a temporary).
+        invalid_fill: value at invalid positions (``-inf`` makes top-k and range tests skip them).
     Returns:
-        (B, T), 0 at invalid positions.
+        (B, T).
     """
     with torch.no_grad():
         n = num_valid.clamp(min=1.0)
@@ -109,9 +116,27 @@ def token_covariance(
         else:
             mean_adv = (adv * m).sum() / n
         mean_logp = (logp * m).sum() / n
-        # one (B, T) allocation; the rest in place (allocations dominate the cost on CPU)
         out = logp.sub_(mean_logp) if inplace else logp - mean_logp
-        return out.mul_(adv - mean_adv).mul_(m)
+        out.mul_(adv - mean_adv)
+        if invalid_fill == 0.0:
+            return out.mul_(m)
+        return out.masked_fill_(m == 0, invalid_fill)
+
+
+def covariance_mean(
+    logp: torch.Tensor, adv: torch.Tensor, m: torch.Tensor, num_valid: torch.Tensor
+) -> torch.Tensor:
+    """Mean of ``cov_t`` over valid tokens without materialising cov: ``mean(A·logp) − Ā·mean(logp)``.
+
+    logp: (B, T), 0 at invalid positions; adv: (B, 1) or (B, T), 0 at invalid positions. Returns 0-dim.
+    """
+    with torch.no_grad():
+        n = num_valid.clamp(min=1.0)
+        if adv.shape[-1] == 1:
+            row_logp = logp.sum(-1)  # (B,)
+            a = adv.squeeze(-1)
+            return (a * row_logp).sum() / n - (a * m.sum(-1)).sum() / n * row_logp.sum() / n
+        return (adv * logp).sum() / n - adv.sum() / n * logp.sum() / n
 
 
 _MAX = 3.0e38  # ≥ −_MAX holds for every finite float32/float64 value and never for −inf
@@ -158,18 +183,18 @@ def clip_cov_pick(
     ``trust_free`` (float 0/1, 1 where the trust region did not clip) may replace ``trust_clipped``.
     """
     with torch.no_grad():
-        # candidate ⇔ lb < cov < ub ⇔ half − |cov − mid| > 0, and valid; built as a float 0/1 indicator
-        # with in-place arithmetic (cheaper on CPU than a chain of bool tensors and a bool→float add)
-        mid, half = (lb + ub) / 2.0, (ub - lb) / 2.0
-        indicator = (cov - mid).abs_().neg_().add_(half).sign_().clamp_(min=0.0)
-        indicator.mul_(valid)
-        if trust_free is not None:
-            indicator.mul_(trust_free)
-        elif trust_clipped is not None:
-            indicator.masked_fill_(trust_clipped, 0.0)
-        # keys: uniform in [1, 2) for candidates, in [0, 1) for everything else (no ties: topk stays fast)
+        candidates = cov > lb  # −inf (invalid, when so filled) is never a candidate
+        candidates &= cov < ub
+        if valid is not None:
+            candidates &= valid
+        if trust_clipped is not None:
+            candidates &= ~trust_clipped
+        # keys: uniform in [1, 2) for candidates, in [0, 1) or 0 for everything else (no ties among the
+        # candidates, so topk stays fast)
         keys = torch.rand(cov.shape, generator=generator, device=cov.device, dtype=cov.dtype)
-        keys.add_(indicator)
+        keys.add_(candidates)
+        if trust_free is not None:
+            keys.mul_(trust_free)  # clipped by the trust region → 0
         index, keep, _ = _ranked_pick(keys, 1.0, _count(ratio, num_valid), _bound(ratio, cov.numel()))
         return index, keep
 
@@ -188,7 +213,7 @@ def clip_cov_selection(
     """Tokens whose loss terms clip_cov zeroes: ``max(1, ⌊r·N⌋)`` drawn uniformly from the candidates.
 
     Candidates: valid, not clipped by the trust region (``trust_clipped``, (B, T) or (B, 1) bool),
-    ``lb < cov < ub``. Random order comes from uniform keys drawn with ``generator`` (which must live on
+    ``lb < cov < ub``. ``valid`` may be None when cov is −inf at invalid positions. Random order comes from uniform keys drawn with ``generator`` (which must live on
     the tensors' device; None uses the global RNG). Returns (B, T) bool; nothing when no candidate exists.
     """
     index, keep = clip_cov_pick(cov, valid, trust_clipped, num_valid, ratio=ratio, lb=lb, ub=ub,

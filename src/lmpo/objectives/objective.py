@@ -18,6 +18,7 @@ Statistics are detached 0-dim tensors with keys ``component/name``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,7 @@ from .entropy import (
     COV_CONTROLS,
     AdaptiveEntropyController,
     clip_cov_pick,
-    fill_invalid_,
+    covariance_mean,
     kl_cov_pick,
     token_covariance,
     top_fraction_mean,
@@ -332,23 +333,22 @@ class Objective:
         policy_m = m  # clip_cov replaces it by a copy with the picked tokens at 0
         if self.cov_control != "none":
             with torch.no_grad():
-                cov = token_covariance(torch.where(valid, logp.detach().to(dtype), 0.0), adv, m, num_valid,
-                                       inplace=True)
-                stats["cov/mean"] = cov.sum() / num_valid.clamp(min=1.0)
+                logp_valid = torch.where(valid, logp.detach().to(dtype), 0.0)
+                stats["cov/mean"] = covariance_mean(logp_valid, adv, m, num_valid)
+                # −inf at invalid positions: range tests and top-k then skip them with no extra pass
+                cov = token_covariance(logp_valid, adv, m, num_valid, inplace=True, invalid_fill=-math.inf)
             # The picks are a handful of tokens: edit them through their flat indices instead of building
             # (B, T) masks (fewer full-size allocations, which dominate the cost on CPU).
             if self.cov_control == "clip_cov":
                 index, keep = clip_cov_pick(
-                    cov, valid, None, num_valid, trust_free=term.free,
+                    cov, None, None, num_valid, trust_free=term.free,
                     ratio=self.clip_cov_ratio, lb=self.clip_cov_lb, ub=self.clip_cov_ub, generator=generator,
                 )
                 # weight 0 for the picked tokens' policy terms (counts for the normalisers stay unchanged)
                 policy_m = m.clone()
                 flat_m = policy_m.view(-1)
                 flat_m.index_put_((index,), flat_m[index] * ~keep)
-                fill_invalid_(cov, valid)
             else:
-                fill_invalid_(cov, valid)
                 index, keep = kl_cov_pick(cov, num_valid, fraction=self.kl_cov_frac)
                 penalty = self.kl_cov_coef * log_ratio.reshape(-1)[index].abs() * keep
                 per_token = per_token.expand(logp.shape).reshape(-1).index_add(0, index, penalty).view(logp.shape)
