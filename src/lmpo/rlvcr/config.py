@@ -49,38 +49,48 @@ class RLVCRConfig:
         return self.budgets[-1]
 
 
+def _error(message: str) -> ValueError:
+    """The trainer's ``ConfigError`` so that ``lmpo train`` reports a bad section like any other; imported
+    lazily because ``lmpo.trainer.config`` imports this module."""
+    try:
+        from lmpo.trainer.config import ConfigError
+    except ImportError:  # pragma: no cover - only while lmpo.trainer.config is itself being imported
+        return ValueError(message)
+    return ConfigError(message)
+
+
 def validate_rlvcr_config(cfg: RLVCRConfig) -> None:
-    """Raise ``ValueError`` naming the field, the value and the fix."""
+    """Raise the trainer's ``ConfigError`` (a ``ValueError``) naming the field, the value and the fix."""
     if not isinstance(cfg.levels, int) or cfg.levels < 2:
-        raise ValueError(f"`rlvcr.levels` = {cfg.levels!r} must be an integer >= 2 (the seed uses 4).")
+        raise _error(f"`rlvcr.levels` = {cfg.levels!r} must be an integer >= 2 (the seed uses 4).")
     budgets = tuple(cfg.budgets)
     if len(budgets) != cfg.levels:
-        raise ValueError(f"`rlvcr.budgets` = {list(budgets)} has {len(budgets)} values for levels = {cfg.levels}; "
+        raise _error(f"`rlvcr.budgets` = {list(budgets)} has {len(budgets)} values for levels = {cfg.levels}; "
                          "give one thinking-token budget per level.")
     if any(not isinstance(b, int) or b < 1 for b in budgets):
-        raise ValueError(f"`rlvcr.budgets` = {list(budgets)} must be positive integers (thinking tokens).")
+        raise _error(f"`rlvcr.budgets` = {list(budgets)} must be positive integers (thinking tokens).")
     if any(b2 <= b1 for b1, b2 in zip(budgets, budgets[1:])):
-        raise ValueError(f"`rlvcr.budgets` = {list(budgets)} must be strictly increasing (level 1 thinks least).")
+        raise _error(f"`rlvcr.budgets` = {list(budgets)} must be strictly increasing (level 1 thinks least).")
     if not 0.0 <= cfg.thinking_weight <= 1.0:
-        raise ValueError(f"`rlvcr.thinking_weight` = {cfg.thinking_weight!r} must be in [0, 1] "
+        raise _error(f"`rlvcr.thinking_weight` = {cfg.thinking_weight!r} must be in [0, 1] "
                          "(0 = plain GRPO, 1 = thinking advantages only).")
     if cfg.cost_weight < 0:
-        raise ValueError(f"`rlvcr.cost_weight` = {cfg.cost_weight!r} must be >= 0 (it penalises thinking length).")
+        raise _error(f"`rlvcr.cost_weight` = {cfg.cost_weight!r} must be >= 0 (it penalises thinking length).")
     if not cfg.think_open or not cfg.think_close or cfg.think_open == cfg.think_close:
-        raise ValueError(f"`rlvcr.think_open` = {cfg.think_open!r} and `rlvcr.think_close` = {cfg.think_close!r} "
+        raise _error(f"`rlvcr.think_open` = {cfg.think_open!r} and `rlvcr.think_close` = {cfg.think_close!r} "
                          "must be two different non-empty tags.")
     if "{prompt}" not in cfg.instruction:
-        raise ValueError(f"`rlvcr.instruction` = {cfg.instruction!r} must contain {{prompt}} (and may use "
+        raise _error(f"`rlvcr.instruction` = {cfg.instruction!r} must contain {{prompt}} (and may use "
                          "{level}, {levels}, {budget}).")
     try:
         cfg.instruction.format(prompt="", level=1, levels=cfg.levels, budget=budgets[0])
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"`rlvcr.instruction` = {cfg.instruction!r} is not a valid template ({e!r}); only "
+        raise _error(f"`rlvcr.instruction` = {cfg.instruction!r} is not a valid template ({e!r}); only "
                          "{prompt}, {level}, {levels} and {budget} are filled in.") from e
     if cfg.temperature is not None and not cfg.temperature > 0:
-        raise ValueError(f"`rlvcr.temperature` = {cfg.temperature!r} must be > 0 or null (use the rollout's).")
+        raise _error(f"`rlvcr.temperature` = {cfg.temperature!r} must be > 0 or null (use the rollout's).")
     if cfg.scale is not None and cfg.scale not in SCALES:
-        raise ValueError(f"`rlvcr.scale` = {cfg.scale!r} must be one of {', '.join(SCALES)} or null (the "
+        raise _error(f"`rlvcr.scale` = {cfg.scale!r} must be one of {', '.join(SCALES)} or null (the "
                          "objective's advantage_scale).")
     if not cfg.eps > 0:
-        raise ValueError(f"`rlvcr.eps` = {cfg.eps!r} must be > 0.")
+        raise _error(f"`rlvcr.eps` = {cfg.eps!r} must be > 0.")

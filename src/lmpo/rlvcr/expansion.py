@@ -19,6 +19,7 @@ levels chosen by the originals).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -338,6 +339,7 @@ def rlvcr_stage(
         temperature, top_p, top_k, generator: regeneration sampling; ``cfg.temperature`` overrides
             ``temperature``, which is also the τ of the confidence (the trainer's π = softmax(z / τ)).
     """
+    t0 = time.perf_counter()
     tau = cfg.temperature if cfg.temperature is not None else temperature
     exp = expand_thinking_levels(model, tokenizer, rollout, rewards, cfg, temperature=tau, top_p=top_p,
                                  top_k=top_k, generator=generator)
@@ -356,5 +358,6 @@ def rlvcr_stage(
         metrics[k] = float(parts[k])
     if in_group.any():
         metrics["rlvcr/confidence_mean"] = float(confidence[in_group.cpu()].mean())
+    metrics["rlvcr/stage_s"] = time.perf_counter() - t0
     return StageOutput(rollout=exp.rollout, advantages=adv, keep=new_keep, metrics=metrics, expansion=exp,
                        parts=parts)

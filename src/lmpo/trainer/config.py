@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from lmpo.rlvcr.config import RLVCRConfig
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid. The message names the field, the value and the fix."""
@@ -210,6 +212,7 @@ class TrainConfig:
     eval: EvalConfig = _f(EvalConfig(), "Evaluation section.")
     checkpoint: CheckpointConfig = _f(CheckpointConfig(), "Checkpoint section.")
     logging: LoggingConfig = _f(LoggingConfig(), "Logging section.")
+    rlvcr: RLVCRConfig = _f(RLVCRConfig(), "RLVCR thinking-level expansion section (docs/rlvcr.md).")
 
     # ---- derived totals (units in the names) ------------------------------------------------------
     @property

@@ -295,6 +295,15 @@ class Trainer:
         for k, v in (adv_stats or {}).items():
             stats.setdefault(k if "/" in k else f"adv/{k}", v)
 
+        if cfg.rlvcr.enabled:  # RLVCR (SPEC §4, lmpo.rlvcr): expand successes per thinking level, mix advantages
+            from lmpo.rlvcr.expansion import rlvcr_stage
+
+            rl = rlvcr_stage(self.model, self.tokenizer, ro, rewards, cfg.rlvcr, keep=keep, scale=obj.advantage_scale,
+                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                             generator=torch.Generator(self.device).manual_seed(_seed_for(cfg.loop.seed, step, 5)))
+            ro, adv, keep, comp_mask = rl.rollout, rl.advantages, rl.keep, rl.rollout.completion_mask.to(self.device).bool()
+            stats.update(rl.metrics)
+
         # the sequences trained on
         idx = torch.nonzero(keep).squeeze(-1)
         batch = {
