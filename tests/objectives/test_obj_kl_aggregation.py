@@ -98,3 +98,5 @@ def test_empty_rows_and_all_masked_batch_are_finite_with_zero_gradient(mode):
         (grad,) = torch.autograd.grad(loss, logp)
         assert loss.item() == 0.0 and (grad == 0).all()
         assert all(torch.isfinite(v) for v in stats.values())
+        assert stats["ratio/min"].item() == stats["ratio/max"].item() == stats["ratio/mean"].item() == 1.0
+        assert stats["tokens/valid"].item() == 0 and stats["clip/low_frac"].item() == 0

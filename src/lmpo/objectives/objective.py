@@ -406,9 +406,10 @@ class Objective:
         values = rho_value if rho_value.shape == weight.shape else rho_value.expand_as(weight)
         # ratios are positive and ≤ e^{20}: masked min/max/mean need no select
         weighted = values * weight
-        stats["ratio/mean"] = weighted.sum() / count
-        stats["ratio/max"] = weighted.amax()
-        stats["ratio/min"] = weighted.add_(weight.sub(1.0).mul_(-1e30)).amin().clamp(max=1e30)
+        empty = weight.sum() == 0  # no valid token: report ratio 1
+        stats["ratio/mean"] = torch.where(empty, 1.0, weighted.sum() / count)
+        stats["ratio/max"] = torch.where(empty, 1.0, weighted.amax())
+        stats["ratio/min"] = torch.where(empty, 1.0, weighted.add_(weight.sub(1.0).mul_(-1e30)).amin())
         stats["ratio/clamped_tokens"] = (log_ratio != diff).sum().to(dtype)
         if per_sequence:
             stats["clip/low_frac"] = (low * weight).sum() / count
