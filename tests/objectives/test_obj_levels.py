@@ -61,6 +61,15 @@ def test_ema_stays_finite_at_32k_tokens(beta):
     torch.testing.assert_close(out[:, start:].detach(), torch.stack(ref, -1), rtol=1e-4, atol=1e-30)
 
 
+def test_ema_scan_leaves_inputs_untouched_and_accepts_float_masks():
+    w = torch.exp(torch.randn(2, 40, generator=torch.Generator().manual_seed(0)))
+    valid = (torch.rand(2, 40, generator=torch.Generator().manual_seed(1)) > 0.3).float()
+    w0, v0 = w.clone(), valid.clone()
+    out = ema_scan(w, valid, 0.3)
+    torch.testing.assert_close(out, naive_ema(w, valid.bool(), 0.3))
+    assert torch.equal(w, w0) and torch.equal(valid, v0)
+
+
 def test_ema_hand_case():
     # β = 0.5, w = [3, (masked) 100, 1]: w'_1 = 0.5·1 + 0.5·3 = 2; masked keeps 2; w'_3 = 0.5·2 + 0.5·1 = 1.5
     w = torch.tensor([[3.0, 100.0, 1.0]])

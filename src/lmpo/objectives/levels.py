@@ -46,7 +46,7 @@ def ema_scan(weights: torch.Tensor, valid: torch.Tensor, beta: float, block_size
 
     Args:
         weights: (B, T) positive inputs w_t (finite; the caller clamps log-ratios so w ∈ [e^{−20}, e^{20}]).
-        valid:   (B, T) bool; at invalid positions the state is carried unchanged.
+        valid:   (B, T) bool (or 0/1); at invalid positions the state is carried unchanged.
         beta:    smoothing factor β ∈ (0, 1].
     Returns:
         (B, T) smoothed weights w'_t. Differentiable with respect to ``weights`` (autograd runs through
@@ -65,6 +65,8 @@ def ema_scan(weights: torch.Tensor, valid: torch.Tensor, beta: float, block_size
     all at once and only the scalar carry per row runs through a loop over T/block blocks.
     """
     batch, length = weights.shape
+    if valid.dtype != torch.bool:
+        valid = valid != 0
     if beta >= 1.0:
         # w'_t = w_t at valid tokens; invalid tokens repeat the last valid value (1 before the first).
         idx = torch.arange(length, device=weights.device).expand(batch, length)
@@ -75,7 +77,7 @@ def ema_scan(weights: torch.Tensor, valid: torch.Tensor, beta: float, block_size
     num_blocks = -(-length // block)
     pad = num_blocks * block - length
     needs_grad = weights.requires_grad and torch.is_grad_enabled()
-    v = valid.to(weights.dtype)
+    v = valid.to(weights.dtype, copy=True)  # a private buffer: modified in place below
     # w_t·valid_t (β is applied once at the end); under autograd `v` must stay untouched, so use where
     x = torch.where(valid, weights, 0.0) if needs_grad else weights * v
     if pad:
