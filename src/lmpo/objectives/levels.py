@@ -113,7 +113,7 @@ def ema_scan(weights: torch.Tensor, valid: torch.Tensor, beta: float, block_size
 def importance_weight(
     level: str,
     log_ratio: torch.Tensor,
-    carrier: torch.Tensor,
+    carrier: torch.Tensor | None,
     m: torch.Tensor,
     valid: torch.Tensor,
     lengths: torch.Tensor,
@@ -126,7 +126,8 @@ def importance_weight(
     Args:
         log_ratio: (B, T) clamped ``logp − old_logp``, 0 at invalid positions; carries gradient.
         carrier:   (B, T) ``x − sg[x]`` with x the unclamped masked log-ratio: value 0, gradient ∇logπ_t.
-                   ``exp(v + carrier)`` has value e^v and gradient e^v·∇logπ_t (sequence_token, token_ema local).
+                   ``exp(v + carrier)`` has value e^v and gradient e^v·∇logπ_t. Needed by sequence_token
+                   and token_ema with ``local`` gradient only (None otherwise).
         m:         (B, T) float mask; ``valid`` the same as bool; ``lengths`` (B,) = |y| = Σ_t m.
         credit:    (B, T) detached token credit weights or None (≡ 1).
     Returns:

@@ -299,7 +299,9 @@ class Objective:
 
         clamp = self.log_ratio_clamp
         log_ratio = diff.clamp(-clamp, clamp)
-        carrier = diff - diff.detach()  # value 0, gradient ∇logπ_t at valid tokens
+        carrier = None  # value 0, gradient ∇logπ_t at valid tokens (only the levels that need it)
+        if self.level == "sequence_token" or (self.level == "token_ema" and self.ema_grad == "local"):
+            carrier = diff - diff.detach()
 
         credit = None
         if self.credit == "temporal_decay":
@@ -324,9 +326,9 @@ class Objective:
             ptrw_grad=self.ptrw_grad,
         )
         per_token = term.loss
-        # Sequence-constant terms already carry c_t inside the sequence mean (levels.py); per-token ones
-        # take it here.
-        if credit is not None and per_token.shape[-1] != 1:
+        # `sequence` / `sequence_arith` carry c_t inside the sequence mean (levels.py); the other levels
+        # weight their per-token terms here.
+        if credit is not None and self.level not in ("sequence", "sequence_arith"):
             per_token = per_token * credit
 
         stats: dict[str, torch.Tensor] = {}
