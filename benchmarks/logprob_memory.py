@@ -14,7 +14,9 @@ variant's freed memory cannot hide another's peak), all launched from this one r
 - ``time``: best of ``--repeats`` warm calls (forward, or forward + backward in ``train`` mode).
 
 Modes: ``forward`` = under ``no_grad`` (behaviour / reference log-probs); ``train`` = forward + backward.
-Variants: ``naive`` = ``torch.log_softmax(logits, -1).gather(-1, ids)``; ``selective`` =
+Variants: ``naive`` = ``torch.log_softmax(logits, -1).gather(-1, ids)`` (in the logits' dtype: for bf16
+logits its log-probs carry bf16 rounding, ~1e-2 at |log p| ~ 10); ``naive_fp32`` (bf16 forward only) =
+``torch.log_softmax(logits.float(), -1).gather(-1, ids)``, the naive formula at selective's precision; ``selective`` =
 ``lmpo.trainer.logprobs.selective_log_softmax`` (chunked, new gradient buffer); ``selective_inplace`` = the
 same with ``inplace_backward=True`` (gradient written into the logits' storage, as ``sequence_logprobs``
 does with the logits it gets from ``lm_head``). Targets: selective ≤ 25 % of naive peak, ≤ 1.2× its time.
@@ -32,7 +34,7 @@ import time
 
 import torch
 
-VARIANTS = ("naive", "selective", "selective_inplace")
+VARIANTS = ("naive", "naive_fp32", "selective", "selective_inplace")
 
 
 def _rss_peak_bytes() -> int:
@@ -54,6 +56,8 @@ def _call(variant: str, logits: torch.Tensor, index: torch.Tensor, grad_out: tor
 
     if variant == "naive":
         out = torch.log_softmax(logits, dim=-1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    elif variant == "naive_fp32":
+        out = torch.log_softmax(logits.float(), dim=-1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
     elif variant == "selective":
         out = selective_log_softmax(logits, index)
     else:
@@ -150,7 +154,12 @@ def main() -> None:
         dtype = args.dtype if args.dtype != "auto" else ("float32" if vocab <= 65536 else "bfloat16")
         logits_mb = args.batch * args.seq * vocab * torch.finfo(getattr(torch, dtype)).bits / 8 / 2**20
         for mode in args.modes:
-            variants = VARIANTS if mode == "train" else VARIANTS[:2]  # in-place only changes the backward
+            variants = ["naive", "selective"]
+            if dtype != "float32" and mode == "forward":
+                # same float32 precision as selective (forward only: its backward needs 4 float32 copies)
+                variants.insert(1, "naive_fp32")
+            if mode == "train":
+                variants.append("selective_inplace")  # in-place only changes the backward
             rows = {v: run_child(args, v, vocab, mode, dtype) for v in variants}
             naive = rows["naive"]
             for v in variants:
