@@ -112,3 +112,22 @@ def test_exact_grad_norm_full_parameters_hand_check():
     # the head is only part of the parameters: full norms are at least the head norms
     head = exact_grad_norm(model, ids, 2, parameters=model.head.parameters())
     assert (norms >= head - 1e-6).all()
+
+
+@pytest.mark.parametrize("level", ["sequence", "sequence_arith"])
+def test_sequence_levels_apply_credit_once_inside_the_mean(level):
+    # token-level advantages: ℓ_t = −s_c·A_t with s_c the credit-weighted mean; no second c_t factor
+    logp, old, adv, mask = make_batch(seed=5, per_token_adv=True, drift=0.2)
+    m = mask.double()
+    lengths = m.sum(-1, keepdim=True)
+    obj = Objective(level=level, credit="temporal_decay", decay_gamma=0.9, trust_region="none")
+    loss, _ = obj(logp, old, adv, mask)
+    c = temporal_decay_weights(mask, m.sum(-1), 0.9)
+    r = (logp - old) * m
+    if level == "sequence":
+        s = torch.exp((c * r).sum(-1, keepdim=True) / lengths)
+    else:
+        s = (c * m * torch.exp(r)).sum(-1, keepdim=True) / lengths
+    ref = (-(s * adv * m).sum(-1) / lengths.squeeze(-1)).mean()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(torch.autograd.grad(loss, logp)[0], torch.autograd.grad(ref, logp)[0])

@@ -245,3 +245,9 @@ def test_bad_hyperparameters_raise(field, value, pattern):
 def test_dual_clip_needs_clipped_trust_region():
     with pytest.raises(ValueError, match="dual_clip=True needs a clipped trust region"):
         Objective(trust_region="gaussian", dual_clip=True)
+
+
+def test_preset_build_matches_objective_preset():
+    for name, preset in PRESETS.items():
+        assert preset.build() == Objective.preset(name)
+        assert preset.build(kl_coef=0.2).kl_coef == 0.2
