@@ -131,3 +131,18 @@ def test_sequence_levels_apply_credit_once_inside_the_mean(level):
     ref = (-(s * adv * m).sum(-1) / lengths.squeeze(-1)).mean()
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(torch.autograd.grad(loss, logp)[0], torch.autograd.grad(ref, logp)[0])
+
+
+def test_exact_grad_norm_with_wrapper_function_needs_parameters():
+    torch.manual_seed(2)
+    model = _TinyLM().double()
+    ids = torch.randint(0, 11, (1, 6))
+
+    def call(input_ids, attention_mask=None):
+        return model(input_ids) * 2.0
+
+    with pytest.raises(TypeError, match="pass parameters=model.parameters"):
+        exact_grad_norm(call, ids, 2)
+    wrapped = exact_grad_norm(call, ids, 2, parameters=model.parameters())
+    direct = exact_grad_norm(model, ids, 2, logit_scale=2.0)
+    torch.testing.assert_close(wrapped, direct)

@@ -136,11 +136,19 @@ def exact_grad_norm(
             an object with ``.logits`` (Hugging Face causal LMs).
         input_ids: (B, L) prompt followed by ``response_length`` response tokens.
         response_length: T, the number of trailing tokens whose log-probs are differentiated.
-        parameters: the parameters to take the norm over (default: all that require grad).
+        parameters: the parameters to take the norm over (default: ``model.parameters()`` that require
+            grad; required when ``model`` is a plain function wrapping the model).
     Returns:
         (B, T) float32 norms, detached.
     """
-    params = [p for p in (parameters if parameters is not None else model.parameters()) if p.requires_grad]
+    if parameters is None:
+        if not hasattr(model, "parameters"):
+            raise TypeError(
+                f"exact_grad_norm: model {model!r} has no .parameters(); pass parameters=model.parameters() "
+                f"when `model` is a wrapper function."
+            )
+        parameters = model.parameters()
+    params = [p for p in parameters if p.requires_grad]
     if not params:
         raise ValueError("exact_grad_norm found no parameters that require grad; pass `parameters=`.")
     kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
