@@ -3,7 +3,7 @@ JSON/JSONL/Parquet files and Hugging Face datasets, each with a held-out evaluat
 
 >>> task = make_task("addition", max_digits=2)
 >>> train, held_out = task.train_examples(seed=0), task.eval_examples()
->>> train[0].prompt, train[0].answer      # ('57+8=', '65')
+>>> train[0].prompt, train[0].answer      # ('5+9=', '14')
 """
 
 from lmpo.tasks import synthetic, thinking  # noqa: F401  (registers the built-in tasks; thinking: RLVCR)
