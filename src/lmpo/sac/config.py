@@ -144,6 +144,8 @@ class TrainConfig:
     eval_generations: int = 24
     """free-running continuations generated for 4-gram coverage / chrF / BLEU."""
     eval_generation_chars: int = 32
+    eval_rollout_episodes: int = 16
+    """agent-only held-out episodes for the illegal-action and early-termination rates."""
     trace_steps: int = 0
     """print the seed-§15 trace for the first N environment steps."""
     net: NetworkConfig = field(default_factory=NetworkConfig)

@@ -171,5 +171,6 @@ def evaluate_run(agent, bundle, cfg) -> dict[str, Any]:
                               heldout, m, cfg.eval_generations, cfg.eval_generation_chars)
     res["generation"] = gen
     if bundle.make_eval_env is not None:
-        res["compliance"] = rollout_compliance(agent, bundle.make_eval_env, heldout, episodes=16, seed=cfg.seed)
+        res["compliance"] = rollout_compliance(agent, bundle.make_eval_env, heldout, episodes=cfg.eval_rollout_episodes,
+                                               seed=cfg.seed)
     return res

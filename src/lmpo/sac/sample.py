@@ -26,7 +26,7 @@ def load_agent(run_dir: str | Path):
     train_ch, _ = corpus.split(heldout_fraction=cfg.heldout_fraction, seed=cfg.split_seed)
     alphabet = Alphabet.from_texts(train_ch)
     env_cfg = EnvConfig(**cfg.env)
-    compliance = Compliance(alphabet, env_cfg.max_run_chars, frozenset(env_cfg.blacklist),
+    compliance = Compliance(alphabet, env_cfg.max_run_chars, frozenset("".join(env_cfg.blacklist)),
                             env_cfg.blacklist_path, env_cfg.whitelist_size)
     agent = SACAgent(len(alphabet), alphabet.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device="cpu")
     state = torch.load(run_dir / "checkpoint.pt", weights_only=False, map_location="cpu")

@@ -1,0 +1,59 @@
+"""`lmpo sac train / sample / gate` end to end on the bundled sample corpus (no /work/shared access)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from lmpo.cli import SAC_COMMANDS
+from lmpo.sac import cli as sac_cli
+from lmpo.textenv import sample_text_path
+
+
+def main(argv: list[str]) -> int:
+    """``lmpo sac …`` through the SAC register functions only (the full router imports every layer)."""
+    parser = argparse.ArgumentParser(prog="lmpo")
+    sub = parser.add_subparsers(dest="command").add_parser("sac").add_subparsers(dest="sac_command")
+    for name in ("train", "sample", "gate"):
+        module, func = SAC_COMMANDS[name].split(":")
+        assert module == "lmpo.sac.cli"
+        getattr(sac_cli, func)(sub, name)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+def test_cli_train_sample_gate(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    args = [
+        "sac", "train", "--run-dir", str(run), "--quiet", "--trace", "3",
+        "--corpus", str(sample_text_path()), "--heldout_fraction", "0.25", "--num_envs", "2",
+        "--total_env_steps", "120", "--learning_starts", "32", "--log_every_updates", "10",
+        "--threads", "1", "--eval_max_positions", "200", "--eval_generations", "2", "--eval_generation_chars", "8",
+        "--eval_rollout_episodes", "4",
+        "--net.embed_dim", "16", "--net.gru_hidden", "32", "--net.policy_hidden", "32", "--net.q_hidden", "32",
+        "--net.action_embed_dim", "16", "--replay.transitions_per_batch", "32",
+        "--env.window_chars", "8", "--env.max_steps", "16", "--env.nce_pretrain_steps", "5",
+        "--env.use_jieba_lexicon", "false",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("Step 0") == 3 and "held-out top-1" in out
+    summary = json.loads((run / "summary.json").read_text())
+    ev = summary["eval"]
+    assert summary["env_steps"] == 120 and summary["updates"] > 0
+    assert 0.0 <= ev["agent"]["top1"] <= ev["agent"]["top3"] <= 1.0
+    assert ev["baseline"]["top1"] == max(b["top1"] for b in ev["baseline_by_order"].values())
+    assert ev["compliance"]["illegal_rate"] == 0.0  # the hard mask: sampling never picks an illegal action
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows and "norm/cov_mean" in rows[-1] and "reward/cov" in rows[-1]
+
+    assert main(["sac", "sample", str(run), "--prompt", "的", "--max-new-chars", "5", "--greedy"]) == 0
+    text = capsys.readouterr().out.strip()
+    assert text.startswith("的") and 1 <= len(text) <= 6
+
+    # one run is not enough for the gate: it must say FAIL (exit 1), and write both reports
+    assert main(["sac", "gate", str(run), "--out", str(tmp_path / "gate")]) == 1
+    gate = json.loads((tmp_path / "gate" / "gate.json").read_text())
+    assert gate["overall"] == "FAIL"
+    assert (tmp_path / "gate" / "gate.md").read_text().startswith("**Gate: FAIL**")
