@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from sac_echo_env import EchoEnv
 
 from lmpo.sac.config import NetworkConfig, TrainConfig, apply_overrides
 from lmpo.sac.networks import PolicyNetwork, QHead, TwinQNetwork
 from lmpo.sac.train import EnvBundle, Trainer
-
-from sac_echo_env import EchoEnv
 
 CFG = NetworkConfig(embed_dim=8, gru_hidden=12, policy_hidden=16, q_hidden=10, action_embed_dim=6)
 
