@@ -3,15 +3,16 @@
     python benchmarks/logprob_memory.py                      # V = 32k and 152k, B×T = 8×1024, CPU
     python benchmarks/logprob_memory.py --vocab 32000 --modes forward --repeats 5
 
-What is measured, for each vocabulary size V and mode, every variant in a fresh subprocess (so that one
-variant's freed memory cannot hide another's peak), all launched from this one run:
+What is measured, for each vocabulary size V and mode, all launched side by side from this one run:
 
 - inputs: logits (B, T, V) in ``--dtype`` (default: float32 at V ≤ 64k, bfloat16 above, the dtype a
   Qwen-size model produces; float32 at 152k would need 5 GB per copy), token ids (B, T), upstream grad (B, T);
-- ``peak extra``: peak resident memory during the call minus the resident memory with the inputs already
+- ``peak extra``: (each variant in a fresh subprocess, so that one variant's freed memory cannot hide
+  another's peak) peak resident memory during the first call minus the resident memory with the inputs already
   allocated (CPU: ``ru_maxrss`` delta; CUDA: ``max_memory_allocated`` delta). In ``train`` mode it includes
   the logits gradient that backward leaves in ``logits.grad`` — unless the variant writes it in place;
-- ``time``: best of ``--repeats`` warm calls (forward, or forward + backward in ``train`` mode).
+- ``time``: best of ``--repeats`` warm calls (forward, or forward + backward in ``train`` mode), all variants
+  interleaved round-robin in one further subprocess so that load from other processes hits them alike.
 
 Modes: ``forward`` = under ``no_grad`` (behaviour / reference log-probs); ``train`` = forward + backward.
 Variants: ``naive`` = ``torch.log_softmax(logits, -1).gather(-1, ids)`` (in the logits' dtype: for bf16
@@ -67,62 +68,76 @@ def _call(variant: str, logits: torch.Tensor, index: torch.Tensor, grad_out: tor
     return out
 
 
-def child(args) -> None:
+def _inputs(args, vocab: int, dtype: torch.dtype, train: bool):
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
-    train = args.mode == "train"
-    shape = (args.batch, args.seq, args.vocab)
+    shape = (args.batch, args.seq, vocab)
     logits = torch.empty(shape, dtype=dtype, device=device)
     _fill(logits, 0)
     logits.requires_grad_(train)
-    index = torch.randint(0, args.vocab, shape[:2], generator=torch.Generator().manual_seed(1)).to(device)
-    grad_out = torch.randn(shape[:2]).to(device) if train else None
+    index = torch.randint(0, vocab, shape[:2], generator=torch.Generator().manual_seed(1)).to(device)
+    grad_out = (
+        torch.randn(shape[:2], generator=torch.Generator().manual_seed(2)).to(device) if train else None
+    )
+    return logits, index, grad_out
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
 
-    # 1. memory: the very first call, before anything else has raised the peak
-    sync()
-    if device.type == "cuda":
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def child_memory(args) -> None:
+    """Peak extra memory of the very first call of one variant, in a process of its own."""
+    train = args.mode == "train"
+    logits, index, grad_out = _inputs(args, args.vocab, getattr(torch, args.dtype), train)
+    _sync(args.device)
+    cuda = args.device.startswith("cuda")
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_peak_bytes()
-    ctx = torch.enable_grad() if train else torch.no_grad()
-    with ctx:
+    with torch.enable_grad() if train else torch.no_grad():
         out = _call(args.variant, logits, index, grad_out)
-    sync()
-    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda" else _rss_peak_bytes()) - base
-    checksum = float(out.double().sum())
-    del out
-
-    # 2. time: warm calls; logits are refilled (outside the timer) since the in-place variant overwrites them
-    times = []
-    for _ in range(args.repeats):
-        logits.grad = None
-        if train:
-            with torch.no_grad():
-                _fill(logits, 0)
-        sync()
-        t0 = time.perf_counter()
-        with ctx:
-            out = _call(args.variant, logits, index, grad_out)
-        sync()
-        times.append(time.perf_counter() - t0)
-        del out
-    print(json.dumps({"peak_extra_bytes": peak, "time_s": min(times), "checksum": checksum}))
+    _sync(args.device)
+    peak = (torch.cuda.max_memory_allocated() if cuda else _rss_peak_bytes()) - base
+    print(json.dumps({"peak_extra_bytes": peak, "checksum": float(out.double().sum())}))
 
 
-def run_child(args, variant: str, vocab: int, mode: str, dtype: str) -> dict:
+def child_time(args) -> None:
+    """Best-of-``repeats`` time of every variant, interleaved round-robin in one process so that load from
+    other processes on the machine hits all variants alike."""
+    train = args.mode == "train"
+    logits, index, grad_out = _inputs(args, args.vocab, getattr(torch, args.dtype), train)
+    variants = args.variants.split(",")
+    best = dict.fromkeys(variants, float("inf"))
+    for round_index in range(args.repeats + 1):  # round 0 is a warm-up
+        for variant in variants:
+            logits.grad = None
+            if train:  # the in-place variant overwrites the logits: refill them (outside the timer) for all
+                with torch.no_grad():
+                    _fill(logits, 0)
+            _sync(args.device)
+            t0 = time.perf_counter()
+            with torch.enable_grad() if train else torch.no_grad():
+                out = _call(variant, logits, index, grad_out)
+            _sync(args.device)
+            elapsed = time.perf_counter() - t0
+            del out
+            if round_index > 0:
+                best[variant] = min(best[variant], elapsed)
+    print(json.dumps(best))
+
+
+def _run(args, extra: list[str], vocab: int, mode: str, dtype: str) -> dict:
     cmd = [
-        sys.executable, os.path.abspath(__file__), "--child", "--variant", variant, "--mode", mode,
-        "--vocab", str(vocab), "--batch", str(args.batch), "--seq", str(args.seq), "--dtype", dtype,
-        "--device", args.device, "--repeats", str(args.repeats),
+        sys.executable, os.path.abspath(__file__), "--mode", mode, "--vocab", str(vocab),
+        "--batch", str(args.batch), "--seq", str(args.seq), "--dtype", dtype, "--device", args.device,
+        "--repeats", str(args.repeats), *extra,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{variant} V={vocab} {mode} failed:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"{' '.join(extra)} V={vocab} {mode} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -137,13 +152,13 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["forward", "train"], choices=["forward", "train"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", dest="variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--time-child", dest="variants", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=["forward", "train"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
+    if args.variant or args.variants:
         args.vocab = args.vocab[0]
-        child(args)
+        child_memory(args) if args.variant else child_time(args)
         return
 
     print(f"B×T = {args.batch}×{args.seq}, device {args.device}, torch threads {torch.get_num_threads()}")
@@ -160,7 +175,10 @@ def main() -> None:
                 variants.insert(1, "naive_fp32")
             if mode == "train":
                 variants.append("selective_inplace")  # in-place only changes the backward
-            rows = {v: run_child(args, v, vocab, mode, dtype) for v in variants}
+            rows = {v: _run(args, ["--memory-child", v], vocab, mode, dtype) for v in variants}
+            times = _run(args, ["--time-child", ",".join(variants)], vocab, mode, dtype)
+            for v in variants:
+                rows[v]["time_s"] = times[v]
             naive = rows["naive"]
             for v in variants:
                 r = rows[v]
