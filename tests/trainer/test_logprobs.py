@@ -179,21 +179,24 @@ def test_sequence_logprobs_ignores_garbage_after_eos(tiny):
     torch.testing.assert_close(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("vocab", [33, 1000])
+@pytest.mark.parametrize("temperature", [1.0, 0.8])
 @pytest.mark.parametrize("with_entropy", [False, True])
-def test_inplace_backward_matches_naive(with_entropy):
+def test_inplace_backward_matches_naive(with_entropy, temperature, vocab):
+    # τ = 1 without entropy is the path where the softmax kernel writes over its own input
     gen = torch.Generator().manual_seed(7)
-    base = torch.randn(3, 4, 33, generator=gen)
-    index = torch.randint(0, 33, (3, 4), generator=gen)
+    base = 3 * torch.randn(3, 4, vocab, generator=gen)
+    index = torch.randint(0, vocab, (3, 4), generator=gen)
     g = torch.randn(3, 4, generator=gen)
     ref_x = base.clone().requires_grad_(True)
-    ref_lp, ref_h = naive(ref_x, index, 0.8)
+    ref_lp, ref_h = naive(ref_x, index, temperature)
     ((ref_lp + ref_h) * g if with_entropy else ref_lp * g).sum().backward()
     x = base.clone().requires_grad_(True)
     if with_entropy:
-        lp, h = selective_log_softmax_with_entropy(x, index, 5, 0.8, inplace_backward=True)
+        lp, h = selective_log_softmax_with_entropy(x, index, 5, temperature, inplace_backward=True)
         ((lp + h) * g).sum().backward()
     else:
-        lp = selective_log_softmax(x, index, 5, 0.8, inplace_backward=True)
+        lp = selective_log_softmax(x, index, 5, temperature, inplace_backward=True)
         (lp * g).sum().backward()
     torch.testing.assert_close(lp, ref_lp)
     torch.testing.assert_close(x.grad, ref_x.grad, atol=1e-6, rtol=1e-5)
