@@ -79,7 +79,7 @@ class TaskConfig:
     hf_name: str | None = _f(None, "Dataset name for `name: hf`.")
     prompt_field: str = _f("prompt", "Column holding the prompt (file / hf tasks).")
     answer_field: str = _f("answer", "Column holding the reference answer (file / hf tasks).")
-    options: dict = _f({}, "Keyword options of the task constructor (e.g. `{digits: 2}` for addition).")
+    options: dict = _f({}, "Keyword options of the task constructor (e.g. `{min_digits: 1, max_digits: 3}` for addition).")
     eval_examples: int = _f(200, "Number of held-out examples used by evaluation (examples, not batches).")
 
 
@@ -620,8 +620,9 @@ def render_config_reference() -> str:
             if dataclasses.is_dataclass(default):
                 subs.append((type(default), f"{prefix}.{f.name}"))
                 continue
-            lines.append(f"| `{prefix}.{f.name}` | {_type_name(hints[f.name])} | {_fmt_default(default)} | "
-                         f"{f.metadata.get('help', '')} |")
+            cells = [f"`{prefix}.{f.name}`", _type_name(hints[f.name]), _fmt_default(default),
+                     f.metadata.get("help", "")]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
         for sub_cls, sub_prefix in subs:
             section(sub_cls, sub_prefix)
@@ -629,3 +630,43 @@ def render_config_reference() -> str:
     for f in dataclasses.fields(TrainConfig):
         section(type(f.default), f.name)
     return "\n".join(lines).rstrip() + "\n"
+
+
+DOC_START = "<!-- config-reference:start -->\n"
+DOC_END = "<!-- config-reference:end -->"
+
+
+METRICS_START = "<!-- metrics:start -->\n"
+METRICS_END = "<!-- metrics:end -->"
+
+
+def render_metrics_reference() -> str:
+    """Markdown table of every metric key the trainer logs (from ``lmpo.trainer.metrics.METRIC_DOCS``)."""
+    from lmpo.trainer.metrics import METRIC_DOCS
+
+    rows = ["| key | meaning |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in METRIC_DOCS.items()]
+    return "\n".join(rows) + "\n"
+
+
+def _replace_between(text: str, start_marker: str, end_marker: str, body: str) -> str:
+    start, end = text.index(start_marker) + len(start_marker), text.index(end_marker)
+    return text[:start] + body + text[end:]
+
+
+def update_reference_doc(path: str | os.PathLike) -> bool:
+    """Rewrite the generated parts of ``path`` (config reference, metric table); returns whether it changed."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    new = _replace_between(text, DOC_START, DOC_END, render_config_reference())
+    new = _replace_between(new, METRICS_START, METRICS_END, render_metrics_reference())
+    if new != text:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(new)
+    return new != text
+
+
+if __name__ == "__main__":  # python -m lmpo.trainer.config docs/trainer.md
+    import sys
+
+    for p in sys.argv[1:]:
+        print(f"{p}: {'updated' if update_reference_doc(p) else 'up to date'}")

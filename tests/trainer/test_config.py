@@ -1,0 +1,143 @@
+"""Config loading, overrides, validation messages and the generated reference doc."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmpo.trainer.config import (
+    ConfigError,
+    TrainConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_overrides,
+    render_config_reference,
+    save_config,
+    validate_config,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_overrides_parse_yaml_scalars_and_nest():
+    got = parse_overrides(["--objective.preset", "dapo", "--optim.lr=1e-4", "--loop.steps", "7",
+                           "--objective.overrides.eps_high", "0.3", "--logging.tensorboard", "false"])
+    assert got == {"objective": {"preset": "dapo", "overrides": {"eps_high": 0.3}}, "optim": {"lr": 1e-4},
+                   "loop": {"steps": 7}, "logging": {"tensorboard": False}}
+
+
+def test_yaml_plus_overrides_and_roundtrip(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("loop:\n  steps: 5\n  prompts_per_step: 4\nrollout:\n  completions_per_prompt: 6\n")
+    cfg = load_config(path, ["--loop.steps", "9", "--optim.betas", "[0.8, 0.9]"])
+    assert cfg.loop.steps == 9 and cfg.loop.prompts_per_step == 4 and cfg.optim.betas == (0.8, 0.9)
+    # derived totals carry units: 4 prompts x 6 completions = 24 sequences per step
+    assert cfg.seqs_per_step == 24 and cfg.total_optimizer_steps == 9
+    save_config(cfg, tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml") == cfg
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.loop.steps = 3  # type: ignore[misc]
+
+
+def test_example_configs_load_and_validate():
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        validate_config(load_config(path))
+
+
+def _error(data: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        validate_config(config_from_dict(data))
+    return str(info.value)
+
+
+def test_unknown_preset_names_field_value_and_choices():
+    msg = _error({"objective": {"preset": "grpoo"}})
+    assert "objective.preset" in msg and "'grpoo'" in msg and "Did you mean 'grpo'" in msg
+
+
+def test_group_size_one_with_grpo_advantages():
+    msg = _error({"rollout": {"completions_per_prompt": 1}})
+    assert "rollout.completions_per_prompt" in msg and "= 1" in msg and ">= 2" in msg
+
+
+def test_missing_task_file():
+    msg = _error({"task": {"name": "file", "path": "/nonexistent/data.jsonl"}})
+    assert "task.path" in msg and "/nonexistent/data.jsonl" in msg and "does not exist" in msg
+
+
+def test_reward_path_that_does_not_import():
+    msg = _error({"rewards": {"functions": ["no_such_pkg.rewards:score"]}})
+    assert "rewards.functions[0]" in msg and "no_such_pkg" in msg and "does not import" in msg
+    msg = _error({"rewards": {"functions": ["lmpo.trainer.demo:no_such_function"]}})
+    assert "no callable 'no_such_function'" in msg
+    msg = _error({"rewards": {"functions": ["exact_mach"]}})
+    assert "Did you mean 'exact_match'" in msg
+
+
+def test_unknown_key_suggests_close_match():
+    with pytest.raises(ConfigError, match=r"unknown config key `loop.prompt_per_step`.*Did you mean `prompts_per_step`"):
+        config_from_dict({"loop": {"prompt_per_step": 8}})
+    with pytest.raises(ConfigError, match=r"unknown config key `optimizer`.*Did you mean `optim`"):
+        config_from_dict({"optimizer": {"lr": 1e-3}})
+
+
+def test_type_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"`loop.steps` = 'many' must be an integer"):
+        config_from_dict({"loop": {"steps": "many"}})
+
+
+def test_bad_objective_override_and_minibatch_split():
+    msg = _error({"objective": {"overrides": {"eps_hihg": 0.3}}})
+    assert "objective.overrides" in msg and "eps_hihg" in msg
+    msg = _error({"loop": {"prompts_per_step": 3, "minibatches_per_step": 5}})  # 3 x 8 = 24 seqs, 5 ∤ 24
+    assert "loop.minibatches_per_step" in msg and "24" in msg
+
+
+def test_bad_config_fails_before_any_model_is_built(monkeypatch, tmp_path):
+    import lmpo.models
+
+    def boom(*a, **k):
+        raise AssertionError("a model was built before validation")
+
+    monkeypatch.setattr(lmpo.models, "load_model_and_tokenizer", boom)
+    from lmpo.trainer import Trainer
+
+    with pytest.raises(ConfigError, match="rollout.completions_per_prompt"):
+        Trainer(config_from_dict({"rollout": {"completions_per_prompt": 1},
+                                  "logging": {"run_dir": str(tmp_path)}}))
+
+
+def test_every_field_is_documented_and_the_doc_matches():
+    def walk(cls):
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if dataclasses.is_dataclass(default):
+                yield from walk(type(default))
+            else:
+                assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+                yield f.name
+
+    assert len(list(walk(TrainConfig))) > 50
+    reference = render_config_reference()
+    doc = (ROOT / "docs" / "trainer.md").read_text(encoding="utf-8")
+    m = re.search(r"<!-- config-reference:start -->\n(.*?)<!-- config-reference:end -->", doc, re.S)
+    assert m, "docs/trainer.md lacks the config-reference markers"
+    assert m.group(1) == reference, "docs/trainer.md is stale: run `python -m lmpo.trainer.config docs/trainer.md` to regenerate"
+    from lmpo.trainer.config import render_metrics_reference
+
+    m = re.search(r"<!-- metrics:start -->\n(.*?)<!-- metrics:end -->", doc, re.S)
+    assert m and m.group(1) == render_metrics_reference(), "docs/trainer.md metric table is stale"
+    # every section key of the dataclass appears in the doc
+    for key in config_to_dict(TrainConfig()):
+        assert f"### `{key}`" in reference
+
+
+def test_saved_config_is_plain_yaml(tmp_path):
+    save_config(TrainConfig(), tmp_path / "c.yaml")
+    data = yaml.safe_load((tmp_path / "c.yaml").read_text())
+    assert data["rollout"]["completions_per_prompt"] == 8 and data["model"]["lora"]["enabled"] is False

@@ -1,0 +1,134 @@
+"""End-to-end behaviour of the training loop on a very small model: presets, resume, NaN handling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from trainer_helpers import make_trainer, small_model
+
+from lmpo.trainer import NonFiniteError
+from lmpo.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from lmpo.trainer.metrics import read_jsonl
+
+# per-step numbers that depend on wall time are excluded from exact comparisons
+_TIMING = ("time/", "perf/")
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _deterministic(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(_TIMING)} for r in rows]
+
+
+@pytest.mark.parametrize("preset, extra", [
+    ("grpo", {}),
+    ("dapo", {}),
+    ("gspo", {}),
+    ("ema", {}),
+    ("grad_adaptive", {}),
+    ("clip_cov", {}),
+    ("adaptive_entropy", {}),
+    ("grpo", {"objective": {"overrides": {"kl_coef": 0.1}},
+              "loop": {"epochs_per_step": 2, "minibatches_per_step": 2}}),
+])
+def test_short_run_changes_weights_and_logs_finite_metrics(tmp_path, preset, extra):
+    trainer = make_trainer(tmp_path / preset, preset, **extra)
+    before = _weights(trainer.model)
+    result = trainer.train()
+    after = _weights(trainer.model)
+    changed = sum(not torch.equal(before[k], after[k]) for k in before)
+    assert changed > 0, f"{preset}: no parameter changed"
+    assert result.steps_done == 2 and len(result.history) == 2
+    for row in result.history:
+        for key in ("reward/mean", "loss/policy", "optim/grad_norm", "optim/lr", "adv/zero_var_frac",
+                    "completion/length_mean", "time/generate_s", "time/train_s"):
+            assert key in row, f"{preset}: missing {key}"
+            assert math.isfinite(row[key]), f"{preset}: {key}={row[key]}"
+        assert row["optim/grad_norm"] > 0
+    if preset == "adaptive_entropy":
+        assert "entropy/coef" in result.history[-1] and "entropy/mean" in result.history[-1]
+    if extra.get("loop"):
+        # 2 epochs x 2 minibatches = 4 optimizer steps per RL step, and the policy moved off the behaviour one
+        assert trainer.schedule.step_index == 4 * 2
+        assert "kl/ref" in result.history[-1] or any(k.startswith("kl/") for k in result.history[-1])
+    rows = read_jsonl(tmp_path / preset / "metrics.jsonl")
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
+    assert (tmp_path / preset / "config.yaml").exists()
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    sections = {"loop": {"steps": 4}, "checkpoint": {"every_steps": 2, "keep_last": 0},
+                "objective": {"overrides": {}}, "eval": {"every_steps": 2}}
+    full = make_trainer(tmp_path / "full", "adaptive_entropy", **sections)
+    full.train()
+    w_full = _weights(full.model)
+
+    # the same run "killed" after step 2: stop early, then resume in a fresh process-like Trainer
+    part = make_trainer(tmp_path / "part", "adaptive_entropy", loop={"steps": 4},
+                        checkpoint={"every_steps": 2, "keep_last": 0}, eval={"every_steps": 2})
+    import lmpo.trainer.loop as loop_mod
+
+    real_step = loop_mod.Trainer._rl_step
+
+    def crash_after_two(self, step):
+        if step == 3:
+            raise KeyboardInterrupt("simulated kill during step 3")
+        return real_step(self, step)
+
+    loop_mod.Trainer._rl_step = crash_after_two
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            part.train()
+    finally:
+        loop_mod.Trainer._rl_step = real_step
+    assert [p.name for p in list_checkpoints(tmp_path / "part")] == ["step_00000002"]
+
+    resumed = make_trainer(tmp_path / "part", "adaptive_entropy", seed=123,  # different init: weights come from the checkpoint
+                           loop={"steps": 4}, checkpoint={"every_steps": 2, "keep_last": 0}, eval={"every_steps": 2})
+    resumed.train(resume="auto")
+    w_res = _weights(resumed.model)
+    for k in w_full:
+        torch.testing.assert_close(w_res[k], w_full[k], rtol=0, atol=0, msg=f"weight {k} differs after resume")
+    assert resumed.controller.state_dict() == full.controller.state_dict()
+    assert _deterministic(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == \
+        _deterministic(read_jsonl(tmp_path / "full" / "metrics.jsonl"))
+
+
+def test_nan_loss_is_skipped_and_counted(tmp_path):
+    trainer = make_trainer(tmp_path / "nan", loop={"steps": 3})
+    trainer.loss_hook = lambda step, loss: loss * float("nan") if step == 2 else loss
+    w0 = _weights(trainer.model)
+    result = trainer.train()
+    assert result.nonfinite_skipped == 1
+    assert [r["optim/nonfinite_skipped"] for r in result.history] == [0.0, 1.0, 1.0]
+    assert math.isnan(result.history[1]["optim/grad_norm"])  # no optimizer step at step 2
+    assert trainer.schedule.step_index == 2  # steps 1 and 3 stepped the optimizer
+    w = _weights(trainer.model)
+    assert all(torch.isfinite(v).all() for v in w.values())
+    assert any(not torch.equal(w0[k], w[k]) for k in w0)
+
+
+def test_nan_in_a_row_stops_with_clear_message_and_keeps_checkpoints(tmp_path):
+    trainer = make_trainer(tmp_path / "stop", loop={"steps": 8, "max_nonfinite_steps": 3},
+                           checkpoint={"every_steps": 1, "keep_last": 0})
+    trainer.loss_hook = lambda step, loss: loss * float("nan") if step >= 3 else loss
+    with pytest.raises(NonFiniteError, match=r"3 consecutive .*max_nonfinite_steps=3.*stopping at RL step 5"):
+        trainer.train()
+    ckpts = list_checkpoints(tmp_path / "stop")
+    assert [p.name for p in ckpts] == ["step_00000001", "step_00000002", "step_00000003", "step_00000004"]
+    model, _ = small_model(seed=5)
+    state = load_checkpoint(latest_checkpoint(tmp_path / "stop"), model)
+    assert state["nonfinite"]["in_row"] == 2 and state["step"] == 4
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+
+
+def test_zero_variance_filter_reports_statistic(tmp_path):
+    trainer = make_trainer(tmp_path / "zv", objective={"filter_zero_variance": True}, loop={"steps": 1})
+    result = trainer.train()
+    row = result.history[0]
+    # kept sequences are exactly the groups with reward variance: kept = 1 - zero_var_frac (equal group sizes)
+    assert row["adv/kept_frac"] == pytest.approx(1.0 - row["adv/zero_var_frac"])

@@ -1,0 +1,40 @@
+"""Helpers for the trainer tests: a very small model and run configs that take a second or two."""
+
+from __future__ import annotations
+
+from lmpo.models import CharTokenizer, build_tiny_model
+from lmpo.trainer.config import config_from_dict
+
+SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+
+
+def small_model(seed: int = 0):
+    tok = CharTokenizer()
+    return build_tiny_model(tok, seed=seed, **SMALL_MODEL), tok
+
+
+def small_config(run_dir, preset: str = "grpo", **sections):
+    base = {
+        "task": {"name": "addition", "options": {"min_digits": 1, "max_digits": 1, "num_eval": 20},
+                 "eval_examples": 8},
+        "rollout": {"completions_per_prompt": 4, "max_new_tokens": 3},
+        "objective": {"preset": preset},
+        # an untrained model is never right; the length term makes rewards differ inside groups (signal)
+        "rewards": {"functions": ["exact_match", "length_penalty"], "weights": [1.0, 1.0],
+                    "kwargs": {"length_penalty": {"target_chars": 0, "scale_chars": 3.0}}},
+        "optim": {"lr": 1e-2},
+        "loop": {"steps": 2, "prompts_per_step": 3, "seqs_per_microbatch": 6, "seed": 0, "device": "cpu"},
+        "eval": {"at_start": False, "seqs_per_batch": 8},
+        "checkpoint": {"at_end": False},
+        "logging": {"run_dir": str(run_dir), "progress_bar": False, "tensorboard": False},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return config_from_dict(base)
+
+
+def make_trainer(run_dir, preset: str = "grpo", seed: int = 0, **sections):
+    from lmpo.trainer import Trainer
+
+    model, tok = small_model(seed)
+    return Trainer(small_config(run_dir, preset, **sections), model=model, tokenizer=tok, log=lambda msg: None)
