@@ -48,6 +48,13 @@ def test_cli_train_sample_gate(tmp_path, capsys, monkeypatch):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows and "norm/cov_mean" in rows[-1] and "reward/cov" in rows[-1]
 
+    # --resume --eval-only re-evaluates the checkpoint from the saved config and gives the same numbers
+    (run / "summary.json").unlink()
+    assert main(["sac", "train", "--run-dir", str(run), "--resume", "--eval-only", "--quiet"]) == 0
+    again = json.loads((run / "summary.json").read_text())
+    assert again["updates"] == summary["updates"] and again["eval"]["agent"] == ev["agent"]
+    capsys.readouterr()
+
     assert main(["sac", "sample", str(run), "--prompt", "的", "--max-new-chars", "5", "--greedy"]) == 0
     text = capsys.readouterr().out.strip()
     assert text.startswith("的") and 1 <= len(text) <= 6

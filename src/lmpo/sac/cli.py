@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from lmpo.sac.config import load_config, parse_cli_overrides
+from lmpo.sac.config import config_from_dict, load_config, parse_cli_overrides
 
 
 def _swallow_overrides(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +40,8 @@ def register_train(subparsers: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
     p.add_argument("--trace", type=int, default=None, metavar="N", help="print the trace of the first N steps")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
+    p.add_argument("--eval-only", action="store_true",
+                   help="with --resume: evaluate the run's checkpoint and rewrite summary.json, no training")
     p.add_argument("--quiet", action="store_true", help="no console progress lines")
     p.set_defaults(func=_train)
     _swallow_overrides(p)
@@ -48,10 +50,13 @@ def register_train(subparsers: argparse._SubParsersAction, name: str) -> None:
 def _train(args: argparse.Namespace) -> int:
     from lmpo.sac.train import train
 
-    cfg = load_config(args.config, parse_cli_overrides(args.overrides), preset=args.preset)
     run_dir = args.run_dir or f"runs/sac-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.resume and args.config is None and not args.overrides and (Path(run_dir) / "config.json").exists():
+        cfg = config_from_dict(json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8")))
+    else:
+        cfg = load_config(args.config, parse_cli_overrides(args.overrides), preset=args.preset)
     summary = train(cfg, run_dir, resume=args.resume, trace_steps=args.trace, progress=not args.quiet,
-                    evaluate=not args.no_eval)
+                    evaluate=not args.no_eval, eval_only=args.eval_only)
     ev = summary.get("eval")
     print(f"[sac] {summary['updates']} updates, {summary['env_steps']} env steps in "
           f"{summary['train_seconds']:.0f}s ({summary['stop_reason']}); run dir {run_dir}")

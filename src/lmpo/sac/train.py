@@ -330,14 +330,24 @@ class Trainer:
 
 def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = None, resume: bool = False,
           trace_steps: int | None = None, progress: bool = True, evaluate: bool = True,
-          max_updates: int | None = None) -> dict[str, Any]:
-    """Train (or resume) a run in ``run_dir``; evaluate on held-out chapters; write ``summary.json``."""
+          max_updates: int | None = None, eval_only: bool = False) -> dict[str, Any]:
+    """Train (or resume) a run in ``run_dir``; evaluate on held-out chapters; write ``summary.json``.
+
+    ``eval_only`` (with ``resume``): load the checkpoint and only evaluate and summarise.
+    """
+    if eval_only and not resume:
+        raise ValueError("eval_only needs resume=True (it evaluates the run's checkpoint)")
     trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
     if resume:
         if not (Path(run_dir) / "checkpoint.pt").exists():
             raise FileNotFoundError(f"--resume: no checkpoint.pt in {run_dir}; start the run without --resume")
         trainer.load()
-    info = trainer.run(max_updates=max_updates)
+    if eval_only:
+        last = trainer.history[-1] if trainer.history else {}
+        info = {"stop_reason": "evaluated from checkpoint (--eval-only)",
+                "train_seconds": float(last.get("step/seconds", 0.0))}
+    else:
+        info = trainer.run(max_updates=max_updates)
     summary: dict[str, Any] = {
         "config": cfg.to_dict(), **info,
         "updates": trainer.agent.updates, "env_steps": trainer.env_steps, "episodes": trainer.episodes,
