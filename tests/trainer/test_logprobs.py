@@ -223,3 +223,28 @@ def test_sequence_logprobs_parameter_grads_match_naive(tiny):
     for name, p in model.named_parameters():
         torch.testing.assert_close(ours[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
     model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 6, 100])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_strided_slice_2d_and_4d_inputs(chunk_rows, inplace):
+    # out.logits[:, :-1] cannot be flattened to (B·T, V) without a copy; blocks walk it as it is
+    gen = torch.Generator().manual_seed(3)
+    full = torch.randn(3, 6, 40, generator=gen)
+    index = torch.randint(0, 40, (3, 5), generator=gen)
+    g = torch.randn(3, 5, generator=gen)
+    ref_full = full.clone().requires_grad_(True)
+    ref_lp, ref_h = naive(ref_full[:, :-1], index)
+    ((ref_lp + ref_h) * g).sum().backward()
+    ours_full = full.clone().requires_grad_(True)
+    lp, h = selective_log_softmax_with_entropy(ours_full[:, :-1], index, chunk_rows, inplace_backward=inplace)
+    ((lp + h) * g).sum().backward()
+    torch.testing.assert_close(lp, ref_lp)
+    torch.testing.assert_close(ours_full.grad, ref_full.grad, atol=1e-6, rtol=1e-5)
+    # 2-D (N, V) and 4-D (A, B, T, V) inputs
+    flat, flat_index = full.reshape(-1, 40), torch.randint(0, 40, (18,), generator=gen)
+    torch.testing.assert_close(
+        selective_log_softmax(flat, flat_index, chunk_rows), naive(flat, flat_index)[0]
+    )
+    four, four_index = full.reshape(3, 2, 3, 40), torch.randint(0, 40, (3, 2, 3), generator=gen)
+    torch.testing.assert_close(chunked_entropy(four, chunk_rows), naive(four, four_index)[1])

@@ -28,6 +28,23 @@ def _chunk_rows(num_rows: int, vocab: int, chunk_rows: int | None) -> int:
     return min(chunk_rows, max(1, num_rows))
 
 
+def _blocks(batch: int, length: int, chunk_rows: int):
+    """(batch slice, time slice) pairs covering a (B, T) grid with about ``chunk_rows`` rows each.
+
+    Whole sequences are grouped when ``chunk_rows >= T``, otherwise each sequence is cut along time: a
+    block is then always a plain strided view of the (B, T, V) logits, even when those are a slice such
+    as ``out.logits[:, :-1]`` that cannot be flattened to (B·T, V) without a copy.
+    """
+    if chunk_rows >= length:
+        step = chunk_rows // length
+        for b in range(0, batch, step):
+            yield slice(b, min(b + step, batch)), slice(0, length)
+    else:
+        for b in range(batch):
+            for t in range(0, length, chunk_rows):
+                yield slice(b, b + 1), slice(t, min(t + chunk_rows, length))
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -49,19 +66,18 @@ class _TokenLogprobEntropy(torch.autograd.Function):
     def forward(
         ctx, logits, index, inv_temperature: float, with_entropy: bool, chunk_rows: int, inplace: bool
     ):
-        num_rows, _ = logits.shape
+        batch, length, _ = logits.shape  # (B, T, V), any strides with a contiguous V dim
         dtype = _compute_dtype(logits.dtype)
-        logp = torch.empty(num_rows, dtype=dtype, device=logits.device)
-        entropy = torch.empty(num_rows, dtype=dtype, device=logits.device) if with_entropy else None
-        for start in range(0, num_rows, chunk_rows):
-            end = min(start + chunk_rows, num_rows)
-            z = logits[start:end].to(dtype)  # (C, V): a copy only when logits are bf16/fp16
+        logp = torch.empty(batch, length, dtype=dtype, device=logits.device)
+        entropy = torch.empty(batch, length, dtype=dtype, device=logits.device) if with_entropy else None
+        for bs, ts in _blocks(batch, length, chunk_rows):
+            z = logits[bs, ts].to(dtype)  # (b, t, V): a copy only when logits are bf16/fp16
             if inv_temperature != 1.0:
                 z = z * inv_temperature
-            logp_all = torch.log_softmax(z, dim=-1)  # (C, V)
-            logp[start:end] = logp_all.gather(-1, index[start:end, None]).squeeze(-1)
+            logp_all = torch.log_softmax(z, dim=-1)  # (b, t, V)
+            logp[bs, ts] = logp_all.gather(-1, index[bs, ts].unsqueeze(-1)).squeeze(-1)
             if with_entropy:
-                entropy[start:end] = -(logp_all.exp() * logp_all).sum(-1)
+                entropy[bs, ts] = -(logp_all.exp() * logp_all).sum(-1)
         ctx.save_for_backward(logits, index, entropy if with_entropy else logp)
         ctx.inv_temperature = inv_temperature
         ctx.with_entropy = with_entropy
@@ -74,54 +90,67 @@ class _TokenLogprobEntropy(torch.autograd.Function):
         logits, index, entropy = ctx.saved_tensors
         inv_t = ctx.inv_temperature
         dtype = _compute_dtype(logits.dtype)
-        num_rows = logits.shape[0]
-        # In place: each chunk's gradient overwrites the chunk of logits it was computed from (read first).
-        grad = logits if ctx.inplace else torch.empty_like(logits)
+        batch, length, _ = logits.shape
+        # In place: each block's gradient overwrites the block of logits it was computed from (read first).
+        # (A detached alias, not ``logits`` itself: autograd copies a gradient that *is* the leaf it is for.)
+        grad = (
+            logits.detach()
+            if ctx.inplace
+            else torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        )
         use_entropy = ctx.with_entropy and grad_entropy is not None
         if grad_logp is None:
-            grad_logp = torch.zeros(num_rows, dtype=dtype, device=logits.device)
-        for start in range(0, num_rows, ctx.chunk_rows):
-            end = min(start + ctx.chunk_rows, num_rows)
-            z = logits[start:end].to(dtype)
+            grad_logp = torch.zeros(batch, length, dtype=dtype, device=logits.device)
+        for bs, ts in _blocks(batch, length, ctx.chunk_rows):
+            z = logits[bs, ts].to(dtype)
             if inv_t != 1.0:
                 z = z * inv_t
-            # 1/τ folded into the upstream gradients: saves a pass over the chunk
-            g_lp = grad_logp[start:end, None].to(dtype) * inv_t  # (C, 1)
-            target = grad[start:end]  # (C, V)
+            # 1/τ folded into the upstream gradients: saves a pass over the block
+            g_lp = grad_logp[bs, ts].unsqueeze(-1).to(dtype) * inv_t  # (b, t, 1)
+            idx = index[bs, ts].unsqueeze(-1)  # (b, t, 1)
+            target = grad[bs, ts]  # (b, t, V)
             if use_entropy:
-                logp_all = torch.log_softmax(z, dim=-1)  # (C, V)
+                logp_all = torch.log_softmax(z, dim=-1)  # (b, t, V)
                 p = logp_all.exp()
-                g_h = grad_entropy[start:end, None].to(dtype) * inv_t
+                g_h = grad_entropy[bs, ts].unsqueeze(-1).to(dtype) * inv_t
                 # g_H · (−p ⊙ (log p + H))  −  g_logp · p, in place in logp_all
-                chunk_grad = logp_all.add_(entropy[start:end, None]).mul_(p).mul_(-g_h).sub_(p.mul_(g_lp))
-                chunk_grad.scatter_add_(-1, index[start:end, None], g_lp)
-                target.copy_(chunk_grad)
-            elif target.dtype == dtype and target.device.type in ("cpu", "cuda"):
-                # softmax written straight into the gradient buffer (no chunk temporary, no copy). When
+                block_grad = (
+                    logp_all.add_(entropy[bs, ts].unsqueeze(-1)).mul_(p).mul_(-g_h).sub_(p.mul_(g_lp))
+                )
+                block_grad.scatter_add_(-1, idx, g_lp)
+                target.copy_(block_grad)
+            elif target.dtype == dtype and target.is_contiguous() and target.device.type in ("cpu", "cuda"):
+                # softmax written straight into the gradient buffer (no block temporary, no copy). When
                 # in place with τ = 1, ``z`` *is* ``target``: these row-wise kernels read a row before
                 # writing it, so the exact aliasing is safe on CPU and CUDA (tested against the naive form).
                 torch._softmax(z, -1, False, out=target)
-                target.mul_(-g_lp).scatter_add_(-1, index[start:end, None], g_lp)
+                target.mul_(-g_lp).scatter_add_(-1, idx, g_lp)
             else:
-                chunk_grad = torch.softmax(z, dim=-1).mul_(-g_lp)
-                chunk_grad.scatter_add_(-1, index[start:end, None], g_lp)
-                target.copy_(chunk_grad)
+                block_grad = torch.softmax(z, dim=-1).mul_(-g_lp)
+                block_grad.scatter_add_(-1, idx, g_lp)
+                target.copy_(block_grad)
         return grad, None, None, None, None, None
 
 
-def _flatten(logits: torch.Tensor, index: torch.Tensor | None):
+def _as_3d(logits: torch.Tensor, index: torch.Tensor | None):
+    """(..., T, V) logits -> a (B, T, V) view (no copy for a (B, T, V) slice) and a (B, T) long index."""
     if logits.dim() < 2:
         raise ValueError(f"logits must have shape (..., V), got {tuple(logits.shape)}")
     lead = logits.shape[:-1]
-    flat = logits.reshape(-1, logits.shape[-1])
-    flat_index = None
-    if index is not None:
-        if index.shape != lead:
-            raise ValueError(
-                f"index shape {tuple(index.shape)} must equal logits shape without the vocabulary dim {tuple(lead)}"
-            )
-        flat_index = index.reshape(-1).long()
-    return lead, flat, flat_index
+    if index is not None and index.shape != lead:
+        raise ValueError(
+            f"index shape {tuple(index.shape)} must equal logits shape without the vocabulary dim {tuple(lead)}"
+        )
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    if logits.dim() == 2:
+        logits3 = logits.unsqueeze(0)
+    elif logits.dim() == 3:
+        logits3 = logits
+    else:
+        logits3 = logits.reshape(-1, *logits.shape[-2:])
+    index3 = index.reshape(logits3.shape[:2]).long() if index is not None else None
+    return lead, logits3, index3
 
 
 def selective_log_softmax(
@@ -152,9 +181,9 @@ def selective_log_softmax(
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 for log-probabilities")
-    lead, flat, flat_index = _flatten(logits, index)
-    rows = _chunk_rows(flat.shape[0], flat.shape[1], chunk_rows)
-    logp, _ = _TokenLogprobEntropy.apply(flat, flat_index, 1.0 / temperature, False, rows, inplace_backward)
+    lead, logits3, index3 = _as_3d(logits, index)
+    rows = _chunk_rows(lead.numel(), logits.shape[-1], chunk_rows)
+    logp, _ = _TokenLogprobEntropy.apply(logits3, index3, 1.0 / temperature, False, rows, inplace_backward)
     return logp.view(lead)
 
 
@@ -171,10 +200,10 @@ def selective_log_softmax_with_entropy(
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 for log-probabilities")
-    lead, flat, flat_index = _flatten(logits, index)
-    rows = _chunk_rows(flat.shape[0], flat.shape[1], chunk_rows)
+    lead, logits3, index3 = _as_3d(logits, index)
+    rows = _chunk_rows(lead.numel(), logits.shape[-1], chunk_rows)
     logp, entropy = _TokenLogprobEntropy.apply(
-        flat, flat_index, 1.0 / temperature, True, rows, inplace_backward
+        logits3, index3, 1.0 / temperature, True, rows, inplace_backward
     )
     return logp.view(lead), entropy.view(lead)
 
@@ -194,10 +223,10 @@ def chunked_entropy(
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0")
-    lead, flat, _ = _flatten(logits, None)
-    rows = _chunk_rows(flat.shape[0], flat.shape[1], chunk_rows)
-    dummy_index = torch.zeros(flat.shape[0], dtype=torch.long, device=flat.device)
-    _, entropy = _TokenLogprobEntropy.apply(flat, dummy_index, 1.0 / temperature, True, rows, False)
+    lead, logits3, _ = _as_3d(logits, None)
+    rows = _chunk_rows(lead.numel(), logits.shape[-1], chunk_rows)
+    dummy_index = torch.zeros(logits3.shape[:2], dtype=torch.long, device=logits.device)
+    _, entropy = _TokenLogprobEntropy.apply(logits3, dummy_index, 1.0 / temperature, True, rows, False)
     return entropy.view(lead)
 
 
