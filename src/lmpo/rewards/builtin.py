@@ -111,15 +111,15 @@ def math_answer(prompts, completions, answer, timeout_seconds: int | None = 5, *
         ) from e
     if threading.current_thread() is not threading.main_thread():
         timeout_seconds = None
-    parse_timeout = timeout_seconds
     out = []
     for completion, ref in zip(completions, answer):
         ref_text = str(ref)
         # math-verify extracts LaTeX answers from $...$ or \boxed{}; a bare "42" / "1/2" parses as an expression.
         gold = parse(
-            ref_text if "$" in ref_text or "\\" in ref_text else f"${ref_text}$", parsing_timeout=parse_timeout
+            ref_text if "$" in ref_text or "\\" in ref_text else f"${ref_text}$",
+            parsing_timeout=timeout_seconds,
         )
-        pred = parse(_text(completion), parsing_timeout=parse_timeout)
+        pred = parse(_text(completion), parsing_timeout=timeout_seconds)
         ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=timeout_seconds)
         out.append(1.0 if ok else 0.0)
     return out
