@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -211,12 +210,3 @@ class RewardScorer:
     def __repr__(self) -> str:
         parts = ", ".join(f"{s.name}×{s.weight:g}" for s in self.specs)
         return f"RewardScorer({parts}, on_error={self.on_error!r})"
-
-
-def accepts_kwarg(fn: Callable, name: str) -> bool:
-    """Whether ``fn`` can be called with keyword ``name`` (directly or via ``**kwargs``)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
