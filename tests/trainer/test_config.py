@@ -25,10 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_overrides_parse_yaml_scalars_and_nest():
-    got = parse_overrides(["--objective.preset", "dapo", "--optim.lr=1e-4", "--loop.steps", "7",
-                           "--objective.overrides.eps_high", "0.3", "--logging.tensorboard", "false"])
-    assert got == {"objective": {"preset": "dapo", "overrides": {"eps_high": 0.3}}, "optim": {"lr": 1e-4},
+    argv = ["--objective.preset", "dapo", "--optim.lr=1e-4", "--loop.steps", "7",
+            "--objective.overrides.eps_high", "0.3", "--logging.tensorboard", "false"]
+    got = parse_overrides(argv)
+    # YAML 1.1 reads "1e-4" as a string; the typed config turns it into the float the field declares
+    assert got == {"objective": {"preset": "dapo", "overrides": {"eps_high": 0.3}}, "optim": {"lr": "1e-4"},
                    "loop": {"steps": 7}, "logging": {"tensorboard": False}}
+    cfg = load_config(None, argv)
+    assert cfg.optim.lr == 1e-4 and cfg.loop.steps == 7 and cfg.objective.overrides == {"eps_high": 0.3}
 
 
 def test_yaml_plus_overrides_and_roundtrip(tmp_path):
@@ -45,8 +49,8 @@ def test_yaml_plus_overrides_and_roundtrip(tmp_path):
 
 
 def test_example_configs_load_and_validate():
-    for path in sorted((ROOT / "configs").glob("*.yaml")):
-        validate_config(load_config(path))
+    for name in ("demo.yaml", "addition_grpo.yaml", "addition_dapo_lora.yaml"):
+        validate_config(load_config(ROOT / "configs" / name))
 
 
 def _error(data: dict) -> str:
@@ -141,3 +145,9 @@ def test_saved_config_is_plain_yaml(tmp_path):
     save_config(TrainConfig(), tmp_path / "c.yaml")
     data = yaml.safe_load((tmp_path / "c.yaml").read_text())
     assert data["rollout"]["completions_per_prompt"] == 8 and data["model"]["lora"]["enabled"] is False
+
+
+def test_demo_yaml_equals_embedded_demo_config():
+    from lmpo.trainer.demo import demo_config
+
+    assert load_config(ROOT / "configs" / "demo.yaml") == demo_config()

@@ -132,3 +132,15 @@ def test_zero_variance_filter_reports_statistic(tmp_path):
     row = result.history[0]
     # kept sequences are exactly the groups with reward variance: kept = 1 - zero_var_frac (equal group sizes)
     assert row["adv/kept_frac"] == pytest.approx(1.0 - row["adv/zero_var_frac"])
+
+
+def test_lora_trains_only_the_adapters(tmp_path):
+    trainer = make_trainer(tmp_path / "lora", model={"lora": {"enabled": True, "r": 4, "alpha": 8,
+                                                              "target_modules": ["q_proj", "v_proj"]}},
+                           checkpoint={"at_end": True})
+    before = _weights(trainer.model)
+    trainer.train()
+    after = _weights(trainer.model)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k for k in changed), sorted(changed)[:5]
+    assert latest_checkpoint(tmp_path / "lora").name == "step_00000002"
