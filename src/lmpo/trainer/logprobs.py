@@ -101,25 +101,35 @@ class _TokenLogprobEntropy(torch.autograd.Function):
         use_entropy = ctx.with_entropy and grad_entropy is not None
         if grad_logp is None:
             grad_logp = torch.zeros(batch, length, dtype=dtype, device=logits.device)
+        fused_ok = logits.device.type in ("cpu", "cuda")  # softmax kernels known to allow out == input
+        low_precision = logits.dtype != dtype  # bf16 / fp16 logits
         for bs, ts in _blocks(batch, length, ctx.chunk_rows):
-            z = logits[bs, ts].to(dtype)
-            if inv_t != 1.0:
-                z = z * inv_t
             # 1/τ folded into the upstream gradients: saves a pass over the block
             g_lp = grad_logp[bs, ts].unsqueeze(-1).to(dtype) * inv_t  # (b, t, 1)
             idx = index[bs, ts].unsqueeze(-1)  # (b, t, 1)
             target = grad[bs, ts]  # (b, t, V)
+            fused = fused_ok and target.is_contiguous() and not use_entropy
+            if fused and low_precision and inv_t == 1.0:
+                # bf16/fp16 logits: their gradient is stored in that dtype anyway, so the softmax is taken
+                # by the low-precision kernel (float32 accumulation inside) straight into the buffer; a
+                # float32 round trip would cost two extra passes and keep no extra precision. Not with
+                # τ ≠ 1: scaling the logits in bf16 would perturb them before the exponential.
+                g_low = g_lp.to(target.dtype)
+                torch._softmax(logits[bs, ts], -1, False, out=target)
+                target.mul_(-g_low).scatter_add_(-1, idx, g_low)
+                continue
+            z = logits[bs, ts].to(dtype)  # (b, t, V): a copy only when logits are bf16/fp16
+            if inv_t != 1.0:
+                z = z * inv_t
             if use_entropy:
                 logp_all = torch.log_softmax(z, dim=-1)  # (b, t, V)
                 p = logp_all.exp()
                 g_h = grad_entropy[bs, ts].unsqueeze(-1).to(dtype) * inv_t
                 # g_H · (−p ⊙ (log p + H))  −  g_logp · p, in place in logp_all
-                block_grad = (
-                    logp_all.add_(entropy[bs, ts].unsqueeze(-1)).mul_(p).mul_(-g_h).sub_(p.mul_(g_lp))
-                )
-                block_grad.scatter_add_(-1, idx, g_lp)
+                block_grad = logp_all.add_(entropy[bs, ts].unsqueeze(-1)).mul_(p).mul_(-g_h)
+                block_grad.sub_(p.mul_(g_lp)).scatter_add_(-1, idx, g_lp)
                 target.copy_(block_grad)
-            elif target.dtype == dtype and target.is_contiguous() and target.device.type in ("cpu", "cuda"):
+            elif fused and not low_precision:
                 # softmax written straight into the gradient buffer (no block temporary, no copy). When
                 # in place with τ = 1, ``z`` *is* ``target``: these row-wise kernels read a row before
                 # writing it, so the exact aliasing is safe on CPU and CUDA (tested against the naive form).
