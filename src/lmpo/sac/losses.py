@@ -84,8 +84,9 @@ def top_p_set(probs: torch.Tensor, p: float, k_max: int) -> TopPSet:
     k = min(int(k_max), probs.shape[-1])
     top_probs, top_idx = torch.topk(probs.detach(), k, dim=-1, sorted=True)  # (B, k)
     mass_before = top_probs.cumsum(-1) - top_probs  # exclusive cumsum, (B, k)
-    # a relative tolerance keeps p=1 from dropping actions whose cumulated float error leaves mass < 1
-    threshold = p - 1e-6 if p >= 1.0 else p
+    # p = 1 means the whole legal set (up to K_max): no mass test, so that neither float error in the cumsum
+    # nor the 1e-8 probability floor of masked_policy can drop tail actions
+    threshold = math.inf if p >= 1.0 else p
     member = (mass_before < threshold) & (top_probs > 0)
     member[:, 0] = True  # the argmax is always in P, even if all mass sits there
     size = member.sum(-1)
@@ -95,7 +96,7 @@ def top_p_set(probs: torch.Tensor, p: float, k_max: int) -> TopPSet:
     coverage = cand.sum(-1)
     probs_p = cand / coverage.clamp_min(PROB_EPS).unsqueeze(-1)
     log_probs_p = torch.where(member, probs_p.clamp_min(PROB_EPS).log(), torch.zeros_like(probs_p))
-    capped = (coverage.detach() < threshold) & (size >= k)
+    capped = (coverage.detach() < min(threshold, 1.0 - 1e-6)) & (size >= k)
     return TopPSet(indices, member, probs_p, log_probs_p, coverage.detach(), size, capped)
 
 
