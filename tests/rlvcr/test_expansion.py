@@ -15,6 +15,7 @@ from lmpo.rlvcr.thinking import find_subsequence
 from lmpo.trainer.rollout import HFRollout, Rollout
 
 TOK = CharTokenizer()
+SMALL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}  # behaviour, not skill
 
 PROMPTS = ["12+34=", "12+34=", "12+34=", "5+6=", "5+6=", "5+6="]
 COMPLETIONS = [
@@ -48,7 +49,7 @@ def valid(ids, mask):
 
 @pytest.fixture(scope="module")
 def model():
-    return build_tiny_model(TOK, seed=1)
+    return build_tiny_model(TOK, seed=1, **SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,7 @@ def test_regeneration_uses_level_instruction_and_budget(model, monkeypatch):
 
 
 def test_nothing_to_expand():
-    model = build_tiny_model(TOK, seed=1)
+    model = build_tiny_model(TOK, seed=1, **SMALL)
     ro = make_rollout(PROMPTS, COMPLETIONS)
     out = rlvcr_stage(model, TOK, ro, torch.zeros(6), RLVCRConfig(enabled=True))
     assert len(out.rollout) == 6 and out.expansion.num_expanded == 0
@@ -158,7 +159,7 @@ def test_stage_advantages_keep_and_metrics(model):
     keep = torch.tensor([True, True, True, False, False, False])  # e.g. prompt 1 dropped by a filter
     out = rlvcr_stage(model, TOK, ro, REWARDS, cfg, keep=keep, generator=torch.Generator().manual_seed(0))
     ex = out.expansion
-    _, _, t_rew = score_thinking(model, TOK, ex, cfg)
+    conf, _, t_rew = score_thinking(model, TOK, ex, cfg)
     expect, parts = rlvcr_advantages(ex.rewards, ex.rollout.group_ids, ex.is_original, ex.thinking_group_id, t_rew,
                                      thinking_weight=0.5)
     torch.testing.assert_close(out.advantages, expect)
@@ -178,6 +179,8 @@ def test_stage_advantages_keep_and_metrics(model):
         at = in_group & (ex.level == lvl)
         assert m[f"rlvcr/thinking_adv_L{lvl}"] == pytest.approx(float(parts["thinking"][at].mean()), abs=1e-6)
         assert f"rlvcr/confidence_L{lvl}" in m and f"rlvcr/cost_L{lvl}" in m
+        regen = at & ~ex.is_original
+        assert m[f"rlvcr/regen_confidence_L{lvl}"] == pytest.approx(float(conf[regen].mean()), abs=1e-6)
     # w = 0: the originals get exactly the plain GRPO advantages of the unexpanded rollout.
     out0 = rlvcr_stage(model, TOK, ro, REWARDS, RLVCRConfig(enabled=True, thinking_weight=0.0), keep=keep)
     from lmpo.rlvcr.advantages import group_normalized_advantages

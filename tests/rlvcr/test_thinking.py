@@ -105,7 +105,7 @@ def test_teacher_forced_confidence_equals_slow_per_sample():
     from lmpo.models.tokenizer import CharTokenizer
 
     tok = CharTokenizer()
-    model = build_tiny_model(tok, seed=3)
+    model = build_tiny_model(tok, seed=3, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
     texts = [("12+34=", "<think>2+4=6</think>46"), ("5+6=", "<think></think>11"),
              ("123+4=", "<think>3+4=7 2+0=2 1+0=1</think>127"), ("1+1=", "<think>ab</think>")]
     prompts = [tok(p)["input_ids"] for p, _ in texts]
@@ -123,3 +123,14 @@ def test_teacher_forced_confidence_equals_slow_per_sample():
         expect = sum(slow) / len(slow) if slow else 0.0
         assert got[i].item() == pytest.approx(expect, abs=1e-5), i
     assert got[3].item() == 0.0  # empty action
+
+
+def test_docs_list_every_config_field_and_metric_family():
+    import dataclasses
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "rlvcr.md").read_text(encoding="utf-8")
+    for f in dataclasses.fields(RLVCRConfig):
+        assert f"`{f.name}`" in text, f"docs/rlvcr.md does not document rlvcr.{f.name}"
+    for key in ("confidence_L", "cost_L", "thinking_adv_L", "original_level_frac_L", "expanded_samples"):
+        assert f"rlvcr/{key}" in text

@@ -65,14 +65,6 @@ def run_config(tmp_path, **rlvcr):
     })
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def train(tmp_path, **rlvcr):
     from lmpo.trainer import Trainer
 

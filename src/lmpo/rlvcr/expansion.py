@@ -273,8 +273,9 @@ def score_thinking(model, tokenizer, expansion: Expansion, cfg: RLVCRConfig, *, 
 def level_metrics(expansion: Expansion, confidence: Tensor, cost: Tensor, thinking_rew: Tensor,
                   thinking_adv: Tensor, levels: int) -> dict[str, float]:
     """``rlvcr/...`` metrics: counts, and per level l (``_L{l}``) the means over the thinking-group members at
-    that level of confidence, cost, thinking reward and thinking advantage, plus the fraction of expanded
-    originals whose own thinking took level l. A level with no member is left out (no NaN in the logs)."""
+    that level of confidence, cost, thinking reward and thinking advantage, the confidence of the regenerated
+    members alone, and the fraction of expanded originals whose own thinking took level l. A level with no
+    member is left out (no NaN in the logs)."""
     in_group = expansion.thinking_group_id >= 0
     orig = expansion.is_original & in_group
     out: dict[str, float] = {
@@ -297,6 +298,9 @@ def level_metrics(expansion: Expansion, confidence: Tensor, cost: Tensor, thinki
         out[f"rlvcr/cost_L{lvl}"] = float(cost[at].mean())
         out[f"rlvcr/thinking_reward_L{lvl}"] = float(thinking_rew[at].mean())
         out[f"rlvcr/thinking_adv_L{lvl}"] = float(thinking_adv[at].mean())
+        regen = at & ~expansion.is_original
+        if regen.any():  # the regenerated samples alone: does the policy's thinking at this level improve?
+            out[f"rlvcr/regen_confidence_L{lvl}"] = float(confidence[regen].mean())
     return out
 
 
