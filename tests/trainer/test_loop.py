@@ -144,3 +144,35 @@ def test_lora_trains_only_the_adapters(tmp_path):
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all("lora_" in k for k in changed), sorted(changed)[:5]
     assert latest_checkpoint(tmp_path / "lora").name == "step_00000002"
+
+
+def test_shared_prompt_prefix_gives_the_plain_forward_logprobs_and_gradients(tmp_path):
+    from lmpo.trainer.rollout import HFRollout
+
+    trainer = make_trainer(tmp_path / "share", rollout={"completions_per_prompt": 3, "max_new_tokens": 4})
+    model, tok = trainer.model, trainer.tokenizer
+    ro = HFRollout(model, tok, max_new_tokens=4).generate(["7+8=", "12+3=", "1+1="], 3, seed=0)  # ragged prompts
+    batch = {"input_ids": torch.cat([ro.prompt_ids, ro.completion_ids], 1),
+             "attention_mask": torch.cat([ro.prompt_mask, ro.completion_mask], 1),
+             "completion_ids": ro.completion_ids}
+    rows = torch.arange(9)
+    T = ro.completion_ids.shape[1]
+    mask = ro.completion_mask.bool()
+
+    def logp_and_grads(share: bool):
+        object.__setattr__(trainer.cfg.loop, "share_prompt_prefix", share)
+        model.zero_grad()
+        logp = trainer._forward(model, batch, rows, T, with_grad=True)["logp"]
+        (logp * mask).sum().backward()
+        return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    calls = []
+    handle = model.register_forward_pre_hook(lambda mod, args, kw: calls.append(kw["input_ids"].shape),
+                                             with_kwargs=True)
+    shared, g_shared = logp_and_grads(True)
+    assert calls == [torch.Size([3, ro.prompt_ids.shape[1]]), torch.Size([9, T - 1])]  # 3 prompts once, then 9 completions
+    plain, g_plain = logp_and_grads(False)
+    handle.remove()
+    torch.testing.assert_close(shared[mask], plain[mask], rtol=1e-5, atol=1e-5)
+    for n in g_plain:
+        torch.testing.assert_close(g_shared[n], g_plain[n], rtol=1e-4, atol=1e-6, msg=n)

@@ -149,6 +149,8 @@ class LoopConfig:
                                    "minibatches (> 1 makes updates off-policy).")
     seqs_per_microbatch: int = _f(64, "Sequences per forward/backward pass (gradient accumulation inside a "
                                   "minibatch, with exact global normalisation).")
+    share_prompt_prefix: bool = _f(True, "Training forward: run each prompt once per group and reuse its KV cache "
+                                   "(with gradient) for its G completions; the same log-probs for less compute.")
     seed: int = _f(0, "Seed of data order, sampling and clip_cov selection.")
     max_nonfinite_steps: int = _f(5, "Stop after this many consecutive steps with a non-finite loss or "
                                   "gradient (each is skipped and counted).")

@@ -448,13 +448,17 @@ class Trainer:
         if need_hidden:
             head = model.get_output_embeddings()
             handle = head.register_forward_hook(lambda mod, inp, out: captured.__setitem__("h", inp[0]))
-        try:
-            out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
-                        logits_to_keep=T + 1, use_cache=False)
-        finally:
-            if handle is not None:
-                handle.remove()
-        logits = out.logits[:, :-1, :]  # (B_μ, T, V)
+        logits = None
+        if not need_hidden and not (with_grad and obj.requires_token_grad_norm):
+            logits = self._shared_prefix_logits(model, ids, attn, T)
+        if logits is None:
+            try:
+                out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
+                            logits_to_keep=T + 1, use_cache=False)
+            finally:
+                if handle is not None:
+                    handle.remove()
+            logits = out.logits[:, :-1, :]  # (B_μ, T, V)
         # log-probs of the distribution the rollout sampled from: softmax(logits / τ) (as TRL does)
         tau = self.cfg.rollout.temperature
         res: dict[str, torch.Tensor] = {}
@@ -467,6 +471,36 @@ class Trainer:
             res["token_grad_norm"] = self._token_grad_norm(model, logits / tau, tokens, ids, attn, T,
                                                            captured.get("h"), 1.0 / tau)
         return res
+
+    def _shared_prefix_logits(self, model, ids: torch.Tensor, attn: torch.Tensor, T: int) -> torch.Tensor | None:
+        """Completion logits (B_μ, T, V) computing each group's shared prompt once instead of G times.
+
+        The G completions of a prompt are rows ``i·G … i·G+G−1`` with identical prompt tokens. The prompt is
+        run once per group with the KV cache on (and its autograd graph kept), the cache is repeated G times
+        along the batch, and the completions run on top of it: the same logits as the plain forward (up to
+        float rounding of the attention kernels) for about (N·P + B·T) / (B·(P+T)) of its compute.
+        Returns None (the caller runs the plain forward) when the rows are not whole groups of one prompt.
+        """
+        G = self.cfg.rollout.completions_per_prompt
+        B, L = ids.shape
+        P = L - T
+        if not self.cfg.loop.share_prompt_prefix or G < 2 or B % G or P < 1 or T < 2 or self.cfg.rlvcr.enabled:
+            return None
+        N = B // G
+        prompt, prompt_mask = ids[::G, :P], attn[::G, :P]  # (N, P)
+        same = torch.equal(ids[:, :P].view(N, G, P), prompt.unsqueeze(1).expand(N, G, P)) and torch.equal(
+            attn[:, :P].view(N, G, P), prompt_mask.unsqueeze(1).expand(N, G, P))
+        if not same:
+            return None
+        positions = position_ids_from_mask(attn)  # (B, L)
+        out_p = model(input_ids=prompt, attention_mask=prompt_mask, position_ids=positions[::G, :P],
+                      use_cache=True, logits_to_keep=1)
+        cache = out_p.past_key_values
+        cache.batch_repeat_interleave(G)  # (N, …) → (B, …), differentiable
+        first = out_p.logits[:, -1:, :].repeat_interleave(G, dim=0)  # (B, 1, V): predicts completion token 0
+        out_c = model(input_ids=ids[:, P:L - 1], attention_mask=attn[:, :L - 1], position_ids=positions[:, P:L - 1],
+                      past_key_values=cache, use_cache=True)
+        return torch.cat([first, out_c.logits], dim=1)  # (B, T, V)
 
     def _token_grad_norm(self, model, logits, tokens, ids, attn, T, hidden, scale) -> torch.Tensor:
         from lmpo.objectives.credit import exact_grad_norm, lm_head_grad_norm, logits_grad_norm
