@@ -55,3 +55,18 @@ def test_train_cli_runs_with_overrides(tmp_path, capsys):
     assert "run directory" in out and "seqs_per_step=4" in out
     assert (run / "config.yaml").exists() and (run / "checkpoints" / "step_00000001" / "model.safetensors").exists()
     assert "preset: dapo" in (run / "config.yaml").read_text()
+
+
+def test_train_cli_resume_continues_from_latest_checkpoint(tmp_path, capsys):
+    run = tmp_path / "run"
+    base = ["train", "--task.options", "{min_digits: 1, max_digits: 1, num_eval: 10}", "--task.eval_examples", "4",
+            "--loop.prompts_per_step", "2", "--rollout.completions_per_prompt", "2", "--rollout.max_new_tokens", "2",
+            "--logging.run_dir", str(run), "--logging.progress_bar", "false", "--logging.tensorboard", "false",
+            "--loop.num_threads", "1", "--checkpoint.every_steps", "1", "--checkpoint.keep_last", "0"]
+    assert main(base + ["--loop.steps", "1"]) == 0
+    assert main(base + ["--loop.steps", "2", "--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps == [1, 2]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000001", "step_00000002"]

@@ -593,6 +593,7 @@ class Trainer:
         state = ckpt.load_checkpoint(path, self.model, ref_model=self.ref_model)
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
+        self.schedule.total_steps = self.cfg.total_optimizer_steps  # a run may be extended (more loop.steps)
         if self.controller is not None and state.get("controller") is not None:
             self.controller.load_state_dict(state["controller"])
         self.data_epoch, self.data_pos = int(state["data"]["epoch"]), int(state["data"]["pos"])
