@@ -14,6 +14,7 @@ updated weights as the full path.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -55,12 +56,17 @@ def make_agent(A: int, net: NetworkConfig, sac: SACConfig, peaked: bool = True) 
     return agent
 
 
-def time_updates(agent: SACAgent, batch: ReplaySample, repeats: int) -> tuple[float, dict]:
-    stats = agent.update(batch)  # warm-up
-    t0 = time.perf_counter()
+def time_interleaved(agents: list[SACAgent], batch: ReplaySample, repeats: int) -> tuple[list[float], list[dict]]:
+    """Updates/s per agent from the median of ``repeats`` single updates, taken in turn (agent 1, 2, 3, 1, …)
+    so that a load change on a shared machine hits every setting alike."""
+    stats = [a.update(batch) for a in agents]  # warm-up
+    times: list[list[float]] = [[] for _ in agents]
     for _ in range(repeats):
-        stats = agent.update(batch)
-    return repeats / (time.perf_counter() - t0), stats
+        for i, a in enumerate(agents):
+            t0 = time.perf_counter()
+            stats[i] = a.update(batch)
+            times[i].append(time.perf_counter() - t0)
+    return [1.0 / statistics.median(t) for t in times], stats
 
 
 def equality_check(A: int, B: int, M: int, net: NetworkConfig) -> dict[str, float]:
@@ -89,7 +95,7 @@ def main() -> None:
     ap.add_argument("--actions", default="1400,5000", help="|Σ| values, comma-separated")
     ap.add_argument("--batch", type=int, default=256, help="transitions per update")
     ap.add_argument("--window", type=int, default=32, help="observation window (characters)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed updates per setting")
+    ap.add_argument("--repeats", type=int, default=5, help="timed updates per setting (median)")
     ap.add_argument("--net", default="default", choices=sorted(NETS))
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     args = ap.parse_args()
@@ -106,9 +112,7 @@ def main() -> None:
         top = make_agent(A, net, SACConfig(use_top_p=True, top_p=0.98, top_p_k_max=64, **sac_common), True)
         full = make_agent(A, net, SACConfig(use_top_p=False, **sac_common), True)
         flat = make_agent(A, net, SACConfig(use_top_p=True, top_p=0.98, top_p_k_max=128, **sac_common), False)
-        ups_top, st = time_updates(top, batch, args.repeats)
-        ups_flat, _ = time_updates(flat, batch, args.repeats)
-        ups_full, _ = time_updates(full, batch, args.repeats)
+        (ups_top, ups_flat, ups_full), (st, _, _) = time_interleaved([top, flat, full], batch, args.repeats)
         print(f"{A:6d} {ups_top:12.3f} {float(st['policy/top_p_set_size']):9.1f} "
               f"{float(st['policy/top_p_coverage']):9.3f} {ups_flat:16.3f} {ups_full:11.3f} "
               f"{ups_top / ups_full:8.2f}x {ups_flat / ups_full:12.2f}x", flush=True)
