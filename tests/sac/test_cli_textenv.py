@@ -64,3 +64,33 @@ def test_cli_train_sample_gate(tmp_path, capsys, monkeypatch):
     gate = json.loads((tmp_path / "gate" / "gate.json").read_text())
     assert gate["overall"] == "FAIL"
     assert (tmp_path / "gate" / "gate.md").read_text().startswith("**Gate: FAIL**")
+
+
+def test_resume_is_bit_exact_on_the_text_env(tmp_path, monkeypatch):
+    import torch
+
+    from lmpo.sac.config import TrainConfig, apply_overrides
+    from lmpo.sac.train import Trainer
+
+    monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = apply_overrides(TrainConfig(), {
+        "corpus": str(sample_text_path()), "heldout_fraction": 0.25, "num_envs": 2, "learning_starts": 32,
+        "checkpoint_every_updates": 0, "threads": 1,
+        "net": {"embed_dim": 16, "gru_hidden": 32, "policy_hidden": 32, "q_hidden": 32, "action_embed_dim": 16},
+        "replay": {"transitions_per_batch": 32, "teacher_anneal_env_steps": 60},
+        "env": {"window_chars": 8, "max_steps": 16, "nce_pretrain_steps": 5, "use_jieba_lexicon": False},
+    })
+
+    def params(t: Trainer) -> torch.Tensor:
+        return torch.cat([p.detach().flatten() for p in [*t.agent.policy.parameters(), *t.agent.critic.parameters()]])
+
+    a = Trainer(cfg, tmp_path / "a", progress=False)
+    a.run(max_updates=24)
+    b = Trainer(cfg, tmp_path / "b", progress=False)
+    b.run(max_updates=12)  # saves at exit
+    c = Trainer(cfg, tmp_path / "b", progress=False)
+    c.load()
+    c.run(max_updates=24)
+    assert c.env_steps == a.env_steps
+    assert torch.equal(params(a), params(c))
+    assert a.bundle.envs[0].history == c.bundle.envs[0].history  # the environments resumed too
