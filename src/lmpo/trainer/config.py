@@ -166,6 +166,11 @@ class SFTConfig:
     lr: float = _f(1e-3, "Learning rate of the warm-up (constant, AdamW).")
     seqs_per_step: int = _f(32, "Prompt+answer sequences per warm-up step.")
     max_examples: int = _f(0, "Draw warm-up examples from only the first N training examples (0 = all).")
+    stop_at_accuracy: float = _f(0.0, "Stop the warm-up early once greedy accuracy on `check_examples` TRAINING "
+                                 "prompts reaches this (0 = always run `steps`); makes the RL start comparable "
+                                 "across seeds. The held-out split is never looked at.")
+    check_every_steps: int = _f(50, "How often the early-stop accuracy is measured (warm-up steps).")
+    check_examples: int = _f(200, "Training prompts used for the early-stop accuracy.")
 
 
 @dataclass(frozen=True)
@@ -586,6 +591,11 @@ def validate_config(cfg: TrainConfig) -> None:
     if cfg.sft.steps:
         _check_positive("sft.seqs_per_step", cfg.sft.seqs_per_step)
         _check_positive("sft.lr", cfg.sft.lr)
+        _check_positive("sft.check_every_steps", cfg.sft.check_every_steps)
+        _check_positive("sft.check_examples", cfg.sft.check_examples)
+        if not 0 <= cfg.sft.stop_at_accuracy <= 1:
+            raise ConfigError(f"`sft.stop_at_accuracy` = {cfg.sft.stop_at_accuracy!r} must be in [0, 1] "
+                              "(0 = no early stop).")
 
 
 # ----------------------------------------------------------------------------------------------------

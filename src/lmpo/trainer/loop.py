@@ -189,8 +189,14 @@ class Trainer:
 
         # 1. supervised warm-up (skipped on resume: the checkpoint already holds the warmed-up weights)
         if resume_path is None and cfg.sft.steps > 0:
+            check_set = self.train_examples[: cfg.sft.check_examples]
+
+            def train_accuracy() -> float:
+                return self._evaluate(check_set)["eval/accuracy"]
+
             result.sft_losses = supervised_warmup(self.model, self.tokenizer, self.task, self.train_examples,
-                                                  cfg.sft, seed=cfg.loop.seed, device=self.device, log=self.log)
+                                                  cfg.sft, seed=cfg.loop.seed, device=self.device, log=self.log,
+                                                  accuracy_check=train_accuracy)
 
         # 2. reference model: a frozen copy of the initial policy (or a given path), only when needed
         if self.objective.requires_ref_logp:
@@ -564,9 +570,10 @@ class Trainer:
             p.requires_grad_(False)
         return ref
 
-    def _evaluate(self) -> dict[str, float]:
+    def _evaluate(self, examples=None) -> dict[str, float]:
         ev = self.cfg.eval
-        return evaluate(self.model, self.tokenizer, self.eval_examples, accuracy_fn=self.accuracy_fn,
+        examples = self.eval_examples if examples is None else examples
+        return evaluate(self.model, self.tokenizer, examples, accuracy_fn=self.accuracy_fn,
                         scorer=self.scorer, max_new_tokens=ev.max_new_tokens or self.cfg.rollout.max_new_tokens,
                         seqs_per_batch=ev.seqs_per_batch, device=self.device,
                         success_threshold=self.cfg.rewards.success_threshold)

@@ -58,8 +58,12 @@ def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_
 
 
 def supervised_warmup(model, tokenizer, task: Task, examples: list[Example], cfg: SFTConfig, *, seed: int,
-                      device: torch.device, log=None) -> list[float]:
-    """Train ``model`` in place for ``cfg.steps`` steps; returns the loss of each step."""
+                      device: torch.device, log=None, accuracy_check=None) -> list[float]:
+    """Train ``model`` in place for up to ``cfg.steps`` steps; returns the loss of each step.
+
+    ``accuracy_check()`` (greedy accuracy on training prompts) is called every ``cfg.check_every_steps`` when
+    ``cfg.stop_at_accuracy > 0``; the warm-up stops as soon as it reaches that accuracy.
+    """
     if cfg.steps <= 0:
         return []
     pool = examples[: cfg.max_examples] if cfg.max_examples > 0 else examples
@@ -81,4 +85,12 @@ def supervised_warmup(model, tokenizer, task: Task, examples: list[Example], cfg
         losses.append(loss.item())
         if log is not None and (step + 1) % max(1, cfg.steps // 5) == 0:
             log(f"sft step {step + 1}/{cfg.steps}: loss {losses[-1]:.4f}")
+        if accuracy_check is not None and cfg.stop_at_accuracy > 0 and (step + 1) % cfg.check_every_steps == 0:
+            acc = accuracy_check()
+            model.train()
+            if acc >= cfg.stop_at_accuracy:
+                if log is not None:
+                    log(f"sft step {step + 1}: training-prompt greedy accuracy {acc:.3f} >= "
+                        f"{cfg.stop_at_accuracy}; warm-up done")
+                break
     return losses
