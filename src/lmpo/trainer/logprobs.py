@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-# Temporary float32 elements per chunk (~16 MB): small enough to be negligible next to the logits, large
-# enough that the Python loop costs nothing measurable.
-_CHUNK_ELEMENTS = 1 << 22
+# Elements per block (64 MB per float32 work buffer, at most three of them alive): large enough that the
+# per-block fixed costs (kernel launches, thread fork/join, which are expensive on a busy CPU) vanish,
+# small next to the (B, T, V) tensors that are avoided (4 GB float32 at 8×1024×128k).
+_CHUNK_ELEMENTS = 1 << 24
 
 
 def _chunk_rows(num_rows: int, vocab: int, chunk_rows: int | None) -> int:
@@ -45,6 +46,35 @@ def _blocks(batch: int, length: int, chunk_rows: int):
                 yield slice(b, b + 1), slice(t, min(t + chunk_rows, length))
 
 
+class _Scratch:
+    """Reusable (rows, V) work buffers for the blocks of one call.
+
+    A fresh tens-of-MB temporary per block is returned to the OS and faulted back in at the next block (glibc
+    serves such sizes with mmap): on CPU that page-fault traffic cost more than the arithmetic. Views of
+    a few buffers allocated once per call avoid it.
+    """
+
+    def __init__(self, rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.rows, self.vocab, self.dtype, self.device = rows, vocab, dtype, device
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: torch.Size) -> torch.Tensor:
+        if name not in self.buffers:
+            self.buffers[name] = torch.empty(self.rows * self.vocab, dtype=self.dtype, device=self.device)
+        return self.buffers[name][: shape.numel()].view(shape)
+
+    def as_compute(self, block: torch.Tensor, inv_temperature: float) -> torch.Tensor:
+        """``block.to(dtype) * inv_temperature`` in a buffer (``block`` itself when already right)."""
+        if block.dtype == self.dtype and inv_temperature == 1.0:
+            return block
+        z = self.get("z", block.shape).copy_(block)
+        return z.mul_(inv_temperature) if inv_temperature != 1.0 else z
+
+
+def _max_block_rows(batch: int, length: int, chunk_rows: int) -> int:
+    return (chunk_rows // length) * length if chunk_rows >= length else chunk_rows
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -66,18 +96,18 @@ class _TokenLogprobEntropy(torch.autograd.Function):
     def forward(
         ctx, logits, index, inv_temperature: float, with_entropy: bool, chunk_rows: int, inplace: bool
     ):
-        batch, length, _ = logits.shape  # (B, T, V), any strides with a contiguous V dim
+        batch, length, vocab = logits.shape  # (B, T, V), any strides with a contiguous V dim
         dtype = _compute_dtype(logits.dtype)
         logp = torch.empty(batch, length, dtype=dtype, device=logits.device)
         entropy = torch.empty(batch, length, dtype=dtype, device=logits.device) if with_entropy else None
+        scratch = _Scratch(_max_block_rows(batch, length, chunk_rows), vocab, dtype, logits.device)
         for bs, ts in _blocks(batch, length, chunk_rows):
-            z = logits[bs, ts].to(dtype)  # (b, t, V): a copy only when logits are bf16/fp16
-            if inv_temperature != 1.0:
-                z = z * inv_temperature
-            logp_all = torch.log_softmax(z, dim=-1)  # (b, t, V)
+            z = scratch.as_compute(logits[bs, ts], inv_temperature)  # (b, t, V) in float32
+            logp_all = torch._log_softmax(z, -1, False, out=scratch.get("logp", z.shape))  # (b, t, V)
             logp[bs, ts] = logp_all.gather(-1, index[bs, ts].unsqueeze(-1)).squeeze(-1)
             if with_entropy:
-                entropy[bs, ts] = -(logp_all.exp() * logp_all).sum(-1)
+                p_logp = torch.exp(logp_all, out=scratch.get("p", z.shape)).mul_(logp_all)
+                entropy[bs, ts] = -p_logp.sum(-1)
         ctx.save_for_backward(logits, index, entropy if with_entropy else logp)
         ctx.inv_temperature = inv_temperature
         ctx.with_entropy = with_entropy
@@ -103,6 +133,9 @@ class _TokenLogprobEntropy(torch.autograd.Function):
             grad_logp = torch.zeros(batch, length, dtype=dtype, device=logits.device)
         fused_ok = logits.device.type in ("cpu", "cuda")  # softmax kernels known to allow out == input
         low_precision = logits.dtype != dtype  # bf16 / fp16 logits
+        scratch = _Scratch(
+            _max_block_rows(batch, length, ctx.chunk_rows), logits.shape[-1], dtype, logits.device
+        )
         for bs, ts in _blocks(batch, length, ctx.chunk_rows):
             # 1/τ folded into the upstream gradients: saves a pass over the block
             g_lp = grad_logp[bs, ts].unsqueeze(-1).to(dtype) * inv_t  # (b, t, 1)
@@ -118,12 +151,10 @@ class _TokenLogprobEntropy(torch.autograd.Function):
                 torch._softmax(logits[bs, ts], -1, False, out=target)
                 target.mul_(-g_low).scatter_add_(-1, idx, g_low)
                 continue
-            z = logits[bs, ts].to(dtype)  # (b, t, V): a copy only when logits are bf16/fp16
-            if inv_t != 1.0:
-                z = z * inv_t
+            z = scratch.as_compute(logits[bs, ts], inv_t)  # (b, t, V) in float32
             if use_entropy:
-                logp_all = torch.log_softmax(z, dim=-1)  # (b, t, V)
-                p = logp_all.exp()
+                logp_all = torch._log_softmax(z, -1, False, out=scratch.get("logp", z.shape))  # (b, t, V)
+                p = torch.exp(logp_all, out=scratch.get("p", z.shape))
                 g_h = grad_entropy[bs, ts].unsqueeze(-1).to(dtype) * inv_t
                 # g_H · (−p ⊙ (log p + H))  −  g_logp · p, in place in logp_all
                 block_grad = logp_all.add_(entropy[bs, ts].unsqueeze(-1)).mul_(p).mul_(-g_h)
@@ -136,7 +167,7 @@ class _TokenLogprobEntropy(torch.autograd.Function):
                 torch._softmax(z, -1, False, out=target)
                 target.mul_(-g_lp).scatter_add_(-1, idx, g_lp)
             else:
-                block_grad = torch.softmax(z, dim=-1).mul_(-g_lp)
+                block_grad = torch._softmax(z, -1, False, out=scratch.get("p", z.shape)).mul_(-g_lp)
                 block_grad.scatter_add_(-1, idx, g_lp)
                 target.copy_(block_grad)
         return grad, None, None, None, None, None
@@ -180,7 +211,7 @@ def selective_log_softmax(
         logits: (B, T, V) (any leading dims), float32, bfloat16 or float16; computed in float32
             (float64 stays float64).
         index: (B, T) token ids.
-        chunk_rows: rows per chunk; default keeps each chunk's float32 temporary at ~16 MB.
+        chunk_rows: rows per block; the default keeps each float32 work buffer at 64 MB.
         temperature: τ > 0, the sampling temperature the tokens were drawn with.
         inplace_backward: write the gradient into ``logits``' storage during backward instead of allocating
             a new ``(B, T, V)`` buffer. Only for logits that nothing else reads after the backward pass (the
