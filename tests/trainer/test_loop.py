@@ -44,7 +44,7 @@ def test_short_run_changes_weights_and_logs_finite_metrics(tmp_path, preset, ext
     assert changed > 0, f"{preset}: no parameter changed"
     assert result.steps_done == 2 and len(result.history) == 2
     for row in result.history:
-        for key in ("reward/mean", "loss/policy", "optim/grad_norm", "optim/lr", "adv/zero_var_frac",
+        for key in ("reward/mean", "loss/total", "optim/grad_norm", "optim/lr", "adv/zero_var_frac",
                     "completion/length_mean", "time/generate_s", "time/train_s"):
             assert key in row, f"{preset}: missing {key}"
             assert math.isfinite(row[key]), f"{preset}: {key}={row[key]}"

@@ -392,8 +392,10 @@ class Trainer:
                             mins[k] = torch.minimum(mins[k], v) if k in mins else v
                         elif k.endswith("/max"):
                             maxs[k] = torch.maximum(maxs[k], v) if k in maxs else v
+                        elif k.endswith("_tokens") or k.startswith("tokens/"):
+                            sums[k] = sums.get(k, 0.0) + v  # counts add up over microbatches
                         else:
-                            sums[k] = sums.get(k, 0.0) + w * v
+                            sums[k] = sums.get(k, 0.0) + w * v  # fractions and means: weighted by sequences
                     if "entropy" in fwd:
                         ent_sum = ent_sum + (fwd["entropy"].detach() * batch["mask"][mu]).sum()
                 # clip, then one host sync per optimizer step to decide whether the step is finite
@@ -428,7 +430,7 @@ class Trainer:
             out[k] = v / max(n_opt, 1)
         out.update(mins)
         out.update(maxs)
-        out["loss/policy"] = torch.stack(losses).mean() if losses else torch.tensor(float("nan"))
+        out["loss/total"] = torch.stack(losses).mean() if losses else torch.tensor(float("nan"))
         out["optim/grad_norm"] = torch.stack(grad_norms).mean() if grad_norms else torch.tensor(float("nan"))
         out["optim/lr"] = float(lr)
         if self.controller is not None:

@@ -29,7 +29,24 @@ METRIC_DOCS: dict[str, str] = {
     "completion/length_mean": "mean completion length in tokens (up to and including EOS)",
     "completion/length_max": "longest completion in tokens",
     "completion/truncated_frac": "fraction of completions that hit max_new_tokens without EOS",
-    "loss/policy": "objective value averaged over the step's optimizer steps",
+    "loss/total": "objective value (all terms) averaged over the step's optimizer steps",
+    "loss/policy": "the policy-gradient term of the objective",
+    "loss/entropy": "the entropy term of the objective (when it has one)",
+    "loss/kl_ref": "the reference-KL term of the objective (when kl_coef > 0)",
+    "advantages/mean": "mean advantage from the estimator (before zero-variance filtering)",
+    "advantages/std": "standard deviation of the estimator's advantages",
+    "advantages/abs_max": "largest absolute advantage",
+    "advantages/zero_variance_frac": "fraction of sequences in groups with equal rewards (the estimator's view)",
+    "tokens/valid": "valid completion tokens per optimizer step (the objective's normaliser)",
+    "ratio/clamped_tokens": "tokens whose log-ratio hit the clamp bound before exp",
+    "clip/region_frac": "fraction of tokens outside the trust region [1-eps_low, 1+eps_high]",
+    "clip/dual_frac": "fraction of tokens capped by dual clip (A<0, ratio > c)",
+    "cov/clipped_tokens": "clip_cov: tokens whose loss term was zeroed",
+    "cov/penalised_tokens": "kl_cov: tokens given the |logp - old_logp| penalty",
+    "cov/mean": "clip_cov / kl_cov: mean covariance between advantage and log-prob",
+    "cov/top_mean": "clip_cov / kl_cov: mean of the largest covariances",
+    "credit/max": "largest token credit weight (temporal decay / gradient-adaptive)",
+    "ptrw/phi_mean": "ptrw: mean Gaussian trust weight phi(rho)",
     "entropy/mean": "mean token entropy of the policy on sampled completions (when the objective needs it)",
     "entropy/coef": "entropy coefficient applied (adaptive controller's output when it is on)",
     "clip/low_frac": "fraction of tokens (sequences for sequence levels) clipped at 1-eps where it binds (A<0)",
@@ -134,7 +151,7 @@ class MetricsLogger:
             self._bar.write(f"step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if kind == "train" and self.print_every_steps and step % self.print_every_steps == 0:
             msg = f"step {step}: " + "  ".join(
-                f"{k}={metrics[k]:.4g}" for k in ("reward/mean", "reward/accuracy", "loss/policy",
+                f"{k}={metrics[k]:.4g}" for k in ("reward/mean", "reward/accuracy", "loss/total",
                                                  "optim/grad_norm") if k in metrics)
             (self._bar.write if self._bar is not None else print)(msg)
 
