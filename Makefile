@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/lmpo demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 
 test: lint
 	$(VENV)/bin/python -m pytest -q

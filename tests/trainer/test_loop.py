@@ -30,6 +30,8 @@ def _deterministic(rows):
     ("gspo", {}),
     ("ema", {}),
     ("grad_adaptive", {}),
+    ("grad_adaptive", {"objective": {"overrides": {"grad_norm_mode": "exact"}}}),
+    ("grad_adaptive", {"objective": {"overrides": {"grad_norm_mode": "logits"}}}),
     ("clip_cov", {}),
     ("adaptive_entropy", {}),
     ("grpo", {"objective": {"overrides": {"kl_coef": 0.1}},

@@ -36,7 +36,7 @@ from lmpo.rlvcr.thinking import (
     thinking_cost,
     thinking_reward,
 )
-from lmpo.trainer.rollout import HFRollout, Rollout
+from lmpo.trainer.rollout import HFRollout, Rollout, eos_token_ids
 
 Tensor = torch.Tensor
 
@@ -79,16 +79,6 @@ def _tag_ids(tokenizer, tag: str) -> list[int]:
         raise ValueError(f"the tokenizer encodes the thinking tag {tag!r} to no tokens; set rlvcr.think_open / "
                          "rlvcr.think_close to the tags your model writes.")
     return list(ids)
-
-
-def _eos_ids(tokenizer, model) -> set[int]:
-    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        eos.add(gen_eos)
-    elif gen_eos is not None:
-        eos.update(gen_eos)
-    return eos
 
 
 def _pack(prompt_rows: Sequence[list[int]], completion_rows: Sequence[list[int]], pad: int, device
@@ -138,7 +128,7 @@ def expand_thinking_levels(
                          "one total reward per completion of the rollout.")
     open_ids, close_ids = _tag_ids(tokenizer, cfg.think_open), _tag_ids(tokenizer, cfg.think_close)
     pad = tokenizer.pad_token_id
-    eos = _eos_ids(tokenizer, model)
+    eos = eos_token_ids(tokenizer, model)
     stop_ids = sorted(eos | ({pad} if pad is not None else set()))
     L, budgets = cfg.levels, cfg.budgets
 
@@ -251,7 +241,7 @@ def score_thinking(model, tokenizer, expansion: Expansion, cfg: RLVCRConfig, *, 
     confidence = torch.zeros(Bp)
     cost = torch.zeros(Bp)
     if members:
-        eos = _eos_ids(tokenizer, model)
+        eos = eos_token_ids(tokenizer, model)
         p_ids, p_mask = ro.prompt_ids.tolist(), ro.prompt_mask.tolist()
         c_ids, c_mask = ro.completion_ids.tolist(), ro.completion_mask.tolist()
         prompts, comps, starts = [], [], []

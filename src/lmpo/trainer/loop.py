@@ -526,7 +526,8 @@ class Trainer:
             return model(input_ids=input_ids, attention_mask=attention_mask,
                          position_ids=position_ids_from_mask(attention_mask), use_cache=False).logits * scale
 
-        return exact_grad_norm(call, ids, T, attention_mask=attn)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        return exact_grad_norm(call, ids, T, attention_mask=attn, parameters=trainable)
 
     def _no_grad_logp(self, model, batch: dict[str, torch.Tensor], T: int) -> torch.Tensor:
         """(B, T) log-probs without gradient, in microbatches (behaviour or reference policy)."""

@@ -117,6 +117,17 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     return logits
 
 
+def eos_token_ids(tokenizer, model) -> set[int]:
+    """Every id that ends a completion: the tokenizer's EOS and those of the model's generation config."""
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        eos.add(gen_eos)
+    elif gen_eos is not None:
+        eos.update(gen_eos)
+    return eos
+
+
 class HFRollout:
     """Batched sampling from a Hugging Face causal LM with its KV cache.
 
@@ -162,12 +173,7 @@ class HFRollout:
         self.top_k = top_k
         self.impl = impl
         self.ignore_eos = ignore_eos
-        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if isinstance(gen_eos, int):
-            eos.add(gen_eos)
-        elif gen_eos is not None:
-            eos.update(gen_eos)
+        eos = eos_token_ids(tokenizer, model)
         if not eos:
             raise ValueError("neither the tokenizer nor the model's generation_config defines an EOS token")
         self.eos_token_ids = sorted(eos)
