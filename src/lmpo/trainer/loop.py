@@ -271,15 +271,12 @@ class Trainer:
         rewards = rewards.to(self.device)
 
         # advantages (B,) and the zero-variance statistic
-        from lmpo.objectives.advantages import compute_advantages
+        from lmpo.objectives.advantages import compute_advantages, zero_variance_mask
 
         adv, adv_stats = compute_advantages(cfg.objective.advantage_estimator, rewards, group,
                                             scale=obj.advantage_scale)
-        num_groups = int(group.max()) + 1
-        g_min = torch.full((num_groups,), math.inf, device=self.device).scatter_reduce(0, group, rewards, "amin")
-        g_max = torch.full((num_groups,), -math.inf, device=self.device).scatter_reduce(0, group, rewards, "amax")
-        zero_var = g_max - g_min <= 1e-12  # (num_groups,)
-        keep = ~zero_var[group] if cfg.objective.filter_zero_variance else torch.ones_like(group, dtype=torch.bool)
+        zero_var = zero_variance_mask(rewards, group)  # (B,): the completion's group carries no signal
+        keep = ~zero_var if cfg.objective.filter_zero_variance else torch.ones_like(group, dtype=torch.bool)
         t_score = time.perf_counter()
 
         comp_mask = ro.completion_mask.to(self.device).bool()

@@ -24,7 +24,7 @@ METRIC_DOCS: dict[str, str] = {
     "adv/mean": "mean advantage over the sequences trained on",
     "adv/std": "standard deviation of the advantages",
     "adv/abs_mean": "mean absolute advantage (the size of the learning signal)",
-    "adv/zero_var_frac": "fraction of groups whose rewards are all equal (no GRPO signal)",
+    "adv/zero_var_frac": "fraction of groups whose rewards are all equal (no GRPO signal); every group has G members",
     "adv/kept_frac": "fraction of sequences kept after zero-variance filtering (1 without filtering)",
     "completion/length_mean": "mean completion length in tokens (up to and including EOS)",
     "completion/length_max": "longest completion in tokens",
