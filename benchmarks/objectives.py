@@ -25,7 +25,7 @@ import time
 import torch
 
 from lmpo.objectives import PRESETS, Objective
-from lmpo.objectives.levels import ema_scan
+from lmpo.objectives.levels import ema_loop, ema_scan
 
 
 def steady_state_malloc() -> bool:
@@ -106,15 +106,6 @@ def bench_presets(batch: int, length: int, rounds: int, names: list[str] | None 
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def naive_ema(w: torch.Tensor, valid: torch.Tensor, beta: float) -> torch.Tensor:
-    state = torch.ones(w.shape[0], dtype=w.dtype)
-    out = []
-    for t in range(w.shape[1]):
-        state = torch.where(valid[:, t], (1 - beta) * state + beta * w[:, t], state)
-        out.append(state)
-    return torch.stack(out, dim=-1)
-
-
 def bench_ema(batch: int, length: int, rounds: int, beta: float) -> dict[str, float]:
     """Median seconds: scan vs naive loop, forward only and forward+backward (full gradient)."""
     data = make_inputs(batch, length)
@@ -138,9 +129,9 @@ def bench_ema(batch: int, length: int, rounds: int, beta: float) -> dict[str, fl
 
     cases = {
         "scan_fwd": (fwd(ema_scan), rounds),
-        "loop_fwd": (fwd(naive_ema), 3),
+        "loop_fwd": (fwd(ema_loop), 3),
         "scan_fwd_bwd": (fwd_bwd(ema_scan), rounds),
-        "loop_fwd_bwd": (fwd_bwd(naive_ema), 3),
+        "loop_fwd_bwd": (fwd_bwd(ema_loop), 3),
     }
     out = {}
     for name, (fn, reps) in cases.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from lmpo.objectives import Objective
+from lmpo.objectives.levels import ema_loop
 
 
 def make_batch(batch=6, length=20, seed=0, dtype=torch.float64, drift=0.3, holes=True, per_token_adv=False):
@@ -37,14 +38,7 @@ def extra_inputs(obj: Objective, batch, length, seed=1, dtype=torch.float64):
     return kw
 
 
-def naive_ema(w: torch.Tensor, valid: torch.Tensor, beta: float) -> torch.Tensor:
-    """The recurrence of SPEC §1.1 written as a Python loop over T (differentiable)."""
-    state = torch.ones(w.shape[0], dtype=w.dtype)
-    out = []
-    for t in range(w.shape[1]):
-        state = torch.where(valid[:, t], (1 - beta) * state + beta * w[:, t], state)
-        out.append(state)
-    return torch.stack(out, dim=-1)
+naive_ema = ema_loop  # the recurrence of SPEC §1.1 as a loop over T (lmpo.objectives.levels)
 
 
 def aggregate_loop(per_token, mask, mode, norm_constant=None):

@@ -41,6 +41,20 @@ def ema_block_size(beta: float) -> int:
     return int(max(1, min(_EMA_MAX_BLOCK, math.floor(_EMA_MAX_RESCALE_LOG / decay_log))))
 
 
+def ema_loop(weights: torch.Tensor, valid: torch.Tensor, beta: float) -> torch.Tensor:
+    """The EMA recurrence of SPEC §1.1 as a Python loop over T: the reference ``ema_scan`` must equal.
+
+    (B, T) weights, (B, T) bool valid → (B, T); differentiable. O(T) interpreter steps: for tests and
+    benchmarks only.
+    """
+    state = torch.ones(weights.shape[0], dtype=weights.dtype, device=weights.device)
+    out = []
+    for t in range(weights.shape[1]):
+        state = torch.where(valid[:, t], (1 - beta) * state + beta * weights[:, t], state)
+        out.append(state)
+    return torch.stack(out, dim=-1)
+
+
 def ema_scan(weights: torch.Tensor, valid: torch.Tensor, beta: float, block_size: int | None = None) -> torch.Tensor:
     """Masked exponential moving average along the last dim, vectorised as a blocked scan.
 
