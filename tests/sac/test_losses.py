@@ -139,16 +139,17 @@ def test_cql_exact_hand_case_and_sampled_agrees():
     legal = torch.ones(1, 3, dtype=torch.bool)
     exact = L.cql_exact(q, legal, torch.tensor([3.0]))
     assert float(exact) == pytest.approx(math.log(math.e + math.e**2 + math.e**3) - 3.0, abs=1e-6)
-    # small Σ: sampled estimate with many samples agrees with the exact value
+    # small Σ: sampled estimate (data action exact, the others sampled) agrees with the exact value
     g = torch.Generator().manual_seed(0)
     B, A = 6, 12
     q_all = torch.randn(B, A, generator=g)
     legal = torch.rand(B, A, generator=g) > 0.3
     legal[:, 0] = True
+    data = torch.zeros(B, dtype=torch.long)
     q_data = q_all[:, 0]
     ex = L.cql_exact(q_all, legal, q_data)
-    idx = L.sample_legal_actions(legal, 4000, generator=g)
-    assert legal.gather(-1, idx).all()
+    idx = L.sample_legal_actions(legal, 4000, generator=g, exclude=data)
+    assert legal.gather(-1, idx).all() and (idx != 0).all()
     est = L.cql_sampled(q_all.gather(-1, idx), legal.sum(-1), q_data)
     torch.testing.assert_close(est, ex, atol=0.03, rtol=0.0)
     # constant Q: the estimator is exact for any S
@@ -156,6 +157,31 @@ def test_cql_exact_hand_case_and_sampled_agrees():
     lc = torch.ones(1, 5, dtype=torch.bool)
     est_c = L.cql_sampled(qc[:, :2], lc.sum(-1), torch.tensor([0.7]))
     torch.testing.assert_close(est_c, L.cql_exact(qc, lc, torch.tensor([0.7])))
+    # the data action is the only legal one: the term is exactly 0 (the exact term too)
+    solo = torch.zeros(1, 5, dtype=torch.bool)
+    solo[0, 3] = True
+    idx_solo = L.sample_legal_actions(solo, 4, exclude=torch.tensor([3]))
+    assert (idx_solo == 3).all()
+    est_solo = L.cql_sampled(torch.full((1, 4), 9.0), solo.sum(-1), torch.tensor([1.5]))
+    assert float(est_solo) == 0.0 and float(L.cql_exact(qc * 0 + 1.5, solo, torch.tensor([1.5]))) == 0.0
+
+
+def test_cql_sampled_is_bounded_below_and_stops_pushing_a_dominant_data_action():
+    # A uniform-sample logsumexp without the data action is unbounded below: with Q(a_data) far above the
+    # sampled actions it goes to −∞ and its gradient on Q(a_data) stays −1 (the divergence seen in real
+    # runs).  With a_data kept exact: term ≥ 0 and d term / d Q(a_data) = softmax share − 1 → 0.
+    q_samples = torch.tensor([[0.0, -1.0, -2.0, 0.5]])
+    count = torch.tensor([1000])
+    for gap in (0.0, 5.0, 50.0, 500.0):
+        q_data = torch.tensor([gap], requires_grad=True)
+        term = L.cql_sampled(q_samples, count, q_data)
+        (grad,) = torch.autograd.grad(term.sum(), q_data)
+        assert float(term) >= 0.0
+        if gap >= 50.0:
+            assert float(term) < 1e-12 and abs(float(grad)) < 1e-12
+    # hand case: Q_samples = [0, 0], |A| = 3, Q(a_data) = 0 → log(1 + (2/2)(1 + 1)) − 0 = log 3
+    est = L.cql_sampled(torch.zeros(1, 2), torch.tensor([3]), torch.tensor([0.0]))
+    assert float(est) == pytest.approx(math.log(3.0), abs=1e-6)
 
 
 def test_critic_loss_huber_both_and_bc():

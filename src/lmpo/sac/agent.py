@@ -108,7 +108,8 @@ class SACAgent:
                 cql1 = L.cql_exact(q1_all, batch.legal, q1)
                 cql2 = L.cql_exact(q2_all, batch.legal, q2)
             else:
-                idx = L.sample_legal_actions(batch.legal, cfg.cql_samples, generator=self.gen)
+                idx = L.sample_legal_actions(batch.legal, cfg.cql_samples, generator=self.gen,
+                                              exclude=batch.action)
                 q1_s, q2_s = self.critic(ctx, idx)
                 count = batch.legal.sum(-1)
                 cql1, cql2 = L.cql_sampled(q1_s, count, q1), L.cql_sampled(q2_s, count, q2)

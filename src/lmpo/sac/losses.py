@@ -214,30 +214,48 @@ def cql_exact(q_all: torch.Tensor, legal_mask: torch.Tensor, q_data: torch.Tenso
 
 
 def sample_legal_actions(
-    legal_mask: torch.Tensor, num_samples: int, generator: torch.Generator | None = None
+    legal_mask: torch.Tensor, num_samples: int, generator: torch.Generator | None = None,
+    exclude: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``num_samples`` actions per state drawn uniformly (with replacement) from A(s).  (B, A) → (B, S)."""
+    """``num_samples`` actions per state drawn uniformly (with replacement) from A(s) \\ {exclude}.
+
+    legal_mask (B, A), exclude (B,) action ids or None → (B, S).  A state whose only legal action is the
+    excluded one draws that action (its samples then carry zero weight in :func:`cql_sampled`).
+    """
     weights = legal_mask.to(torch.float32)
+    if exclude is not None:
+        weights = weights.scatter(-1, exclude.long().unsqueeze(-1), 0.0)
+        empty = weights.sum(-1, keepdim=True) == 0
+        weights = torch.where(empty, legal_mask.to(torch.float32), weights)
     return torch.multinomial(weights, num_samples, replacement=True, generator=generator)
 
 
 def cql_sampled(
     q_samples: torch.Tensor, legal_count: torch.Tensor, q_data: torch.Tensor
 ) -> torch.Tensor:
-    """Sampled CQL term: importance-sampled logsumexp with uniform proposals over A(s).
+    """Sampled CQL term with the data action kept exact.  (B, S), (B,), (B,) → (B,).
 
-    q_samples (B, S) critic at S actions drawn uniformly with replacement from A(s); legal_count (B,)
-    |A(s)|; q_data (B,) → (B,).
+    q_samples: the critic at S actions drawn uniformly with replacement from A(s) \\ {a_data}
+    (:func:`sample_legal_actions` with ``exclude=a_data``); legal_count: |A(s)|; q_data: Q(s, a_data).
 
-    With a_j ~ Uniform(A(s)), ``(|A|/S) Σ_j exp Q(a_j)`` is an unbiased estimate of ``Σ_a exp Q(a)``, so
-    ``logsumexp_j Q(a_j) + log |A| − log S`` estimates the logsumexp.  The log makes it biased low by
-    Jensen's inequality (the bias shrinks as O(1/S) and is zero when Q is constant over A(s)); its gradient
-    is the self-normalised softmax over the samples, i.e. it pushes down the sampled actions with the
-    largest Q, like the exact term.  Exact when S → ∞; cheap when |A| is large (S ≪ A critic evaluations).
+    ``Σ_{a∈A} e^{Q(a)} = e^{Q(a_data)} + Σ_{a≠a_data} e^{Q(a)}`` and the second sum is estimated without bias
+    by ``((|A|−1)/S) Σ_j e^{Q(a_j)}``, so
+
+        CQL ≈ log( e^{Q(a_data)} + ((|A|−1)/S) Σ_j e^{Q(a_j)} ) − Q(a_data)   ≥ 0.
+
+    The correction ``log((|A|−1)/S)`` scales the samples to the size of the set they stand for.  Keeping the
+    data action out of the sample and exact is what bounds the term below by 0, like the exact term: a
+    uniform-sample estimate without it (``logsumexp_j Q(a_j) + log(|A|/S) − Q(a_data)``) is unbounded below,
+    so minimising it keeps pushing Q(a_data) up and the sampled actions down, and the critic diverges.  The
+    log makes the estimate biased low by Jensen's inequality (O(1/S)); it is exact when Q is constant on
+    A(s) \\ {a_data} or when a_data is the only legal action.
     """
     S = q_samples.shape[-1]
-    correction = legal_count.to(q_samples.dtype).log() - math.log(S)
-    return torch.logsumexp(q_samples, dim=-1) + correction - q_data
+    others = (legal_count.to(q_samples.dtype) - 1.0).clamp_min(0.0)
+    # log(0) = −inf drops the sampled part when a_data is the only legal action
+    correction = others.log() - math.log(S)
+    sampled = torch.logsumexp(q_samples, dim=-1) + correction
+    return torch.logaddexp(q_data, sampled) - q_data
 
 
 def polyak_update(target: torch.nn.Module, online: torch.nn.Module, tau: float) -> None:
