@@ -29,6 +29,7 @@ def test_cli_train_sample_gate(tmp_path, capsys, monkeypatch):
         "sac", "train", "--run-dir", str(run), "--quiet", "--trace", "3",
         "--corpus", str(sample_text_path()), "--heldout_fraction", "0.25", "--num_envs", "2",
         "--total_env_steps", "120", "--learning_starts", "32", "--log_every_updates", "10",
+        "--eval_every_updates", "20",
         "--threads", "1", "--eval_max_positions", "200", "--eval_generations", "2", "--eval_generation_chars", "8",
         "--eval_rollout_episodes", "4",
         "--net.embed_dim", "16", "--net.gru_hidden", "32", "--net.policy_hidden", "32", "--net.q_hidden", "32",
@@ -47,6 +48,10 @@ def test_cli_train_sample_gate(tmp_path, capsys, monkeypatch):
     assert ev["compliance"]["illegal_rate"] == 0.0  # the hard mask: sampling never picks an illegal action
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows and "norm/cov_mean" in rows[-1] and "reward/cov" in rows[-1]
+    # in-training held-out evaluation: every 20 updates (every second log row), same numbers as the final one
+    evals = [r for r in rows if "quality/heldout_top1" in r]
+    assert [r["step/updates"] for r in evals] == [u for u in (20, 40, 60, 80) if u <= summary["updates"]]
+    assert summary["heldout_top1_curve"] == [[r["step/updates"], r["quality/heldout_top1"]] for r in evals]
 
     # --resume --eval-only re-evaluates the checkpoint from the saved config and gives the same numbers
     (run / "summary.json").unlink()
@@ -94,3 +99,9 @@ def test_resume_is_bit_exact_on_the_text_env(tmp_path, monkeypatch):
     assert c.env_steps == a.env_steps
     assert torch.equal(params(a), params(c))
     assert a.bundle.envs[0].history == c.bundle.envs[0].history  # the environments resumed too
+    # held-out evaluation during training reads the policy only: the run is unchanged bit for bit
+    cfg_eval = apply_overrides(cfg, {"eval_every_updates": 8, "log_every_updates": 8, "eval_max_positions": 50})
+    d = Trainer(cfg_eval, tmp_path / "d", progress=False)
+    d.run(max_updates=24)
+    assert len([r for r in d.history if "quality/heldout_top1" in r]) == 3
+    assert torch.equal(params(a), params(d))

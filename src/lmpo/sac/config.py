@@ -131,13 +131,17 @@ class TrainConfig:
     total_env_steps: int = 50_000
     time_budget_s: float = 0.0
     """stop training after this many seconds (0 = no limit); the run still evaluates and checkpoints."""
+    max_updates: int = 0
+    """stop training after this many gradient updates (0 = no limit); the gate uses it to compare the main
+    runs and the ablations at equal updates rather than equal wall time."""
     learning_starts: int = 1_000
     """transitions collected before the first update."""
     updates_per_iteration: int = 1
     """gradient updates after each lock-step of all environments."""
     log_every_updates: int = 50
     eval_every_updates: int = 0
-    """held-out top-1/top-3 evaluation during training (0 = only at the end)."""
+    """teacher-forced held-out top-1/top-3 every N updates, logged as ``quality/heldout_top1`` and
+    ``quality/heldout_top3`` (0 = only at the end)."""
     checkpoint_every_updates: int = 500
     eval_max_positions: int = 4000
     """teacher-forced held-out positions scored at evaluation (0 = all)."""
@@ -157,6 +161,9 @@ class TrainConfig:
         self.replay.validate()
         if self.num_envs < 1:
             raise ValueError(f"num_envs={self.num_envs}: must be ≥ 1")
+        for name in ("max_updates", "eval_every_updates", "checkpoint_every_updates"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)}: must be ≥ 0 (0 switches it off)")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction={self.heldout_fraction}: must be in (0, 1)")
 

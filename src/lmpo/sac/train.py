@@ -271,7 +271,8 @@ class Trainer:
                 if cfg.time_budget_s and time.time() - start > cfg.time_budget_s:
                     stop_reason = "time_budget_s"
                     break
-                if max_updates is not None and self.agent.updates >= max_updates:
+                limit = max_updates if max_updates is not None else cfg.max_updates
+                if limit and self.agent.updates >= limit:
                     stop_reason = "max_updates"
                     break
                 self.collect(roll, trace if trace_f else None)
@@ -284,7 +285,8 @@ class Trainer:
                     for k, v in stats.items():
                         upd.add(k, float(v))
                     if self.agent.updates % cfg.log_every_updates == 0 and self.agent.updates > 0:
-                        row = self._log(roll, upd, start, last_log, writer, metrics_f)
+                        quality = self._quality() if self._eval_due() else {}
+                        row = self._log(roll, upd, start, last_log, writer, metrics_f, quality)
                         last_log = time.time()
                         roll, upd = RunningStats(), RunningStats()
                         self.history.append(row)
@@ -299,8 +301,23 @@ class Trainer:
         self.save()
         return {"stop_reason": stop_reason, "train_seconds": time.time() - start}
 
+    def _eval_due(self) -> bool:
+        n = self.cfg.eval_every_updates
+        return bool(n) and self.agent.updates % n < self.cfg.log_every_updates and self.bundle.alphabet is not None \
+            and bool(self.bundle.heldout_chapters)
+
+    def _quality(self) -> dict[str, float]:
+        """Teacher-forced held-out top-1 / top-3 of the current policy (eval mode; the RNGs are untouched)."""
+        from lmpo.sac.evaluate import agent_teacher_forced, heldout_positions
+
+        b = self.bundle
+        positions = heldout_positions(b.heldout_chapters, self.cfg.eval_max_positions)
+        res = agent_teacher_forced(self.agent, b.alphabet, b.envs[0].compliance, b.heldout_chapters, positions,
+                                   b.window)
+        return {"quality/heldout_top1": res["top1"], "quality/heldout_top3": res["top3"]}
+
     def _log(self, roll: RunningStats, upd: RunningStats, start: float, last_log: float, writer,
-             metrics_f) -> dict[str, float]:
+             metrics_f, quality: dict[str, float] | None = None) -> dict[str, float]:
         row: dict[str, float] = {"step/updates": self.agent.updates, "step/env_steps": self.env_steps,
                                  "step/episodes": self.episodes, "step/seconds": time.time() - start,
                                  "step/updates_per_s": self.cfg.log_every_updates / max(1e-9, time.time() - last_log)}
@@ -310,6 +327,7 @@ class Trainer:
         row["data/agent_buffer"] = len(self.agent_buf)
         row["data/relabeled_total"] = self.counters["relabeled"]
         row["data/rejected_total"] = self.counters["rejected"]
+        row.update(quality or {})
         for k, v in row.items():
             if isinstance(v, (int, float)) and math.isfinite(v):
                 writer.add_scalar(k, v, self.agent.updates)
@@ -322,7 +340,8 @@ class Trainer:
                 f"Lbc {row.get('losses/bc', float('nan')):.3f} H {row.get('policy/entropy', float('nan')):.2f} "
                 f"α {row.get('policy/alpha', float('nan')):.4f} cov {row.get('policy/top_p_coverage', float('nan')):.3f} "
                 f"top1(batch) {row.get('data/batch_teacher_top1', float('nan')):.3f} "
-                f"teacher {row.get('data/teacher_ratio', float('nan')):.2f}",
+                f"teacher {row.get('data/teacher_ratio', float('nan')):.2f}"
+                + (f" | held-out top1 {row['quality/heldout_top1']:.3f}" if "quality/heldout_top1" in row else ""),
                 file=sys.stderr, flush=True,
             )
         return row
@@ -355,6 +374,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
         "alpha_final": float(trainer.agent.alpha), "top_p_controller": trainer.agent.controller.state_dict(),
         "critic_loss_curve": [r.get("losses/critic") for r in trainer.history],
         "alpha_curve": [r.get("policy/alpha") for r in trainer.history],
+        "heldout_top1_curve": [[r["step/updates"], r["quality/heldout_top1"]] for r in trainer.history
+                               if "quality/heldout_top1" in r],
     }
     c = trainer.counters
     summary["illegal_rate_train"] = c["illegal"] / max(1, c["agent_steps"])
