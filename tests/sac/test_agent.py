@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 from sac_echo_env import EchoEnv
 
@@ -98,3 +99,41 @@ def test_train_writes_metrics_and_summary(tmp_path):
     assert summary["updates"] == 50 and summary["nonfinite_skips"] == 0
     trace = (tmp_path / "trace.log").read_text().splitlines()
     assert len(trace) == 3 and trace[0].startswith("Step 01 | prev=")
+
+
+def _bc_batch() -> tuple[object, torch.Tensor]:
+    from lmpo.sac.replay import ReplaySample
+
+    g = torch.Generator().manual_seed(3)
+    B = 4
+    legal = torch.ones(B, A, dtype=torch.bool)
+    legal[:, 0] = False
+    legal[3, 7] = False  # row 3: its reference character 7 is forbidden (agent row: no label)
+    batch = ReplaySample(
+        obs=torch.randint(3, A, (B, 3), generator=g), legal=legal, action=torch.tensor([4, 5, 6, 8]),
+        reward=torch.zeros(B), next_obs=torch.randint(3, A, (B, 3), generator=g), next_legal=legal.clone(),
+        terminated=torch.zeros(B), truncated=torch.zeros(B),
+        is_demo=torch.tensor([True, True, False, False]), teacher_action=torch.tensor([4, 9, 3, 7]),
+        is_relabeled=torch.tensor([False, True, False, False]),
+    )
+    return batch, legal
+
+
+def test_bc_rows_demo_and_all_label_the_right_rows():
+    # demo: rows 0 (label 4) and 1 (relabelled: clones the stepped action 5, not the forbidden 9);
+    # all: rows 0, 1 and agent row 2 (label = its reference 3); row 3's reference is illegal → no label
+    from lmpo.sac.agent import SACAgent
+
+    batch, legal = _bc_batch()
+    for rows, expect_rows, labels in (("demo", [0, 1], [4, 5]), ("all", [0, 1, 2], [4, 5, 3])):
+        cfg = _cfg(sac={"bc_rows": rows, "bc_weight": 1.0})
+        agent = SACAgent(A, 0, cfg.net, cfg.sac, seed=0)
+        with torch.no_grad():
+            agent.policy.eval()  # no dropout in this config, eval() only to be explicit
+            _, logp = agent.policy(batch.obs, legal)
+            agent.policy.train()
+        expect = -logp[expect_rows, labels].mean()
+        stats = agent.update(batch)
+        assert float(stats["losses/bc"]) == pytest.approx(float(expect), rel=1e-5), rows
+    with pytest.raises(ValueError, match="bc_rows"):
+        _cfg(sac={"bc_rows": "agent"}).validate()

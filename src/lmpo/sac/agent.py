@@ -126,8 +126,12 @@ class SACAgent:
             q_min_c = torch.min(q1_c, q2_c)
         loss_pi, pstats = L.policy_loss(cand, q_min_c, alpha)
         stats.update(pstats)
-        demo_w = batch.is_demo.to(probs.dtype)
-        loss_bc = L.bc_loss(logp, batch.teacher_action, demo_w)
+        # a relabelled demo row clones the legal character that was stepped, not the forbidden reference
+        label = torch.where(batch.is_relabeled.bool(), batch.action, batch.teacher_action)
+        bc_w = batch.is_demo.to(probs.dtype)
+        if cfg.bc_rows == "all":
+            bc_w = batch.legal.gather(-1, label.long().unsqueeze(-1)).squeeze(-1).to(probs.dtype)
+        loss_bc = L.bc_loss(logp, label, bc_w)
         loss_pi_total = loss_pi + cfg.bc_weight * loss_bc
 
         # ---- non-finite guard: skip the whole update (both nets) if anything is not finite

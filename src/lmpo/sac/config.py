@@ -72,6 +72,9 @@ class SACConfig:
     cql_samples: int = 64
     bc_weight: float = 0.1
     """λ_BC; 0 = the "no BC" ablation."""
+    bc_rows: str = "demo"
+    """rows the BC loss reads: "demo" (teacher steps, the seed's rule) or "all" (DAgger labelling: agent rows
+    too, each labelled with the reference character c_t of its step when the mask allows it)."""
     grad_clip: float = 0.5
     max_nonfinite_in_row: int = 50
     """stop the run after this many consecutive skipped (non-finite) updates."""
@@ -79,6 +82,8 @@ class SACConfig:
     def validate(self) -> None:
         if self.policy_set not in ("top_p", "full"):
             raise ValueError(f"sac.policy_set={self.policy_set!r}: use 'top_p' or 'full'")
+        if self.bc_rows not in ("demo", "all"):
+            raise ValueError(f"sac.bc_rows={self.bc_rows!r}: use 'demo' or 'all'")
         if self.cql_mode not in ("auto", "exact", "sampled"):
             raise ValueError(f"sac.cql_mode={self.cql_mode!r}: use 'auto', 'exact' or 'sampled'")
         if not 0.0 < self.top_p <= 1.0:
