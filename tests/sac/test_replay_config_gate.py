@@ -85,10 +85,13 @@ def _summary(seed: int, top1: float, bc: float = 0.1, top_p: bool = True, auto: 
           "generation": {"agent": {"coverage4": 0.5, "chrf": 10.0, "bleu": 5.0},
                          "baseline": {"coverage4": 0.3, "chrf": 8.0, "bleu": 4.0}},
           "compliance": {"illegal_rate": 0.0, "early_termination_rate": 0.0, "episodes": 16}}
-    return {"config": {"seed": seed, "sac": {"bc_weight": bc, "use_top_p": top_p, "autotune_alpha": auto}},
-            "nonfinite_skips": skips, "critic_loss_curve": [4.0, 3.0, 2.0, 1.0], "alpha_curve": [0.05, 0.06],
+    # the critic loss rises while the teacher ratio anneals (rows 0-3), then falls (rows 4-11)
+    return {"config": {"seed": seed, "sac": {"bc_weight": bc, "use_top_p": top_p, "autotune_alpha": auto},
+                       "replay": {"teacher_ratio_end": 0.1}},
+            "nonfinite_skips": skips, "critic_loss_curve": [0.5, 1.0, 2.0, 3.0] + [3.0 - 0.2 * i for i in range(8)],
+            "teacher_ratio_curve": [0.9, 0.6, 0.3, 0.15] + [0.1] * 8, "alpha_curve": [0.05, 0.06],
             "alpha_final": 0.06, "illegal_rate_train": 0.0, "updates": 10, "env_steps": 80, "eval": ev,
-            "run_dir": f"r{seed}"}
+            "train_seconds": 5.0, "run_dir": f"r{seed}"}
 
 
 def test_gate_passes_only_with_all_evidence():
@@ -115,3 +118,17 @@ def test_gate_passes_only_with_all_evidence():
     s3 = {r["check"]: r["status"] for r in judge(runs)["rows"]}
     assert s3["stability: 3 seeds without divergence"] == "FAIL"
     assert s3["held-out top-1 character hit"] == "FAIL"
+
+
+def test_critic_trend_is_judged_after_the_dagger_anneal():
+    from lmpo.sac.gate import _critic_trend
+
+    run = _summary(0, 0.3)
+    t = _critic_trend(run)
+    # post-anneal rows 3.0, 2.8, …, 1.6: last quarter (1.8, 1.6) / first quarter (3.0, 2.8) = 1.7 / 2.9
+    assert t["ok"] and "0.5862 over 8 rows" in t["measured"], t
+    run["critic_loss_curve"] = run["critic_loss_curve"][:4] + [1.0 + 0.2 * i for i in range(8)]
+    assert not _critic_trend(run)["ok"]  # rising after the anneal
+    run["teacher_ratio_curve"] = [0.9] * 6 + [0.1] * 6
+    t = _critic_trend(run)
+    assert not t["ok"] and t["measured"].startswith("6 log rows after the anneal")

@@ -58,6 +58,30 @@ def _fmt(x: float, pct: bool = True) -> str:
     return f"{100 * x:.2f}%" if pct else f"{x:.4g}"
 
 
+def _critic_trend(run: dict[str, Any]) -> dict[str, Any]:
+    """Critic-loss trend of one run, judged on the log rows after the DAgger anneal has finished.
+
+    While the teacher ratio anneals, the data mix moves from teacher to agent transitions and the TD targets'
+    noise (the agent's rewards vary more) grows with it, so the Huber loss is not comparable across that
+    phase; once the mix is fixed a critic that is learning has a falling loss.  The whole-run ratio (last
+    quarter / second quarter) is printed beside it.
+    """
+    c = [x for x in run["critic_loss_curve"] if x is not None]
+    ratios = run.get("teacher_ratio_curve") or []
+    end = run["config"]["replay"]["teacher_ratio_end"]
+    start = next((i for i, t in enumerate(ratios) if t is not None and t <= end + 1e-6), None)
+    q = max(1, len(c) // 4)
+    whole = _mean(c[-q:]) / _mean(c[q:2 * q]) if len(c) >= 4 else float("nan")
+    post = c[start:] if start is not None else []
+    if len(post) < 8:
+        return {"ok": False, "measured": f"{len(post)} log rows after the anneal (need ≥ 8); whole run "
+                                         f"{_fmt(whole, pct=False)}"}
+    qp = len(post) // 4
+    ratio = _mean(post[-qp:]) / _mean(post[:qp])
+    return {"ok": ratio <= 1.0, "measured": f"{_fmt(ratio, pct=False)} over {len(post)} rows after the anneal "
+                                             f"(whole run {_fmt(whole, pct=False)})"}
+
+
 def judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Compute the gate rows: each has criterion, measured, status ("PASS" / "FAIL")."""
     main = [r for r in runs if r["kind"] == "main"]
@@ -73,14 +97,11 @@ def judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row("stability: 3 seeds without divergence", "≥ 3 main seeds, 0 non-finite updates, finite critic loss",
         f"seeds {seeds}; diverged {diverged}; non-finite skips {[r['nonfinite_skips'] for r in main]}",
         len(seeds) >= 3 and not diverged)
-    trends = []
-    for r in main:
-        c = [x for x in r["critic_loss_curve"] if x is not None]
-        q = max(1, len(c) // 4)
-        trends.append(_mean(c[-q:]) / _mean(c[q:2 * q]) if len(c) >= 4 else float("nan"))
-    row("critic Huber loss trend", "last-quarter mean ≤ second-quarter mean (every seed)",
-        "ratios " + ", ".join(_fmt(t, pct=False) for t in trends),
-        bool(trends) and all(t <= 1.0 for t in trends))
+    trends = [_critic_trend(r) for r in main]
+    row("critic Huber loss trend",
+        "after the DAgger anneal: last-quarter mean ≤ first-quarter mean (every seed)",
+        "; ".join(f"seed {r['config']['seed']}: {t['measured']}" for r, t in zip(main, trends)) or "no main run",
+        bool(trends) and all(t["ok"] for t in trends))
     alphas = [a for r in main for a in r["alpha_curve"] + [r["alpha_final"]] if a is not None]
     row("α inside [1e-4, 2]", "every logged α and the final α",
         f"min {_fmt(min(alphas), False)} max {_fmt(max(alphas), False)}" if alphas else "no α logged",
@@ -126,8 +147,12 @@ def judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         t = _mean([r["eval"]["agent"]["top1"] for r in abl])
         drop = 100 * (main_top1 - t)
+        speed = _mean([r["updates"] / r["train_seconds"] for r in abl if r.get("train_seconds")])
+        main_speed = _mean([r["updates"] / r["train_seconds"] for r in main if r.get("train_seconds")])
         row(f"ablation {name}", f"top-1 drops ≥ {ABLATION_DROP_PP:.0f} pp",
-            f"top-1 {_fmt(t)} vs main {_fmt(main_top1)}; drop {drop:+.2f} pp", drop >= ABLATION_DROP_PP)
+            f"top-1 {_fmt(t)} vs main {_fmt(main_top1)}; drop {drop:+.2f} pp; updates "
+            f"{'/'.join(str(r['updates']) for r in abl)} vs main {'/'.join(str(r['updates']) for r in main)}; "
+            f"{speed:.2f} vs {main_speed:.2f} updates/s", drop >= ABLATION_DROP_PP)
 
     overall = all(r["status"] == "PASS" for r in rows)
     return {"overall": "PASS" if overall else "FAIL", "rows": rows,

@@ -374,6 +374,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
         "alpha_final": float(trainer.agent.alpha), "top_p_controller": trainer.agent.controller.state_dict(),
         "critic_loss_curve": [r.get("losses/critic") for r in trainer.history],
         "alpha_curve": [r.get("policy/alpha") for r in trainer.history],
+        "teacher_ratio_curve": [r.get("data/teacher_ratio") for r in trainer.history],
         "heldout_top1_curve": [[r["step/updates"], r["quality/heldout_top1"]] for r in trainer.history
                                if "quality/heldout_top1" in r],
     }
