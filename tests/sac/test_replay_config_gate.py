@@ -132,3 +132,27 @@ def test_critic_trend_is_judged_after_the_dagger_anneal():
     run["teacher_ratio_curve"] = [0.9] * 6 + [0.1] * 6
     t = _critic_trend(run)
     assert not t["ok"] and t["measured"].startswith("6 log rows after the anneal")
+
+
+def test_cpu_yaml_matches_the_cpu_preset():
+    # configs/sac_cpu.yaml (the documented real run) = CPU_PRESET + run-only keys (corpus path, caps, eval)
+    from pathlib import Path
+
+    import yaml
+
+    from lmpo.sac.config import CPU_PRESET
+
+    data = yaml.safe_load((Path(__file__).parents[2] / "configs" / "sac_cpu.yaml").read_text(encoding="utf-8"))
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    yaml_flat, preset_flat = flat(data), flat(CPU_PRESET)
+    missing = sorted(set(preset_flat) - set(yaml_flat) - {"device"})
+    assert not missing, f"CPU_PRESET keys absent from configs/sac_cpu.yaml: {missing}"
+    differ = {k: (v, preset_flat[k]) for k, v in yaml_flat.items()
+              if k in preset_flat and k != "total_env_steps" and v != preset_flat[k]}
+    assert not differ, f"configs/sac_cpu.yaml differs from CPU_PRESET (yaml, preset): {differ}"

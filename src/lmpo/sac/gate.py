@@ -192,19 +192,26 @@ def run_gate(run_dirs: list[str | Path], out_dir: str | Path) -> dict[str, Any]:
     return result
 
 
+def _ablation_job(out: Path, name: str, seed: int) -> tuple[Path, list[str]]:
+    sw = [t for k, v in ABLATIONS[name].items() for t in (f"--{k}", str(v))]
+    return out / f"{name}_seed{seed}", ["--seed", str(seed), *sw]
+
+
 def train_gate_runs(config: str | None, out_dir: str | Path, seeds: list[int], ablations: list[str],
                     parallel: int, extra: list[str]) -> list[Path]:
     """Train the main seeds and the ablations (seed of the first main run) as ``lmpo sac train`` processes."""
     out = Path(out_dir)
     jobs: list[tuple[Path, list[str]]] = []
     base = [sys.executable, "-m", "lmpo.cli", "sac", "train"] + (["--config", config] if config else [])
-    for s in seeds:
-        jobs.append((out / f"seed{s}", ["--seed", str(s)]))
     for name in ablations:
         if name not in ABLATIONS:
             raise ValueError(f"unknown ablation {name!r}; use {sorted(ABLATIONS)}")
-        sw = [t for k, v in ABLATIONS[name].items() for t in (f"--{k}", str(v))]
-        jobs.append((out / f"{name}_seed{seeds[0]}", ["--seed", str(seeds[0]), *sw]))
+    # no_top_p evaluates Q on every legal action, several times slower per update than the others: starting
+    # it first lets the other runs fill the remaining slots while it trains
+    slow_first = [n for n in ablations if n == "no_top_p"]
+    jobs += [_ablation_job(out, n, seeds[0]) for n in slow_first]
+    jobs += [(out / f"seed{s}", ["--seed", str(s)]) for s in seeds]
+    jobs += [_ablation_job(out, n, seeds[0]) for n in ablations if n not in slow_first]
     running: list[tuple[subprocess.Popen, Path]] = []
     pending = list(jobs)
     while pending or running:
