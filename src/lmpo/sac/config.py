@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from lmpo.overrides import parse_overrides
+
 DEFAULT_CORPUS = "/work/shared/data/lunyu.simplified.json"
 
 
@@ -292,21 +294,6 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 def parse_cli_overrides(tokens: list[str]) -> dict[str, Any]:
-    """``["--sac.top_p", "0.99", "--seed", "3"]`` → {"sac.top_p": "0.99", "seed": "3"} (values coerced later)."""
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if not tok.startswith("--"):
-            raise ValueError(f"unexpected argument {tok!r}: overrides are written --key value")
-        key = tok[2:].replace("-", "_")
-        if "=" in key:
-            key, value = key.split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(tokens):
-                raise ValueError(f"override {tok} has no value")
-            value = tokens[i + 1]
-            i += 2
-        out[key] = yaml.safe_load(value) if key.startswith("env") else value
-    return out
+    """``["--sac.top_p", "0.99", "--seed", "3"]`` → {"sac": {"top_p": 0.99}, "seed": 3}; typed again by the
+    fields in :func:`apply_overrides` (:func:`lmpo.overrides.parse_overrides`)."""
+    return parse_overrides(tokens)

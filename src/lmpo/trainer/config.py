@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from lmpo.overrides import parse_overrides as _parse_overrides
 from lmpo.rlvcr.config import RLVCRConfig
 
 
@@ -386,31 +387,8 @@ def config_to_dict(cfg: Any) -> dict:
 
 
 def parse_overrides(argv: list[str]) -> dict:
-    """``["--objective.preset", "dapo", "--optim.lr=1e-4"]`` → nested dict; values parsed as YAML scalars."""
-    out: dict = {}
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if not tok.startswith("--"):
-            raise ConfigError(f"override `{tok}` must look like `--section.key value` (e.g. `--optim.lr 1e-4`).")
-        key = tok[2:]
-        if "=" in key:
-            key, raw = key.split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"override `{tok}` has no value; write `{tok} VALUE`.")
-            raw = argv[i + 1]
-            i += 2
-        value = yaml.safe_load(raw) if raw != "" else ""
-        node = out
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override `--{key}` conflicts with an earlier override of `{p}`.")
-        node[parts[-1]] = value
-    return out
+    """``["--objective.preset", "dapo", "--optim.lr=1e-4"]`` → nested dict (:func:`lmpo.overrides.parse_overrides`)."""
+    return _parse_overrides(argv, error=ConfigError)
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
