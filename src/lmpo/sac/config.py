@@ -189,8 +189,8 @@ GPU_PRESET: dict[str, Any] = {
 }
 
 #: small CPU setting: what `lmpo sac train` uses when no config file is given (= configs/sac_cpu.yaml minus
-#: its corpus path, time budget and update cap; see docs/sac.md "Defaults" for why γ, λ_BC, lr_π, the BC rows
-#: and dropout differ from §9)
+#: its corpus path, time budget and update cap; see docs/sac.md "Defaults" for why γ, λ_BC, lr_π and dropout
+#: differ from §9)
 CPU_PRESET: dict[str, Any] = {
     "device": "cpu",
     "num_envs": 8,
@@ -200,7 +200,7 @@ CPU_PRESET: dict[str, Any] = {
     "env": {"window_chars": 16, "max_steps": 64},
     "net": {"embed_dim": 64, "gru_hidden": 128, "policy_hidden": 256, "q_hidden": 128,
             "action_embed_dim": 64, "dropout": 0.3},
-    "sac": {"gamma": 0.9, "bc_weight": 1.0, "bc_rows": "all", "lr_policy": 1e-3, "lr_q": 3e-4,
+    "sac": {"gamma": 0.9, "bc_weight": 1.0, "lr_policy": 1e-3, "lr_q": 3e-4,
             "top_p_k_max": 32, "top_p_k_limit": 128, "cql_samples": 32},
     "replay": {"transitions_per_batch": 128, "teacher_anneal_env_steps": 6_000,
                "agent_capacity": 100_000, "demo_capacity": 100_000},
