@@ -99,6 +99,11 @@ def test_resume_is_bit_exact_on_the_text_env(tmp_path, monkeypatch):
     assert c.env_steps == a.env_steps
     assert torch.equal(params(a), params(c))
     assert a.bundle.envs[0].history == c.bundle.envs[0].history  # the environments resumed too
+    # training time is counted across the resume, and time_budget_s judges the whole run
+    assert c.seconds_before > b.seconds_before > 0.0
+    e = Trainer(apply_overrides(cfg, {"time_budget_s": c.seconds_before / 2}), tmp_path / "b", progress=False)
+    e.load()
+    assert e.run(max_updates=48)["stop_reason"] == "time_budget_s" and e.agent.updates == 24
     # held-out evaluation during training reads the policy only: the run is unchanged bit for bit
     cfg_eval = apply_overrides(cfg, {"eval_every_updates": 8, "log_every_updates": 8, "eval_max_positions": 50})
     d = Trainer(cfg_eval, tmp_path / "d", progress=False)

@@ -137,7 +137,8 @@ class TrainConfig:
     """environments stepped in lock-step (one batched policy forward per step)."""
     total_env_steps: int = 50_000
     time_budget_s: float = 0.0
-    """stop training after this many seconds (0 = no limit); the run still evaluates and checkpoints."""
+    """stop training after this many seconds (0 = no limit), counted over the whole run including the time
+    before a ``--resume``; the run still evaluates and checkpoints.  Raise it to resume a run it stopped."""
     max_updates: int = 0
     """stop training after this many gradient updates (0 = no limit); the gate uses it to compare the main
     runs and the ablations at equal updates rather than equal wall time."""

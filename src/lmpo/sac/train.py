@@ -137,6 +137,10 @@ class Trainer:
         self.trace_steps = cfg.trace_steps if trace_steps is None else trace_steps
         self.progress = progress
         self.history: list[dict[str, float]] = []
+        # training seconds are counted across resumes (checkpointed), so time_budget_s and the logged
+        # step/seconds describe the whole run, not the current process
+        self.seconds_before = 0.0
+        self._start: float | None = None
         (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False))
 
     # ------------------------------------------------------------------ checkpoint
@@ -148,6 +152,7 @@ class Trainer:
             "py_rng": random.getstate(), "np_global": np.random.get_state(),
             "env_steps": self.env_steps, "episodes": self.episodes, "counters": dict(self.counters),
             "obs": self.obs, "history": self.history,
+            "train_seconds": time.time() - self._start if self._start is not None else self.seconds_before,
         }
         tmp = self.run_dir / "checkpoint.pt.tmp"
         torch.save(state, tmp)
@@ -170,6 +175,9 @@ class Trainer:
         self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
         self.counters = defaultdict(int, state["counters"])
         self.obs, self.history = state["obs"], state["history"]
+        # checkpoints written before the field existed: the last logged time is the closest record
+        last_seconds = self.history[-1].get("step/seconds", 0.0) if self.history else 0.0
+        self.seconds_before = float(state.get("train_seconds", last_seconds))
         with open(self.run_dir / "envs.pkl", "rb") as f:
             self.bundle.envs = pickle.load(f)
 
@@ -263,7 +271,7 @@ class Trainer:
             trace_f.write(line + "\n")
 
         roll, upd = RunningStats(), RunningStats()
-        start = time.time()
+        start = self._start = time.time() - self.seconds_before
         last_log = time.time()
         stop_reason = "total_env_steps"
         try:
@@ -298,8 +306,9 @@ class Trainer:
             metrics_f.close()
             if trace_f:
                 trace_f.close()
+        self.seconds_before, self._start = time.time() - start, None
         self.save()
-        return {"stop_reason": stop_reason, "train_seconds": time.time() - start}
+        return {"stop_reason": stop_reason, "train_seconds": self.seconds_before}
 
     def _eval_due(self) -> bool:
         n = self.cfg.eval_every_updates
@@ -364,7 +373,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
     if eval_only:
         last = trainer.history[-1] if trainer.history else {}
         info = {"stop_reason": "evaluated from checkpoint (--eval-only)",
-                "train_seconds": float(last.get("step/seconds", 0.0))}
+                "train_seconds": trainer.seconds_before or float(last.get("step/seconds", 0.0))}
     else:
         info = trainer.run(max_updates=max_updates)
     summary: dict[str, Any] = {
