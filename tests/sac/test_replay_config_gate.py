@@ -74,6 +74,9 @@ def test_ngram_baseline_hand_case_and_coverage():
     # after "zz" (unseen): bigram context "z" unseen → unigram: a, b (2 each) then c, d
     assert m.top_k("zz", 2) == ["a", "b"]
     assert m.generate("ab", 3) == "cab"
+    # stupid backoff scores after "xab": trigram "ab" → c, d at 1/2; bigram "b" (c, d at 1/2) × 0.4 does not
+    # beat them; unigram a, b at 2/6 × 0.16 = 0.0533
+    assert m.scores("xab") == pytest.approx({"c": 0.5, "d": 0.5, "a": 0.16 * 2 / 6, "b": 0.16 * 2 / 6})
     # generated "XYZW" after prompt tail "abc": 4-grams with a generated char: bcX.. etc.
     assert ngram_coverage("abc", "d", "d") == 1.0
     assert ngram_coverage("abc", "de", "dx") == pytest.approx(0.5)

@@ -33,16 +33,12 @@ class NgramModel:
         self._cache: dict[str, list[str]] = {}
         return self
 
-    def top_k(self, history: str, k: int = 3) -> list[str]:
-        """The k highest-scoring next characters after ``history`` (a string; only its tail is used)."""
-        ctx_len = min(self.order - 1, len(history))
-        key = history[len(history) - ctx_len:]
-        cached = self._cache.get(key)
-        if cached is not None and len(cached) >= k:
-            return cached[:k]
+    def scores(self, history: str) -> dict[str, float]:
+        """S(c | history) for every character seen after some suffix of the last ``order − 1`` characters."""
+        key = history[len(history) - min(self.order - 1, len(history)):]
         scores: dict[str, float] = {}
         weight = 1.0
-        for j in range(ctx_len, -1, -1):
+        for j in range(len(key), -1, -1):
             ctx = key[len(key) - j:] if j else ""
             counter = self.counts[j].get(ctx)
             if counter:
@@ -52,7 +48,15 @@ class NgramModel:
                     if s > scores.get(ch, 0.0):
                         scores[ch] = s
             weight *= self.backoff
-        ranked = sorted(scores.items(), key=lambda x: (-x[1], x[0]))
+        return scores
+
+    def top_k(self, history: str, k: int = 3) -> list[str]:
+        """The k highest-scoring next characters after ``history`` (a string; only its tail is used)."""
+        key = history[len(history) - min(self.order - 1, len(history)):]
+        cached = self._cache.get(key)
+        if cached is not None and len(cached) >= k:
+            return cached[:k]
+        ranked = sorted(self.scores(key).items(), key=lambda x: (-x[1], x[0]))
         out = [c for c, _ in ranked[: max(k, 3)]]
         self._cache[key] = out
         return out[:k]
