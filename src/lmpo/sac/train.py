@@ -311,6 +311,8 @@ class Trainer:
         return {"stop_reason": stop_reason, "train_seconds": self.seconds_before}
 
     def _eval_due(self) -> bool:
+        # called on log rows (multiples of log_every_updates); [k·n, k·n + log_every) holds exactly one of
+        # them, so this fires once per multiple of n, at the first log row at or after it
         n = self.cfg.eval_every_updates
         return bool(n) and self.agent.updates % n < self.cfg.log_every_updates and self.bundle.alphabet is not None \
             and bool(self.bundle.heldout_chapters)
