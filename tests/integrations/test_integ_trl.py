@@ -152,6 +152,29 @@ def test_compute_loss_equals_core_for_every_preset(trainer, name):
     trainer._lmpo_window.clear()
 
 
+def _inputs_with_old_logps(trainer, model, seed: int, seq: bool):
+    """TRL inputs whose old log-probs are the model's own plus noise (small for sequence-level ratios)."""
+    inputs = trl_inputs(seed=seed, vocab=len(trainer.processing_class), noise=2e-4 if seq else 0.3)
+    with torch.no_grad():
+        logp, *_ = reference_logps(model, inputs, trainer.temperature)
+    inputs["old_per_token_logps"] = logp + inputs.pop("noise")
+    return inputs, logp
+
+
+def _assert_equals_trl_loss(trainer, model, inputs, trl_settings, monkeypatch) -> None:
+    """lmpo's loss and gradients on ``inputs`` equal TRL's own ``_compute_loss`` configured by ``trl_settings``."""
+    got_loss = trainer.compute_loss(model, inputs)
+    got_grads = grads(got_loss, model)
+    for key, value in trl_settings.items():
+        monkeypatch.setattr(trainer, key, value)
+    want_loss = GRPOTrainer._compute_loss(trainer, model, inputs)
+    want_grads = grads(want_loss, model)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-7)
+    for got, want in zip(got_grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+    trainer._lmpo_window.clear()
+
+
 @pytest.mark.parametrize(
     ("name", "trl_settings"),
     [
@@ -168,20 +191,8 @@ def test_presets_equal_trl_own_loss(trainer, monkeypatch, name, trl_settings):
     model = trainer.model
     model.train()
     seq = trl_settings["importance_sampling_level"] == "sequence"
-    inputs = trl_inputs(seed=7, vocab=len(trainer.processing_class), noise=2e-4 if seq else 0.3)
-    with torch.no_grad():
-        logp, *_ = reference_logps(model, inputs, trainer.temperature)
-    inputs["old_per_token_logps"] = logp + inputs.pop("noise")
-    got_loss = trainer.compute_loss(model, inputs)
-    got_grads = grads(got_loss, model)
-    for key, value in trl_settings.items():
-        monkeypatch.setattr(trainer, key, value)
-    want_loss = GRPOTrainer._compute_loss(trainer, model, inputs)
-    want_grads = grads(want_loss, model)
-    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-7)
-    for got, want in zip(got_grads, want_grads):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
-    trainer._lmpo_window.clear()
+    inputs, _ = _inputs_with_old_logps(trainer, model, seed=7, seq=seq)
+    _assert_equals_trl_loss(trainer, model, inputs, trl_settings, monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["dapo", "gspo"])
@@ -315,22 +326,10 @@ def test_vllm_importance_sampling_correction_equals_trl(trainer, monkeypatch, na
     model = trainer.model
     model.train()
     seq = ratio_shape == "sequence"
-    inputs = trl_inputs(seed=41, vocab=len(trainer.processing_class), noise=2e-4 if seq else 0.3)
-    with torch.no_grad():
-        logp, *_ = reference_logps(model, inputs, trainer.temperature)
-    inputs["old_per_token_logps"] = logp + inputs.pop("noise")
+    inputs, logp = _inputs_with_old_logps(trainer, model, seed=41, seq=seq)
     g = torch.Generator().manual_seed(5)
     B, T = logp.shape
     ratio = torch.rand(B, 1 if seq else T, generator=g) * 2  # TRL: (B, 1) sequence modes, (B, T) token modes
     ratio[0, 0] = 0.0  # a masked-out ("*_mask" mode) entry
     inputs["importance_sampling_ratio"] = ratio
-    got_loss = trainer.compute_loss(model, inputs)
-    got_grads = grads(got_loss, model)
-    for key, value in trl_settings.items():
-        monkeypatch.setattr(trainer, key, value)
-    want_loss = GRPOTrainer._compute_loss(trainer, model, inputs)
-    want_grads = grads(want_loss, model)
-    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-7)
-    for got, want in zip(got_grads, want_grads):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
-    trainer._lmpo_window.clear()
+    _assert_equals_trl_loss(trainer, model, inputs, trl_settings, monkeypatch)

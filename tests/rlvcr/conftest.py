@@ -1,15 +1,10 @@
-"""RLVCR tests run on one CPU thread: the models are tiny, and on a shared 2-core CI machine OpenMP threads
-that wait on each other are far slower than one thread."""
+"""RLVCR tests run on one CPU thread (tiny models; see `one_torch_thread` in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_torch_thread):
     yield
-    torch.set_num_threads(old)
