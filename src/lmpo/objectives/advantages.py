@@ -80,6 +80,19 @@ def _stats(adv: torch.Tensor, zero_var: torch.Tensor) -> dict[str, torch.Tensor]
     }
 
 
+def _scaled(
+    adv: torch.Tensor, g: dict[str, torch.Tensor], rewards: torch.Tensor, scale: str, eps: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The estimators' shared tail: divide by the group std ("group"), the batch std ("batch") or nothing
+    ("none"); zero-variance groups get advantage 0.  adv (B,) → ((B,), stats)."""
+    if scale == "group":
+        adv = adv / (g["std"] + eps)
+    elif scale == "batch":
+        adv = adv / (rewards.float().std() + eps if rewards.numel() > 1 else 1.0)
+    adv = torch.where(g["zero_variance"], 0.0, adv)
+    return adv, _stats(adv, g["zero_variance"])
+
+
 def grpo_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "group", eps: float = 1e-4
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -87,12 +100,7 @@ def grpo_advantages(
     check_choice("scale", scale, SCALES)
     g = group_statistics(rewards, group_ids)
     adv = g["centred"]
-    if scale == "group":
-        adv = adv / (g["std"] + eps)
-    elif scale == "batch":
-        adv = adv / (rewards.float().std() + eps if rewards.numel() > 1 else 1.0)
-    adv = torch.where(g["zero_variance"], 0.0, adv)
-    return adv, _stats(adv, g["zero_variance"])
+    return _scaled(adv, g, rewards, scale, eps)
 
 
 def rloo_advantages(
@@ -103,12 +111,7 @@ def rloo_advantages(
     g = group_statistics(rewards, group_ids)
     n = g["count"]
     adv = g["centred"] * n / (n - 1).clamp(min=1.0)
-    if scale == "group":
-        adv = adv / (g["std"] + eps)
-    elif scale == "batch":
-        adv = adv / (rewards.float().std() + eps if rewards.numel() > 1 else 1.0)
-    adv = torch.where(g["zero_variance"], 0.0, adv)
-    return adv, _stats(adv, g["zero_variance"])
+    return _scaled(adv, g, rewards, scale, eps)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
