@@ -27,6 +27,7 @@ from lmpo.sac.evaluate import (
     agent_teacher_forced,
     baseline_teacher_forced,
     heldout_positions,
+    left_padded_window,
 )
 from lmpo.sac.train import make_text_envs
 
@@ -67,10 +68,7 @@ def main() -> None:
     for text in bundle.train_chapters:
         ids = alphabet.encode(text)
         for p in range(1, len(ids)):
-            win = np.full(m, alphabet.pad_id, dtype=np.int64)
-            tail = ids[max(0, p - m):p]
-            win[m - len(tail):] = tail
-            windows.append(win)
+            windows.append(left_padded_window(ids, p, m, alphabet.pad_id))
             masks.append(compliance.mask(ids[:p])[0].astype(bool))
             targets.append(ids[p])
     X, M, Y = torch.as_tensor(np.stack(windows)), torch.as_tensor(np.stack(masks)), torch.as_tensor(targets)
@@ -117,8 +115,7 @@ def interpolation_top1(agent, alphabet, compliance, chapters, positions, m, ngra
                        lambdas=(0.3, 0.5, 0.7)) -> dict[float, float]:
     """Top-1 of λ·π(·|o) + (1−λ)·S_5gram(·|history) on the held-out positions, for each λ."""
     enc = [alphabet.encode(t) for t in chapters]
-    wins = np.stack([np.pad(enc[ci][max(0, p - m):p], (m - min(p, m), 0), constant_values=alphabet.pad_id)
-                     for ci, p in positions])
+    wins = np.stack([left_padded_window(enc[ci], p, m, alphabet.pad_id) for ci, p in positions])
     masks = np.stack([compliance.mask(enc[ci][:p])[0].astype(bool) for ci, p in positions])
     agent.policy.eval()
     probs, _ = agent.policy(torch.as_tensor(wins), torch.as_tensor(masks))

@@ -33,7 +33,8 @@ def heldout_positions(chapters: list[str], max_positions: int) -> list[tuple[int
     return allpos
 
 
-def _window(ids: list[int], p: int, m: int, pad_id: int) -> np.ndarray:
+def left_padded_window(ids: list[int], p: int, m: int, pad_id: int) -> np.ndarray:
+    """The observation window before position p: ids[p−m:p], left-padded with ``pad_id`` to (m,)."""
     tail = ids[max(0, p - m):p]
     win = np.full(m, pad_id, dtype=np.int64)
     if tail:
@@ -48,7 +49,7 @@ def agent_teacher_forced(agent, alphabet, compliance, chapters: list[str], posit
     hits1 = hits3 = 0
     for s in range(0, len(positions), batch):
         chunk = positions[s:s + batch]
-        wins = np.stack([_window(enc[ci], p, m, alphabet.pad_id) for ci, p in chunk])
+        wins = np.stack([left_padded_window(enc[ci], p, m, alphabet.pad_id) for ci, p in chunk])
         masks = np.stack([compliance.mask(enc[ci][:p])[0].astype(bool) for ci, p in chunk])
         agent.policy.eval()
         probs, _ = agent.policy(torch.as_tensor(wins, device=agent.device),
@@ -88,7 +89,7 @@ def agent_generate(agent, alphabet, compliance, prompt: str, m: int, length: int
     out: list[int] = []
     for _ in range(length):
         hist = ids + out
-        win = _window(hist, len(hist), m, alphabet.pad_id)[None]
+        win = left_padded_window(hist, len(hist), m, alphabet.pad_id)[None]
         mask = compliance.mask(hist)[0].astype(bool)[None]
         a, _ = agent.act(win, mask, greedy=True)
         a = int(a[0])
