@@ -140,6 +140,7 @@ def judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
     # ---- ablations: each switch must matter (key metric: held-out top-1)
     main_top1 = _mean([e["agent"]["top1"] for e in ev])
+    main_speed = _mean([r["updates"] / r["train_seconds"] for r in main if r.get("train_seconds")])
     for name in ABLATIONS:
         abl = [r for r in runs if r["kind"] == name and "eval" in r]
         if not abl:
@@ -148,7 +149,6 @@ def judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
         t = _mean([r["eval"]["agent"]["top1"] for r in abl])
         drop = 100 * (main_top1 - t)
         speed = _mean([r["updates"] / r["train_seconds"] for r in abl if r.get("train_seconds")])
-        main_speed = _mean([r["updates"] / r["train_seconds"] for r in main if r.get("train_seconds")])
         row(f"ablation {name}", f"top-1 drops ≥ {ABLATION_DROP_PP:.0f} pp",
             f"top-1 {_fmt(t)} vs main {_fmt(main_top1)}; drop {drop:+.2f} pp; updates "
             f"{'/'.join(str(r['updates']) for r in abl)} vs main {'/'.join(str(r['updates']) for r in main)}; "
