@@ -24,11 +24,12 @@ from typing import Any
 
 import yaml
 
+from lmpo.errors import InputError
 from lmpo.overrides import parse_overrides as _parse_overrides
 from lmpo.rlvcr.config import RLVCRConfig
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A configuration value is invalid. The message names the field, the value and the fix."""
 
 

@@ -1,0 +1,34 @@
+"""The errors every lmpo command reports in one style.
+
+A command that fails because of its input (a config value, a path, a flag) raises :class:`InputError`; one
+whose run fails for another reason raises :class:`RunError`. Both carry a one-paragraph message that names
+the input, the value it had and how to fix it. ``lmpo.cli`` prints that message without a traceback (unless
+``--debug``) and exits with the error's ``exit_code``: 2 for bad input, 1 for a failed run.
+
+Library code raises these too, so that a caller can tell a bad argument from a broken run::
+
+    try:
+        Trainer(cfg).train()
+    except InputError as e:      # fix the config and try again
+        ...
+"""
+
+from __future__ import annotations
+
+
+class LmpoError(Exception):
+    """An error lmpo reports as one paragraph, without a traceback."""
+
+    exit_code = 1
+
+
+class InputError(LmpoError, ValueError):
+    """Bad input: the message names the input, the value and the fix. Exit status 2."""
+
+    exit_code = 2
+
+
+class RunError(LmpoError, RuntimeError):
+    """A run that could not continue (non-finite training, a broken checkpoint, …). Exit status 1."""
+
+    exit_code = 1
