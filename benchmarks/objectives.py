@@ -25,7 +25,7 @@ import time
 import torch
 
 from lmpo.objectives import PRESETS, Objective
-from lmpo.objectives.levels import ema_loop, ema_scan
+from lmpo.objectives.parts.levels import ema_loop, ema_scan
 
 
 def steady_state_malloc() -> bool:

@@ -32,3 +32,8 @@ class RunError(LmpoError, RuntimeError):
     """A run that could not continue (non-finite training, a broken checkpoint, …). Exit status 1."""
 
     exit_code = 1
+
+
+class UnsupportedError(InputError, NotImplementedError):
+    """A host (TRL, verl, …) cannot give an objective what it needs, or runs with a setting the objective cannot
+    honour. The message lists each problem with what to do instead. Exit status 2."""

@@ -145,11 +145,11 @@ def test_compute_loss_equals_core_for_every_preset(trainer, name):
             continue
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
     assert sum(float(g.abs().sum()) for g in want_grads if g is not None) > 0
-    window = trainer._lmpo_window[-1]  # the micro-batch's statistics, still on device (no sync yet)
-    assert trainer._lmpo_window_keys == tuple(want_stats)
-    torch.testing.assert_close(window[trainer._lmpo_window_keys.index("loss/policy")],
-                               want_stats["loss/policy"].float(), rtol=2e-5, atol=1e-6)
-    trainer._lmpo_window.clear()
+    window = trainer.lmpo_driver.pending[-1]  # the micro-batch's statistics, still on device (no sync yet)
+    assert tuple(window) == tuple(want_stats)
+    torch.testing.assert_close(window["loss/policy"].float(), want_stats["loss/policy"].float(), rtol=2e-5,
+                               atol=1e-6)
+    trainer.lmpo_driver.discard_step()
 
 
 def _inputs_with_old_logps(trainer, model, seed: int, seq: bool):
@@ -172,7 +172,7 @@ def _assert_equals_trl_loss(trainer, model, inputs, trl_settings, monkeypatch) -
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-7)
     for got, want in zip(got_grads, want_grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
-    trainer._lmpo_window.clear()
+    trainer.lmpo_driver.discard_step()
 
 
 @pytest.mark.parametrize(
@@ -215,7 +215,7 @@ def test_adaptive_entropy_controller_steps_once_per_optimizer_step_and_is_checkp
     controller = trainer.entropy_controller
     assert controller.steps == 2
     assert controller.c == pytest.approx(0.02)
-    coefs = [row["entropy/controller_coef"] for row in trainer.state.log_history if "entropy/controller_coef" in row]
+    coefs = [row["entropy/coef"] for row in trainer.state.log_history if "entropy/coef" in row]
     assert coefs == pytest.approx([0.01, 0.02])
     assert 0 < controller.last_entropy < 10
     # the checkpoint carries the controller; loading it restores the state in a fresh trainer
@@ -245,7 +245,7 @@ def test_eval_mode_logs_immediately_without_accumulation(trainer):
                                                num_tokens=inputs["num_items_in_batch"])
         torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-6)
         assert trainer._metrics["eval"]["clip/high_frac"] == [pytest.approx(float(stats["clip/high_frac"]))]
-        assert trainer._lmpo_window == []
+        assert trainer.lmpo_driver.pending == []
     finally:
         model.train()
 

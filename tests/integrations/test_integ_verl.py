@@ -96,9 +96,9 @@ def test_adapter_equals_core_for_every_preset(name):
                                                 w if use_weights else None)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-6, atol=1e-7)
-    assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/lmpo/loss/policy"} <= set(metrics)
+    assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "loss/policy"} <= set(metrics)
     assert all(isinstance(v, float) for v in metrics.values())
-    assert metrics["actor/lmpo/loss/policy"] == pytest.approx(float(want_loss), rel=1e-6, abs=1e-7)
+    assert metrics["loss/policy"] == pytest.approx(float(want_loss), rel=1e-6, abs=1e-7)
 
 
 @pytest.mark.parametrize("mode", VERL_MODES)
@@ -150,8 +150,8 @@ def test_clip_cov_equals_verl_when_selection_is_forced():
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-7)
     # verl's pg_clipfrac for clip_cov is the fraction of cov-clipped tokens
-    assert got[2]["actor/lmpo/cov/clipped_tokens"] / float(mask.sum()) == pytest.approx(want[2]["actor/pg_clipfrac"])
-    assert got[2]["actor/lmpo/cov/clipped_tokens"] >= 3
+    assert got[2]["cov/clipped_tokens"] / float(mask.sum()) == pytest.approx(want[2]["actor/pg_clipfrac"])
+    assert got[2]["cov/clipped_tokens"] >= 3
 
 
 def test_clip_cov_random_selection_picks_the_same_number():
@@ -163,7 +163,7 @@ def test_clip_cov_random_selection_picks_the_same_number():
     got = loss_and_grad(get_policy_loss_fn("lmpo_clip_cov"), old, logp, adv, mask, "token-mean", config)[2]
     want = loss_and_grad(get_policy_loss_fn("clip_cov"), old, logp, adv, mask, "token-mean", config)[2]
     expected = max(1, int(0.05 * float(mask.sum())))
-    assert got["actor/lmpo/cov/clipped_tokens"] == expected
+    assert got["cov/clipped_tokens"] == expected
     assert want["actor/pg_clipfrac"] * float(mask.sum()) == pytest.approx(expected)
 
 
@@ -181,7 +181,7 @@ def test_kl_cov_equals_verl_kl_cov():
     want = loss_and_grad(get_policy_loss_fn("kl_cov"), old, logp, adv, mask, "token-mean", config)
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-7)
-    assert got[2]["actor/lmpo/cov/penalised_tokens"] == max(1, int(0.05 * float(mask.sum())))
+    assert got[2]["cov/penalised_tokens"] == max(1, int(0.05 * float(mask.sum())))
 
 
 def test_overrides_come_from_policy_loss_lmpo():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lmpo.objectives import Objective
-from lmpo.objectives.levels import ema_loop
+from lmpo.objectives.parts.levels import ema_loop
 
 
 def make_batch(batch=6, length=20, seed=0, dtype=torch.float64, drift=0.3, holes=True, per_token_adv=False):
@@ -38,7 +38,7 @@ def extra_inputs(obj: Objective, batch, length, seed=1, dtype=torch.float64):
     return kw
 
 
-naive_ema = ema_loop  # the recurrence of SPEC §1.1 as a loop over T (lmpo.objectives.levels)
+naive_ema = ema_loop  # the recurrence of SPEC §1.1 as a loop over T (lmpo.objectives.parts.levels)
 
 
 def aggregate_loop(per_token, mask, mode, norm_constant=None):

@@ -21,7 +21,7 @@ def test_grpo_hand_case():
     adv, stats = grpo_advantages(r, g, scale="group")
     a = 0.5 / (0.5773502691896258 + 1e-4)
     torch.testing.assert_close(adv, torch.tensor([a, -a, -a, a, 0.0, 0.0, 0.0]))
-    assert stats["advantages/zero_variance_frac"].item() == pytest.approx(3 / 7)
+    assert stats["adv/zero_var_frac"].item() == pytest.approx(3 / 7)
     adv, _ = grpo_advantages(r, g, scale="none")
     torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0]))
     adv, _ = grpo_advantages(r, g, scale="batch")
@@ -60,7 +60,7 @@ def test_zero_variance_flag_and_filter():
     assert zero_variance_mask(r, g).tolist() == [True, True, False, False, True]
     keep, stats = filter_zero_variance_groups(r, g)
     assert keep.tolist() == [False, False, True, True, False]
-    assert stats["advantages/zero_variance_frac"].item() == pytest.approx(0.6)
+    assert stats["adv/zero_var_frac"].item() == pytest.approx(0.6)
 
 
 def test_bad_inputs():

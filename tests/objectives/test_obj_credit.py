@@ -7,7 +7,7 @@ import torch
 from obj_helpers import make_batch
 
 from lmpo.objectives import Objective, exact_grad_norm, lm_head_grad_norm, logits_grad_norm
-from lmpo.objectives.credit import gradient_adaptive_weights, temporal_decay_weights
+from lmpo.objectives.parts.credit import gradient_adaptive_weights, temporal_decay_weights
 
 
 def test_temporal_decay_hand_case():

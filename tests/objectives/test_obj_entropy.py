@@ -5,7 +5,7 @@ import torch
 from obj_helpers import aggregate_loop, make_batch
 
 from lmpo.objectives import AdaptiveEntropyController, Objective
-from lmpo.objectives.entropy import clip_cov_selection, kl_cov_selection, token_covariance
+from lmpo.objectives.parts.covariance import clip_cov_selection, kl_cov_selection, token_covariance
 
 
 def test_controller_follows_skywork_rule_step_by_step():

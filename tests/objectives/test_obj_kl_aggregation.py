@@ -7,8 +7,8 @@ import torch
 from obj_helpers import aggregate_loop, make_batch
 
 from lmpo.objectives import AGGREGATIONS, Objective
-from lmpo.objectives.aggregation import aggregate
-from lmpo.objectives.kl import kl_estimate
+from lmpo.objectives.parts.aggregation import aggregate
+from lmpo.objectives.parts.kl import kl_estimate
 
 
 def test_kl_estimators_hand_case():

@@ -7,8 +7,8 @@ import torch
 from obj_helpers import aggregate_loop, extra_inputs, make_batch
 
 from lmpo.objectives import PRESETS, Objective, preset_table_markdown
-from lmpo.objectives.credit import gradient_adaptive_weights, temporal_decay_weights
-from lmpo.objectives.entropy import clip_cov_selection, token_covariance
+from lmpo.objectives.parts.covariance import clip_cov_selection, token_covariance
+from lmpo.objectives.parts.credit import gradient_adaptive_weights, temporal_decay_weights
 
 REQUIRED_PRESETS = {"grpo", "dapo", "dr_grpo", "gspo", "gspo_token", "amic", "ema", "ptrw", "decay",
                     "grad_adaptive", "asym", "clip_cov", "kl_cov", "adaptive_entropy"}

@@ -7,7 +7,12 @@ import torch
 from obj_helpers import make_batch
 
 from lmpo.objectives import Objective
-from lmpo.objectives.trust_region import trust_region_loss
+from lmpo.objectives.parts import TRUST_REGIONS
+
+
+def trust_region_loss(rho, adv, mode, **params):
+    """The registered part's per-token term (the parts take only their own parameters)."""
+    return TRUST_REGIONS[mode](**params).term(rho, adv, None)
 
 
 def _loop_ppo(rho, adv, lo, hi, dual_c=None):

@@ -17,7 +17,7 @@ objective with
   on (every lmpo policy term is positively homogeneous in A, so this is TRL's ``per_token_loss * ratio``);
 - ``ref_logp`` (TRL computes it when ``beta != 0``, so ``beta`` must equal ``objective.kl_coef``),
   ``entropy`` (always; TRL computes it anyway), ``token_grad_norm`` (``logits``/``lm_head`` modes, from
-  one extra no-grad forward with full logits, through ``lmpo.objectives.credit``);
+  one extra no-grad forward with full logits, through ``lmpo.objectives.grad_norms``);
 - the normalisers that reproduce TRL's loss scaling for the objective's aggregation:
 
   ============================  ==================================  =====================================
@@ -33,10 +33,12 @@ objective with
 
   (GA = ``current_gradient_accumulation_steps`` in training, 1 in evaluation, as TRL does.)
 
-Statistics go to TRL's ``_metrics`` under lmpo's keys (``clip/low_frac``, ``ratio/mean``,
-``entropy/mean`` …), averaged over the accumulation window and the processes and converted to floats once
-per optimizer step. The adaptive entropy controller is updated once per optimizer step with the
-token-weighted mean entropy of the window over all processes, and saved with checkpoints.
+The objective runs through its driver (``lmpo.objectives.ObjectiveDriver``, the one lmpo's trainer and the verl
+adapter use): statistics go to TRL's ``_metrics`` under the objective's own keys (``clip/low_frac``,
+``ratio/mean``, ``entropy/mean`` …), merged over the accumulation window and the processes (one gather) and
+converted to floats once per optimizer step. The adaptive entropy controller is updated once per optimizer step
+with the token-weighted mean entropy of the window over all processes (``entropy/coef``), and saved with
+checkpoints.
 
 The objective replaces TRL's ``loss_type``, ``epsilon``, ``epsilon_high``, ``importance_sampling_level``
 (ignored, with a warning when set). Refused at construction, with what to do instead: TRL's own entropy
@@ -55,7 +57,8 @@ from typing import Any
 
 import torch
 
-from lmpo.objectives import Objective, lm_head_grad_norm, logits_grad_norm
+from lmpo.objectives import Objective, ObjectiveDriver, lm_head_grad_norm, logits_grad_norm
+from lmpo.objectives.driver import Host, host_problems, refuse
 
 TESTED_TRL_VERSION = "1.16"
 
@@ -102,9 +105,21 @@ def _as_objective(objective: Objective | str) -> Objective:
     return objective
 
 
+TRL_HOST = Host(
+    "LmpoGRPOTrainer",
+    frozenset({"entropy", "ref_logp", "step_hook", "token_grad_norm:lm_head", "token_grad_norm:logits"}),
+    reports_entropy=True,  # TRL computes token entropies in its log-prob forward anyway
+    advice={"token_grad_norm:exact": "grad_norm_mode='exact' needs one backward pass per token, which is not "
+                                     "feasible inside TRL; use grad_norm_mode='lm_head' (exact over the output "
+                                     "head) or 'logits'."},
+)
+"""What TRL's GRPOTrainer gives an objective through this adapter."""
+
+
 def check_trl_args(objective: Objective, args: GRPOConfig) -> None:
-    """Raise ``ValueError`` for GRPOConfig settings the adapter cannot honour with this objective."""
-    problems = []
+    """Raise :class:`~lmpo.errors.UnsupportedError` (a ``ValueError``) for GRPOConfig settings the adapter cannot
+    honour with this objective, and for needs the adapter cannot meet; every problem in one message."""
+    problems = host_problems(objective, TRL_HOST)
     if float(args.beta) != float(objective.kl_coef):
         problems.append(
             f"beta={args.beta} but objective.kl_coef={objective.kl_coef}: TRL loads the reference model and "
@@ -143,19 +158,13 @@ def check_trl_args(objective: Objective, args: GRPOConfig) -> None:
             f"{objective.advantage_scale!r}; set GRPOConfig(scale_rewards={objective.advantage_scale!r}) or "
             f"build the objective with advantage_scale={args.scale_rewards!r}."
         )
-    if objective.requires_token_grad_norm and objective.grad_norm_mode == "exact":
-        problems.append(
-            "grad_norm_mode='exact' needs one backward pass per token, which is not feasible inside TRL; use "
-            "grad_norm_mode='lm_head' (exact over the output head) or 'logits'."
-        )
     if objective.cov_control != "none" and args.use_vllm and args.vllm_importance_sampling_correction:
         problems.append(
             f"cov_control={objective.cov_control!r} selects tokens by the covariance of the advantages, which "
             f"vLLM's importance-sampling correction (applied through the advantages) would change; set "
             f"vllm_importance_sampling_correction=False or pick another preset."
         )
-    if problems:
-        raise ValueError("LmpoGRPOTrainer cannot run with these settings:\n- " + "\n- ".join(problems))
+    refuse("LmpoGRPOTrainer", problems, "with these settings")
 
 
 def _warn_ignored_fields(args: GRPOConfig) -> None:
@@ -203,9 +212,12 @@ class LmpoGRPOTrainer(GRPOTrainer):
             # Dr. GRPO's constant, as TRL's loss_type="dr_grpo" uses
             objective = objective.replace(norm_constant=float(self.args.max_completion_length))
         self._lmpo_objective = objective
-        self.entropy_controller = objective.make_entropy_controller()
-        self._lmpo_window: list[torch.Tensor] = []
-        self._lmpo_window_keys: tuple[str, ...] | None = None
+        self.lmpo_driver = ObjectiveDriver(objective, TRL_HOST)
+
+    @property
+    def entropy_controller(self):
+        """The adaptive entropy controller (held by the objective driver), or None."""
+        return self.lmpo_driver.controller
 
     # ------------------------------------------------------------------ the loss
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
@@ -230,7 +242,7 @@ class LmpoGRPOTrainer(GRPOTrainer):
             advantages = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages) * weights
             advantages = advantages.expand_as(per_token_logps)
         token_grad_norm = None
-        if objective.requires_token_grad_norm:
+        if self.lmpo_driver.needs.token_grad_norm:
             token_grad_norm = self._token_grad_norm(model, input_ids, attention_mask, completion_ids, extra)
 
         mode = "train" if self.model.training else "eval"
@@ -244,18 +256,19 @@ class LmpoGRPOTrainer(GRPOTrainer):
         else:  # TRL's loss_type="grpo"/"dr_grpo": a mean over the micro-batch's rows, divided by GA
             normalisers = {"num_seqs": float(per_token_logps.shape[0] * accumulation_steps)}
 
-        loss, stats = objective(
+        driver = self.lmpo_driver
+        loss = driver.loss(
             per_token_logps, old, advantages, mask,
-            ref_logp=inputs.get("ref_per_token_logps") if objective.requires_ref_logp else None,
+            ref_logp=inputs.get("ref_per_token_logps") if driver.needs.ref_logp else None,
             entropy=entropies,
             token_grad_norm=token_grad_norm,
-            entropy_coef=self.entropy_controller.coef if self.entropy_controller is not None else None,
             **normalisers,
         )
         if self.aux_loss_enabled:  # MoE load balancing, scaled for accumulation as TRL does
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation_steps
-            stats["loss/router_aux"] = aux_loss.detach()
-        self._record_stats(stats, mode)
+            driver.add_stats({"loss/router_aux": aux_loss.detach()})
+        if mode == "eval":  # no accumulation window in evaluation: log this batch now
+            self._log_lmpo_stats(driver.end_step(gather=self.accelerator.gather, update_controller=False), "eval")
         return loss
 
     @torch.no_grad()
@@ -273,7 +286,7 @@ class LmpoGRPOTrainer(GRPOTrainer):
                 f"Use credit='none' or 'temporal_decay' with multimodal models."
             )
         length = completion_ids.size(1)
-        want_hidden = self.objective.grad_norm_mode == "lm_head"
+        want_hidden = self.lmpo_driver.needs.token_grad_norm == "lm_head"
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                     output_hidden_states=want_hidden)
         logits = out.logits[:, -length - 1 : -1, :] / self.temperature  # (B, T, V) predicting completion tokens
@@ -285,43 +298,15 @@ class LmpoGRPOTrainer(GRPOTrainer):
                                  logit_scale=1.0 / self.temperature)
 
     # ------------------------------------------------------------------ metrics and the controller
-    def _record_stats(self, stats: dict[str, torch.Tensor], mode: str) -> None:
-        keys = tuple(stats)
-        values = torch.stack([stats[k].detach().float().reshape(()) for k in keys])  # (K,)
-        if mode == "eval":
-            for key, value in zip(keys, self.accelerator.reduce(values, reduction="mean").tolist()):
-                self._metrics["eval"][key].append(value)
-            return
-        if self._lmpo_window_keys is not None and keys != self._lmpo_window_keys:
-            self._flush_window()
-        self._lmpo_window_keys = keys
-        self._lmpo_window.append(values)
-
-    def _flush_window(self) -> None:
-        """Once per optimizer step: window means → floats in ``_metrics``; controller update."""
-        if not self._lmpo_window:
-            return
-        keys = self._lmpo_window_keys
-        window = torch.stack(self._lmpo_window)  # (M, K) one row per micro-batch
-        self._lmpo_window = []
-        summary = window.mean(0) / self.accelerator.num_processes  # summed over processes below → mean
-        if "entropy/mean" in keys and "tokens/valid" in keys:
-            ent, n = window[:, keys.index("entropy/mean")], window[:, keys.index("tokens/valid")]
-            summary = torch.cat([summary, torch.stack([(ent * n).sum(), n.sum()])])
-        values = self.accelerator.reduce(summary, reduction="sum").tolist()  # the one host sync per step
-        for key, value in zip(keys, values):
-            self._metrics["train"][key].append(value)
-        if self.entropy_controller is not None:
-            entropy_sum, tokens = values[len(keys)], values[len(keys) + 1]
-            if tokens > 0:
-                self.entropy_controller.update(entropy_sum / tokens)
-            self._metrics["train"]["entropy/controller_coef"].append(self.entropy_controller.coef)
+    def _log_lmpo_stats(self, merged: dict[str, float], mode: str) -> None:
+        for key, value in merged.items():
+            self._metrics[mode][key].append(value)
 
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
                       ) -> torch.Tensor:
         output = super().training_step(model, inputs, num_items_in_batch)
-        if self.accelerator.sync_gradients:  # last micro-batch of the accumulation window
-            self._flush_window()
+        if self.accelerator.sync_gradients:  # last micro-batch of the accumulation window: one gather, floats
+            self._log_lmpo_stats(self.lmpo_driver.end_step(gather=self.accelerator.gather), "train")
         return output
 
     # ------------------------------------------------------------------ checkpoints
@@ -348,4 +333,5 @@ _MULTIMODAL_KEYS = (
 )
 """Optional inputs TRL forwards to the model (multimodal models); passed through unchanged."""
 
-__all__ = ["CONTROLLER_STATE_FILE", "TESTED_TRL_VERSION", "LmpoGRPOTrainer", "check_trl_args", "check_trl_version"]
+__all__ = ["CONTROLLER_STATE_FILE", "TESTED_TRL_VERSION", "TRL_HOST", "LmpoGRPOTrainer", "check_trl_args",
+           "check_trl_version"]

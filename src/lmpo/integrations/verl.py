@@ -1,4 +1,4 @@
-"""Run lmpo objectives as verl policy losses (SPEC §3). Tested with verl 0.9.1.
+"""Run lmpo objectives as verl policy losses. Tested with verl 0.9.1.
 
 Importing this module registers every preset of ``lmpo.objectives.PRESETS`` with verl's
 ``register_policy_loss`` as ``lmpo_<name>`` (``lmpo_grpo``, ``lmpo_gspo``, …). In a verl run::
@@ -35,10 +35,12 @@ The loss function does no maths of its own; per call (one micro-batch) it
    positively homogeneous in A (ψ(ρ, w·A) = w·ψ(ρ, A) for the clips, dual clip, PTRW and the plain
    term), so this equals verl's ``pg_losses * rollout_is_weights``. ``clip_cov``/``kl_cov`` select tokens
    by a covariance of A, so with rollout weights they are refused rather than changed.
-3. calls the objective and returns ``(loss, metrics)`` with verl's metric names: ``actor/pg_clipfrac``
-   (lmpo ``clip/region_frac``), ``actor/pg_clipfrac_lower`` (``clip/dual_frac``, 0 without dual clip),
-   ``actor/ppo_kl`` (lmpo's k3 estimate of KL(π_old‖π_θ); verl's own losses report k1), plus every lmpo
-   statistic as ``actor/lmpo/<key>``. Statistics are converted to floats in one host sync.
+3. calls the objective through its driver (``lmpo.objectives.ObjectiveDriver``, shared with lmpo's trainer
+   and the TRL adapter) and returns ``(loss, metrics)``: the objective's statistics under the same keys the
+   trainer and the TRL adapter log (``loss/policy``, ``clip/low_frac``, …), plus verl's own names for verl's
+   dashboards: ``actor/pg_clipfrac`` (lmpo ``clip/region_frac``), ``actor/pg_clipfrac_lower``
+   (``clip/dual_frac``, 0 without dual clip), ``actor/ppo_kl`` (lmpo's k3 estimate of KL(π_old‖π_θ); verl's
+   own losses report k1). Statistics are converted to floats in one host sync.
 
 Refused at call time with an error saying what to use instead (never silently degraded): entropy terms
 (static or adaptive: verl's hook receives no entropies and no optimizer-step hook for a controller; use
@@ -58,7 +60,8 @@ from typing import Any
 
 import torch
 
-from lmpo.objectives import PRESETS, Objective
+from lmpo.objectives import PRESETS, Objective, ObjectiveDriver
+from lmpo.objectives.driver import Host, refuse
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +172,7 @@ def _overrides_from_config(config: Any) -> dict[str, Any]:
 def _build_objective(preset: str, overrides: tuple[tuple[str, Any], ...], aggregation: str,
                      norm_constant: float | None) -> Objective:
     objective = Objective.preset(preset, **dict(overrides))
-    return objective.replace(aggregation=aggregation, norm_constant=norm_constant)
+    return objective.replace(aggregation=aggregation, norm_constant=norm_constant, name=f"lmpo_{preset}")
 
 
 @functools.cache
@@ -210,41 +213,36 @@ def objective_for_verl(preset: str, loss_agg_mode: str, config: Any = None, loss
     if aggregation == "seq_sum_norm":
         norm_constant = float(loss_scale_factor) if loss_scale_factor is not None else response_length
     objective = _build_objective(preset, tuple(sorted(overrides.items())), aggregation, norm_constant)
-    _refuse_unsupported(preset, objective)
+    _driver(objective)  # refuses what verl's hook cannot give, naming what to use instead
     preset_aggregation = _preset_aggregation(preset)
     if loss_agg_mode == "token-sum" or aggregation != preset_aggregation:
         _warn_aggregation_once(preset, preset_aggregation, loss_agg_mode)
     return objective
 
 
-def _refuse_unsupported(preset: str, objective: Objective) -> None:
-    name = f"lmpo_{preset}"
-    if objective.adaptive_entropy:
-        raise NotImplementedError(
-            f"{name}: adaptive entropy control needs token entropies inside the loss and a controller updated "
-            f"once per optimizer step; verl's policy-loss hook receives neither. Use verl's static bonus "
-            f"(actor_rollout_ref.actor.entropy_coeff=<c>, calculate_entropy=True) with another preset, or run "
-            f"this preset with lmpo's trainer or lmpo.integrations.trl.LmpoGRPOTrainer."
-        )
-    if objective.entropy_coef != 0.0:
-        raise NotImplementedError(
-            f"{name}: entropy_coef={objective.entropy_coef} needs token entropies, which verl's policy-loss hook "
-            f"does not receive; set policy_loss.lmpo.entropy_coef=0 and use verl's own "
-            f"actor_rollout_ref.actor.entropy_coeff={objective.entropy_coef} (aggregated with loss_agg_mode)."
-        )
-    if objective.requires_ref_logp:
-        raise NotImplementedError(
-            f"{name}: kl_coef={objective.kl_coef} needs reference log-probs, which verl's policy-loss hook does "
-            f"not receive; set policy_loss.lmpo.kl_coef=0 and use verl's actor_rollout_ref.actor.use_kl_loss=True "
-            f"kl_loss_coef={objective.kl_coef} kl_loss_type=<k1|k2|k3> (aggregated with loss_agg_mode)."
-        )
-    if objective.requires_token_grad_norm:
-        raise NotImplementedError(
-            f"{name}: credit='gradient_adaptive' needs per-token gradient norms ‖∇θ log π(y_t)‖ "
-            f"(grad_norm_mode={objective.grad_norm_mode!r}: logits or lm-head hidden states), which verl's "
-            f"policy-loss hook does not receive. Use lmpo.integrations.trl.LmpoGRPOTrainer or lmpo's trainer "
-            f"(both compute them), or set policy_loss.lmpo.credit=none / temporal_decay."
-        )
+VERL_HOST = Host(
+    "verl's policy-loss hook",
+    frozenset(),  # the hook receives log-probs, advantages and the mask only
+    advice={
+        "entropy": "set policy_loss.lmpo.entropy_coef=0 / adaptive_entropy=false and use verl's own "
+                   "actor_rollout_ref.actor.entropy_coeff=<c> (calculate_entropy=True, aggregated with "
+                   "loss_agg_mode), or run this objective with lmpo's trainer or "
+                   "lmpo.integrations.trl.LmpoGRPOTrainer.",
+        "step_hook": "use verl's static bonus (actor_rollout_ref.actor.entropy_coeff=<c>) with another preset, or "
+                     "run this preset with lmpo's trainer or lmpo.integrations.trl.LmpoGRPOTrainer.",
+        "ref_logp": "set policy_loss.lmpo.kl_coef=0 and use verl's actor_rollout_ref.actor.use_kl_loss=True "
+                    "kl_loss_coef=<β> kl_loss_type=<k1|k2|k3> (aggregated with loss_agg_mode).",
+        "token_grad_norm": "use lmpo.integrations.trl.LmpoGRPOTrainer or lmpo's trainer (both compute them), or "
+                           "set policy_loss.lmpo.credit=none / temporal_decay.",
+    },
+)
+"""What verl's policy-loss hook gives an objective."""
+
+
+@functools.lru_cache(maxsize=256)
+def _driver(objective: Objective) -> ObjectiveDriver:
+    """One driver per objective (refusals checked once, when it is built)."""
+    return ObjectiveDriver(objective, VERL_HOST)
 
 
 def _normalisers(loss_agg_mode: str, mask: torch.Tensor, global_batch_info: Mapping[str, Any]) -> dict[str, Any]:
@@ -274,17 +272,14 @@ def _normalisers(loss_agg_mode: str, mask: torch.Tensor, global_batch_info: Mapp
     return {"num_seqs": global_batch_size / dp_size}
 
 
-def verl_metrics(stats: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """lmpo statistics → verl metric names, as floats (one host sync for all of them)."""
-    keys = list(stats)
-    values = torch.stack([stats[k].detach().float().reshape(()) for k in keys]).tolist() if keys else []
-    plain = dict(zip(keys, values))
+def verl_metrics(merged: Mapping[str, float]) -> dict[str, float]:
+    """The driver's statistics (floats, lmpo's keys) plus verl's own names for its dashboards."""
     metrics = {
-        "actor/pg_clipfrac": plain.get("clip/region_frac", 0.0),
-        "actor/pg_clipfrac_lower": plain.get("clip/dual_frac", 0.0),
-        "actor/ppo_kl": plain.get("kl/behaviour_k3", 0.0),
+        "actor/pg_clipfrac": merged.get("clip/region_frac", 0.0),
+        "actor/pg_clipfrac_lower": merged.get("clip/dual_frac", 0.0),
+        "actor/ppo_kl": merged.get("kl/behaviour_k3", 0.0),
     }
-    metrics.update({f"actor/lmpo/{k}": v for k, v in plain.items()})
+    metrics.update(merged)
     return metrics
 
 
@@ -319,18 +314,16 @@ def make_policy_loss(preset: str) -> Callable[..., tuple[torch.Tensor, dict[str,
         objective = objective_for_verl(preset, loss_agg_mode, config, loss_scale_factor, log_prob.shape[-1])
         if rollout_is_weights is not None:
             if objective.cov_control != "none":
-                raise NotImplementedError(
-                    f"lmpo_{preset}: cov_control={objective.cov_control!r} selects tokens by the covariance of the "
-                    f"advantages, and lmpo applies rollout-correction weights through the advantages, so the "
-                    f"selection would change. Disable algorithm.rollout_correction for this run or use verl's "
-                    f"own loss_mode={objective.cov_control}."
-                )
+                refuse(VERL_HOST.name, [
+                    f"cov_control={objective.cov_control!r} selects tokens by the covariance of the advantages, and "
+                    f"lmpo applies rollout-correction weights through the advantages, so the selection would change; "
+                    f"disable algorithm.rollout_correction for this run or use verl's own "
+                    f"loss_mode={objective.cov_control}."], f"objective {objective.name!r}")
             advantages = advantages * rollout_is_weights
-        loss, stats = objective(
-            log_prob, old_log_prob, advantages, response_mask,
-            **_normalisers(loss_agg_mode, response_mask, global_batch_info),
-        )
-        return loss, verl_metrics(stats)
+        driver = _driver(objective)
+        loss = driver.loss(log_prob, old_log_prob, advantages, response_mask,
+                           **_normalisers(loss_agg_mode, response_mask, global_batch_info))
+        return loss, verl_metrics(driver.end_step())  # verl merges the per-micro-batch metrics itself
 
     policy_loss.__name__ = policy_loss.__qualname__ = f"{LOSS_MODE_PREFIX}{preset}"
     return policy_loss
@@ -358,6 +351,7 @@ __all__ = [
     "LOSS_MODE_PREFIX",
     "REGISTERED_LOSS_MODES",
     "TESTED_VERL_VERSION",
+    "VERL_HOST",
     "LmpoPolicyLossConfig",
     "check_verl_version",
     "make_policy_loss",

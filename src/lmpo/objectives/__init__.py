@@ -1,36 +1,48 @@
-"""GRPO-family policy objectives as composable, pure tensor functions (SPEC §1).
+"""GRPO-family policy objectives as composable, pure tensor functions.
 
-Parts (each a module with its name tuple): ``levels`` (importance weights), ``trust_region``,
-``credit`` (token credit weights and gradient-norm helpers), ``entropy`` (static / adaptive entropy,
-clip_cov, kl_cov), ``kl`` (reference KL), ``aggregation``, ``advantages``. ``Objective`` composes them;
-``PRESETS`` names common bundles.
+An ``Objective`` is one chosen part of each kind — importance level, trust region, token credit, entropy
+control, covariance control, reference-KL estimator, aggregation — each a small frozen object from its
+registry (``lmpo.objectives.parts``); ``PRESETS`` names common bundles; ``ADVANTAGE_ESTIMATORS`` computes the
+advantages fed to it; ``ObjectiveDriver`` is what a training loop (lmpo's trainer, TRL, verl) calls.
 
     from lmpo.objectives import Objective
     loss, stats = Objective.preset("gspo")(logp, old_logp, advantages, mask)
 """
 
 from .advantages import ADVANTAGE_ESTIMATORS, compute_advantages, grpo_advantages, rloo_advantages
-from .aggregation import AGGREGATIONS
-from .credit import CREDIT_MODES, GRAD_NORM_MODES, exact_grad_norm, lm_head_grad_norm, logits_grad_norm
-from .entropy import COV_CONTROLS, AdaptiveEntropyController
-from .kl import KL_ESTIMATORS
-from .levels import LEVELS
+from .driver import Host, ObjectiveDriver
+from .grad_norms import GRAD_NORM_MODES, exact_grad_norm, lm_head_grad_norm, logits_grad_norm
 from .objective import Objective
-from .presets import PRESETS, Preset, preset_table_markdown
-from .trust_region import TRUST_REGIONS
+from .parts import (
+    AGGREGATIONS,
+    COV_CONTROLS,
+    CREDITS,
+    ENTROPY_CONTROLS,
+    KINDS,
+    KL_ESTIMATORS,
+    LEVELS,
+    TRUST_REGIONS,
+    AdaptiveEntropyController,
+)
+from .presets import PRESETS, Preset
+from .reference import preset_table_markdown
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "COV_CONTROLS",
-    "CREDIT_MODES",
+    "CREDITS",
+    "ENTROPY_CONTROLS",
     "GRAD_NORM_MODES",
+    "KINDS",
     "KL_ESTIMATORS",
     "LEVELS",
     "PRESETS",
     "TRUST_REGIONS",
     "AdaptiveEntropyController",
+    "Host",
     "Objective",
+    "ObjectiveDriver",
     "Preset",
     "compute_advantages",
     "exact_grad_norm",

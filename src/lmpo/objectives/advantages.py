@@ -1,4 +1,4 @@
-"""Advantage estimators over rewards and group ids (SPEC §1.7). Pure functions.
+"""Advantage estimators over rewards and group ids. Pure functions, one registry.
 
 - ``grpo``: ``A_i = (r_i − mean_g)/(std_g + ε)`` (``scale="group"``, unbiased std), ``(r_i − mean_g)/(std_B + ε)``
   (``"batch"``: std over the whole batch, as TRL's ``scale_rewards="batch"``), or ``r_i − mean_g``
@@ -8,18 +8,21 @@
 
 Every estimator takes ``rewards (B,)`` and ``group_ids (B,)`` (any integers; a group is the set of
 completions of one prompt, G per group) and returns ``(advantages (B,), stats)`` with detached 0-dim
-statistics under ``advantages/…``.
+statistics under ``adv/…``. ``ADVANTAGE_ESTIMATORS`` is the registry (each entry a frozen dataclass of its
+options, like the objective parts); ``compute_advantages(name, rewards, group_ids, **options)`` runs one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from .objective import ADVANTAGE_SCALES
+from .parts.base import Part, Registry, param
 from .validation import check_choice
 
-SCALES = ("group", "batch", "none")
+SCALES = ADVANTAGE_SCALES
 
 
 def _groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -66,17 +69,17 @@ def filter_zero_variance_groups(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Keep mask for dynamic sampling (DAPO): ``(keep (B,) bool, stats)``; stats give the dropped fraction."""
     zero_var = zero_variance_mask(rewards, group_ids)
-    stats = {"advantages/zero_variance_frac": zero_var.float().mean()}
+    stats = {"adv/zero_var_frac": zero_var.float().mean()}
     return ~zero_var, stats
 
 
 def _stats(adv: torch.Tensor, zero_var: torch.Tensor) -> dict[str, torch.Tensor]:
     adv = adv.detach()
     return {
-        "advantages/mean": adv.mean(),
-        "advantages/std": adv.std(unbiased=False) if adv.numel() > 0 else adv.sum(),
-        "advantages/abs_max": adv.abs().max() if adv.numel() > 0 else adv.sum(),
-        "advantages/zero_variance_frac": zero_var.float().mean(),
+        "adv/mean": adv.mean(),
+        "adv/std": adv.std(unbiased=False) if adv.numel() > 0 else adv.sum(),
+        "adv/abs_max": adv.abs().max() if adv.numel() > 0 else adv.sum(),
+        "adv/zero_var_frac": zero_var.float().mean(),
     }
 
 
@@ -114,17 +117,62 @@ def rloo_advantages(
     return _scaled(adv, g, rewards, scale, eps)
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
-    "grpo": grpo_advantages,
-    "rloo": rloo_advantages,
+ADVANTAGE_ESTIMATORS = Registry("advantage_estimator", "Advantage estimator")
+"""Registry of advantage estimators: name → estimator class (a frozen dataclass of its options)."""
+
+ADVANTAGE_STATS = {
+    "adv/mean": "mean advantage from the estimator",
+    "adv/std": "standard deviation of the estimator's advantages",
+    "adv/abs_max": "largest absolute advantage",
+    "adv/zero_var_frac": "fraction of sequences in groups whose rewards are all equal (no group signal)",
 }
-"""Registry of advantage estimators: name → f(rewards (B,), group_ids (B,), **options)."""
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator(Part):
+    """Base of the estimators: ``estimator(rewards, group_ids)`` → ``(advantages (B,), stats)``."""
+
+    stats = ADVANTAGE_STATS
+
+    def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raise NotImplementedError
+
+
+@ADVANTAGE_ESTIMATORS.register
+@dataclass(frozen=True)
+class GRPOAdvantage(AdvantageEstimator):
+    """GRPO's group-relative advantage ``(r − mean_g)/(std_g + ε)`` (scale ``group``), ``/(std_B + ε)``
+    (``batch``) or ``r − mean_g`` (``none``, Dr. GRPO)."""
+
+    name = "grpo"
+    formula = "(r_i − mean_g r)/(std_g r + ε)"
+    source = "Shao et al. 2024, DeepSeekMath (arXiv 2402.03300)"
+    scale: str = param("group", "divide by the group std, the batch std, or nothing", choices=ADVANTAGE_SCALES)
+    eps: float = param(1e-4, "ε added to the std", low=0.0, low_inclusive=True)
+
+    def __call__(self, rewards, group_ids):
+        return grpo_advantages(rewards, group_ids, scale=self.scale, eps=self.eps)
+
+
+@ADVANTAGE_ESTIMATORS.register
+@dataclass(frozen=True)
+class RLOOAdvantage(AdvantageEstimator):
+    """Leave-one-out baseline ``r_i − mean_{j≠i} r_j`` (optionally divided by the group / batch std)."""
+
+    name = "rloo"
+    formula = "r_i − mean_{j≠i, j∈g} r_j"
+    source = "Ahmadian et al. 2024, Back to Basics (arXiv 2402.14740)"
+    scale: str = param("none", "divide by the group std, the batch std, or nothing", choices=ADVANTAGE_SCALES)
+    eps: float = param(1e-4, "ε added to the std", low=0.0, low_inclusive=True)
+
+    def __call__(self, rewards, group_ids):
+        return rloo_advantages(rewards, group_ids, scale=self.scale, eps=self.eps)
 
 
 def compute_advantages(
     name: str, rewards: torch.Tensor, group_ids: torch.Tensor, **options: object
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Dispatch to ``ADVANTAGE_ESTIMATORS[name]``; e.g. ``compute_advantages("grpo", r, g, scale="none")``."""
+    """Run ``ADVANTAGE_ESTIMATORS[name](**options)``; e.g. ``compute_advantages("grpo", r, g, scale="none")``."""
     if name not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; use one of {', '.join(ADVANTAGE_ESTIMATORS)}.")
-    return ADVANTAGE_ESTIMATORS[name](rewards, group_ids, **options)
+    return ADVANTAGE_ESTIMATORS[name](**options)(rewards, group_ids)

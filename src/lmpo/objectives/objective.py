@@ -1,4 +1,4 @@
-"""The composed policy objective (SPEC §1): one frozen dataclass, one pure call.
+"""The composed policy objective: one chosen part of each kind, one pure call.
 
 Per token (before aggregation), with ρ from the level, ψ the trust-region term and c_t the credit weight:
 
@@ -13,232 +13,256 @@ Example::
 The call reads no config object, calls no ``.item()`` (one optional fused finiteness check is the only
 host sync, see ``check_finite``), moves nothing between devices and mutates none of its inputs.
 Statistics are detached 0-dim tensors with keys ``component/name``.
+
+Construction. ``Objective(**keywords)`` takes one keyword per kind of part selecting it by name (``level``,
+``trust_region``, ``credit``, ``cov_control``, ``kl_estimator``, ``aggregation``; ``adaptive_entropy=True``
+selects the adaptive entropy control), each part's own parameters (``eps_high``, ``ema_beta``, …), and the
+objective-wide fields (``kl_coef``, ``entropy_coef``, ``log_ratio_clamp``, ``advantage_scale``,
+``check_finite``, ``name``). Every route resolves the same way: ``Objective.preset(name, **o)``,
+``Objective.preset(name).replace(**o)``, a YAML ``objective`` section and ``--objective.overrides.k v`` on the
+command line all merge ``o`` into the explicit keywords they start from, and
+
+- a parameter is read by the part that declares it; one given for a part that is not selected is refused,
+  naming both keywords;
+- when ``o`` switches a kind to another part, the explicit parameters of the old part that the new part does
+  not have are dropped (``Objective.preset("grad_adaptive").replace(credit="none")`` is plain GSPO), those
+  both have are kept (``Objective.preset("dapo", trust_region="ppo").eps_high`` is still 0.28);
+- defaults that depend on another parameter are resolved on read, never written into the frozen object
+  (``Objective.preset("grpo").replace(trust_region="clip_higher").eps_high`` is clip_higher's 0.28).
+
+Two objectives are equal when they compute the same loss: the same parts with the same parameters and the
+same objective-wide fields (``name`` is informational and not compared).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import difflib
+import functools
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 import torch
 
-from .aggregation import AGGREGATIONS, aggregate
-from .credit import CREDIT_MODES, GRAD_NORM_MODES, gradient_adaptive_weights, temporal_decay_weights
-from .entropy import (
-    COV_CONTROLS,
-    AdaptiveEntropyController,
-    clip_cov_pick,
-    covariance_mean,
-    kl_cov_pick,
-    token_covariance,
-    top_fraction_mean,
-)
-from .kl import KL_ESTIMATORS, kl_estimate
-from .levels import EMA_GRADS, LEVELS, SEQUENCE_LEVELS, importance_weight
-from .trust_region import (
-    CLIPPED_TRUST_REGIONS,
-    PTRW_GRADS,
-    TRUST_REGIONS,
-    clip_activity,
-    clip_bounds,
-    trust_region_loss,
-)
+from .parts import KINDS, Context, Part, Registry
+from .parts.base import check_value, coerce_param, param
+from .parts.entropy import AdaptiveEntropyController
 from .validation import (
-    check_choice,
     check_mask_dtype,
-    check_range,
     check_tensor_shape,
     report_bad_mask,
     report_nonfinite,
 )
 
+_PRESETS: dict[str, Any] = {}
+PRESETS: Mapping[str, Any] = MappingProxyType(_PRESETS)
+"""Registry of named presets (read-only), filled by ``presets.py``: name → ``Preset``."""
+
 ADVANTAGE_SCALES = ("group", "batch", "none")
-CLIP_HIGHER_DEFAULT_EPS_HIGH = 0.28
+"""How the advantages fed to the objective are scaled (see ``lmpo.objectives.advantages``)."""
+
+SELECTORS: dict[str, str] = {kind: kind for kind in KINDS if kind != "entropy_control"}
+"""Keyword → kind, for the kinds selected by name."""
+
+DEFAULT_PARTS: dict[str, str] = {
+    "level": "token",
+    "trust_region": "ppo",
+    "credit": "none",
+    "entropy_control": "static",
+    "cov_control": "none",
+    "kl_estimator": "k3",
+    "aggregation": "seq_mean_token_mean",
+}
 
 
 @dataclass(frozen=True)
+class General:
+    """Objective-wide fields (not owned by any one part)."""
+
+    name: str = param("custom", "preset the objective was built from (informational; not compared)")
+    log_ratio_clamp: float = param(20.0, "log-ratios are clamped to ±this before exp (clamped tokens get no "
+                                   "gradient through the ratio)", low=0.0, high=80.0, hint="The default is 20.")
+    kl_coef: float = param(0.0, "β of the reference-KL term (0 disables it and the need for ref_logp)", low=0.0,
+                           low_inclusive=True, hint="0 disables the KL term.")
+    entropy_coef: float = param(0.0, "static entropy bonus coefficient (loss −= coef·aggregated entropy); 0 "
+                                "disables it")
+    advantage_scale: str = param("group", "advantage scaling the method expects (read by the caller): group | "
+                                 "batch | none (Dr. GRPO)", choices=ADVANTAGE_SCALES)
+    check_finite: bool = param(True, "check inputs for NaN/inf at valid tokens (one fused reduction and one host "
+                               "sync per call)")
+
+
+GENERAL_FIELDS = tuple(f.name for f in dataclasses.fields(General))
+
+
+def owners_by_keyword() -> dict[str, list[tuple[str, str]]]:
+    """Parameter keyword → [(kind, part name)] of every registered part that declares it."""
+    return _owners_for(tuple(len(r) for r in KINDS.values()))
+
+
+@functools.lru_cache(maxsize=4)
+def _owners_for(sizes: tuple[int, ...]) -> dict[str, list[tuple[str, str]]]:
+    # keyed by the registry sizes, so a part registered later (by a user) is seen
+    owners: dict[str, list[tuple[str, str]]] = {}
+    for kind, registry in KINDS.items():
+        for name, cls in registry.items():
+            for p in cls.params():
+                owners.setdefault(p, []).append((kind, name))
+    return owners
+
+
+def _all_keywords() -> list[str]:
+    return sorted(set(GENERAL_FIELDS) | set(SELECTORS) | {"adaptive_entropy"} | set(owners_by_keyword()))
+
+
+def _selected(spec: Mapping[str, Any], kind: str) -> str:
+    if kind == "entropy_control":
+        return "adaptive" if spec.get("adaptive_entropy", False) else "static"
+    return spec.get(kind, DEFAULT_PARTS[kind])
+
+
+def merge_spec(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Explicit keywords ``base`` updated with ``overrides``; a kind switched to another part drops the old
+    part's explicit parameters that the new part does not declare."""
+    spec = dict(base)
+    for kind, registry in KINDS.items():
+        old, new = _selected(base, kind), _selected({**base, **overrides}, kind)
+        if old == new or old not in registry or new not in registry:
+            continue
+        keep = set(registry[new].params())
+        for p in registry[old].params():
+            if p not in keep and p not in overrides:
+                spec.pop(p, None)
+    spec.update(overrides)
+    return spec
+
+
 class Objective:
-    """A GRPO-family policy objective composed of independently selectable parts (SPEC §1.1–1.6)."""
+    """A GRPO-family policy objective composed of one part of each kind (see the module docstring).
 
-    name: str = "custom"
-    """Preset the objective was built from (informational)."""
-    # --- importance weight (levels.py) ---
-    level: str = "token"
-    """token | sequence (GSPO) | sequence_token (GSPO-token) | sequence_arith (AMIC) | token_ema."""
-    ema_beta: float = 0.2
-    """token_ema smoothing factor β ∈ (0, 1]; β = 1 is the token level."""
-    ema_grad: str = "local"
-    """token_ema gradient: local (value w'_t, gradient w'_t·∇logπ_t) | full (autograd through the recurrence)."""
-    log_ratio_clamp: float = 20.0
-    """Log-ratios are clamped to ±this before exp (clamped tokens get no gradient through the ratio)."""
-    # --- trust region (trust_region.py) ---
-    trust_region: str = "ppo"
-    """ppo | clip_higher | sign_asym | gaussian (PTRW) | none."""
-    eps_low: float = 0.2
-    """Lower clip range: ρ ≥ 1 − eps_low binds for A < 0 (ppo, clip_higher)."""
-    eps_high: float | None = None
-    """Upper clip range: ρ ≤ 1 + eps_high binds for A > 0. None: eps_low for ppo, 0.28 for clip_higher."""
-    eps_pos: float = 0.28
-    """sign_asym: ε used where A > 0."""
-    eps_neg: float = 0.2
-    """sign_asym: ε used where A < 0."""
-    dual_clip: bool = False
-    """Cap the loss of A < 0 terms at −dual_clip_c·A (clipped modes only)."""
-    dual_clip_c: float = 3.0
-    ptrw_sigma: float = 0.5
-    """gaussian: width σ of φ(ρ) = exp(−(ρ−1)²/(2σ²))."""
-    ptrw_grad: str = "full"
-    """gaussian: full (gradient of φ·ρ, sign flips when ρ(ρ−1) > σ²) | detach_phi."""
-    # --- token credit weights (credit.py) ---
-    credit: str = "none"
-    """none | temporal_decay | gradient_adaptive."""
-    decay_gamma: float = 0.999
-    """temporal_decay: d(t) = γ^{t−1}, γ ∈ (0, 1]."""
-    decay_normalize: bool = True
-    """temporal_decay: rescale so Σ_t d(t) = |y|."""
-    grad_tau: float = 1.0
-    """gradient_adaptive: softmax temperature τ > 0."""
-    grad_norm_mode: str | None = None
-    """gradient_adaptive: how the trainer computes token_grad_norm: exact | lm_head (default) | logits."""
-    # --- entropy control (entropy.py) ---
-    entropy_coef: float = 0.0
-    """Static entropy bonus coefficient (loss −= coef·aggregated entropy)."""
-    adaptive_entropy: bool = False
-    """Use the Skywork-OR1 controller (obj.make_entropy_controller()); its coef is passed per call."""
-    entropy_target: float = 0.2
-    entropy_delta: float = 0.005
-    entropy_coef_min: float = 0.0
-    entropy_coef_max: float = 1.0
-    entropy_coef_init: float = 0.0
-    cov_control: str = "none"
-    """none | clip_cov | kl_cov (Cui et al. 2025)."""
-    clip_cov_ratio: float = 2e-4
-    """clip_cov: fraction r of valid tokens to zero (max(1, ⌊r·N⌋))."""
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_frac: float = 2e-3
-    """kl_cov: fraction k (not a percentage) of valid tokens penalised (max(1, ⌊k·N⌋))."""
-    kl_cov_coef: float = 1.0
-    """kl_cov: β_cov of the |logp − old_logp| penalty."""
-    # --- reference KL (kl.py) ---
-    kl_coef: float = 0.0
-    """β of the reference-KL term (0 disables it and the need for ref_logp)."""
-    kl_estimator: str = "k3"
-    """k1 | k2 | k3."""
-    # --- aggregation (aggregation.py) ---
-    aggregation: str = "seq_mean_token_mean"
-    """token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_sum_norm."""
-    norm_constant: float | None = None
-    """seq_sum_norm: the constant L (e.g. max completion length); None uses T of the batch."""
-    # --- what the caller should do around the objective ---
-    advantage_scale: str = "group"
-    """Advantage scaling the method expects: group | batch | none (Dr. GRPO)."""
-    check_finite: bool = True
-    """Check inputs for NaN/inf at valid tokens (one fused reduction and one host sync per call)."""
+    >>> Objective(level="sequence", trust_region="ppo", eps_low=3e-4, eps_high=4e-4)   # GSPO
+    >>> Objective.preset("gspo", eps_high=5e-4)
+    """
 
-    def __post_init__(self) -> None:
-        check_choice("level", self.level, LEVELS)
-        check_choice("ema_grad", self.ema_grad, EMA_GRADS)
-        check_choice("trust_region", self.trust_region, TRUST_REGIONS)
-        check_choice("ptrw_grad", self.ptrw_grad, PTRW_GRADS)
-        check_choice("credit", self.credit, CREDIT_MODES)
-        check_choice("cov_control", self.cov_control, COV_CONTROLS)
-        check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        check_choice("aggregation", self.aggregation, AGGREGATIONS)
-        check_choice("advantage_scale", self.advantage_scale, ADVANTAGE_SCALES)
-        check_range("ema_beta", self.ema_beta, low=0.0, high=1.0, hint="β = 1 is the token level; small β smooths more.")
-        check_range("log_ratio_clamp", self.log_ratio_clamp, low=0.0, high=80.0, hint="The default is 20.")
-        if self.eps_high is None:
-            default_high = CLIP_HIGHER_DEFAULT_EPS_HIGH if self.trust_region == "clip_higher" else self.eps_low
-            object.__setattr__(self, "eps_high", default_high)
-        for name in ("eps_low", "eps_high", "eps_pos", "eps_neg"):
-            check_range(name, getattr(self, name), low=0.0, high=None, hint="Clip ranges are positive, e.g. 0.2.")
-        check_range("eps_low", self.eps_low, low=0.0, high=1.0, high_inclusive=False,
-                    hint="1 − eps_low must stay positive.")
-        check_range("eps_neg", self.eps_neg, low=0.0, high=1.0, high_inclusive=False,
-                    hint="1 − eps_neg must stay positive.")
-        check_range("dual_clip_c", self.dual_clip_c, low=1.0, high=None, hint="The usual value is 3.")
-        if self.dual_clip and self.trust_region not in CLIPPED_TRUST_REGIONS:
-            raise ValueError(
-                f"dual_clip=True needs a clipped trust region ({', '.join(CLIPPED_TRUST_REGIONS)}), "
-                f"got trust_region={self.trust_region!r}; set dual_clip=False or change trust_region."
-            )
-        check_range("ptrw_sigma", self.ptrw_sigma, low=0.0, high=None, hint="The default is 0.5.")
-        check_range("decay_gamma", self.decay_gamma, low=0.0, high=1.0, hint="γ = 1 disables the decay.")
-        check_range("grad_tau", self.grad_tau, low=0.0, high=None, hint="The default is 1.")
-        if self.credit == "gradient_adaptive":
-            if self.grad_norm_mode is None:
-                object.__setattr__(self, "grad_norm_mode", "lm_head")
-            check_choice("grad_norm_mode", self.grad_norm_mode, GRAD_NORM_MODES)
-        elif self.grad_norm_mode is not None:
-            raise ValueError(
-                f"grad_norm_mode={self.grad_norm_mode!r} only applies with credit='gradient_adaptive' "
-                f"(credit={self.credit!r}); drop grad_norm_mode or set credit='gradient_adaptive'."
-            )
-        check_range("entropy_coef", self.entropy_coef, low=None, high=None)
-        if self.adaptive_entropy:
-            self.make_entropy_controller()  # validates the controller's fields
-        check_range("clip_cov_ratio", self.clip_cov_ratio, low=0.0, high=1.0, hint="The paper uses 2e-4.")
-        check_range("clip_cov_lb", self.clip_cov_lb, low=None, high=None)
-        check_range("clip_cov_ub", self.clip_cov_ub, low=self.clip_cov_lb, high=None,
-                    hint="clip_cov_ub must exceed clip_cov_lb (defaults 1 and 5).")
-        check_range("kl_cov_frac", self.kl_cov_frac, low=0.0, high=1.0,
-                    hint="A fraction: verl's k_percent=0.2 is kl_cov_frac=0.002.")
-        check_range("kl_cov_coef", self.kl_cov_coef, low=0.0, low_inclusive=True, high=None)
-        check_range("kl_coef", self.kl_coef, low=0.0, low_inclusive=True, high=None, hint="0 disables the KL term.")
-        if self.norm_constant is not None:
-            check_range("norm_constant", self.norm_constant, low=0.0, high=None,
-                        hint="Use the max completion length, e.g. 1024.")
+    __slots__ = ("_spec", "_general", "_parts", "_needs")
 
-    # ------------------------------------------------------------------ construction helpers
+    def __init__(self, **keywords: Any) -> None:
+        spec = dict(keywords)
+        general, parts = _resolve(spec)
+        object.__setattr__(self, "_spec", MappingProxyType(spec))
+        object.__setattr__(self, "_general", general)
+        object.__setattr__(self, "_parts", MappingProxyType(parts))
+        object.__setattr__(self, "_needs", None)
+
+    # ------------------------------------------------------------------ construction routes
     @classmethod
-    def preset(cls, name: str, **overrides: object) -> Objective:
+    def preset(cls, name: str, **overrides: Any) -> Objective:
         """Build a named preset (see ``lmpo.objectives.PRESETS``), overriding fields one by one."""
-        from .presets import PRESETS
-
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}.")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = [k for k in overrides if k not in fields]
+        if name not in PRESETS:  # presets.py fills the registry when lmpo.objectives is imported
+            close = difflib.get_close_matches(str(name), list(PRESETS), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}.{hint}")
+        unknown = [k for k in overrides if k not in _all_keywords()]
         if unknown:
-            raise TypeError(
-                f"unknown Objective field(s) {', '.join(map(repr, unknown))} for preset {name!r}; "
-                f"valid fields: {', '.join(sorted(fields - {'name'}))}."
-            )
-        config = {**PRESETS[name].fields, **overrides}
-        config.setdefault("name", name)
-        return cls(**config)
+            raise TypeError(f"unknown Objective field(s) {', '.join(map(repr, unknown))} for preset {name!r}; "
+                            f"valid fields: {', '.join(k for k in _all_keywords() if k != 'name')}.")
+        return cls(**merge_spec({"name": name, **PRESETS[name].fields}, overrides))
 
-    def replace(self, **overrides: object) -> Objective:
-        return dataclasses.replace(self, **overrides)
+    def replace(self, **overrides: Any) -> Objective:
+        """A copy with some keywords changed, resolved exactly as ``Objective.preset(name, **overrides)``."""
+        return type(self)(**merge_spec(self._spec, overrides))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The explicit keywords this objective was built from: ``Objective(**obj.to_dict()) == obj``."""
+        return dict(self._spec)
+
+    # ------------------------------------------------------------------ reading it
+    @property
+    def parts(self) -> Mapping[str, Part]:
+        """Kind → the selected part (a frozen dataclass of its parameters)."""
+        return self._parts
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("_"):
+            raise AttributeError(key)
+        if key in GENERAL_FIELDS:
+            return getattr(self._general, key)
+        if key in SELECTORS:
+            return self._parts[key].name
+        if key == "adaptive_entropy":
+            return self._parts["entropy_control"].name == "adaptive"
+        owners = owners_by_keyword().get(key)
+        if owners is None:
+            raise AttributeError(f"Objective has no field {key!r}")
+        for kind, _ in owners:
+            part = self._parts[kind]
+            if key in part.params():
+                return part.value(key)
+        return _OFF_VALUES.get(key)  # a parameter of a part that is not selected
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {key!r}; use objective.replace({key}=...)")
+
+    def __delattr__(self, key: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {key!r}")
+
+    def _key(self) -> tuple:
+        general = dataclasses.replace(self._general, name="")
+        return (general, tuple(self._parts[k] for k in KINDS))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Objective) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self._spec.items())
+        return f"Objective({inner})"
+
+    def __reduce__(self):
+        return (_rebuild, (dict(self._spec),))
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """The optional inputs (``lmpo.objectives.parts.INPUTS``) this objective needs from the caller."""
+        if self._needs is None:
+            needs = set().union(*(p.needs for p in self._parts.values()))
+            if self._general.kl_coef != 0.0:
+                needs.add("ref_logp")
+            if self._general.entropy_coef != 0.0:
+                needs.add("entropy")
+            object.__setattr__(self, "_needs", frozenset(needs))
+        return self._needs
 
     @property
     def requires_entropy(self) -> bool:
-        return self.adaptive_entropy or self.entropy_coef != 0.0
+        return "entropy" in self.needs
 
     @property
     def requires_ref_logp(self) -> bool:
-        return self.kl_coef != 0.0
+        return "ref_logp" in self.needs
 
     @property
     def requires_token_grad_norm(self) -> bool:
-        return self.credit == "gradient_adaptive"
+        return "token_grad_norm" in self.needs
 
     @property
     def is_sequence_level(self) -> bool:
-        return self.level in SEQUENCE_LEVELS
+        return self._parts["level"].per_sequence
 
     def make_entropy_controller(self) -> AdaptiveEntropyController | None:
-        if not self.adaptive_entropy:
-            return None
-        return AdaptiveEntropyController(
-            target=self.entropy_target,
-            delta=self.entropy_delta,
-            coef_min=self.entropy_coef_min,
-            coef_max=self.entropy_coef_max,
-            coef_init=self.entropy_coef_init,
-        )
+        return self._parts["entropy_control"].make_controller()
+
+    def stat_docs(self) -> dict[str, str]:
+        """Every statistic key this objective may return, with its meaning."""
+        docs = dict(COMMON_STATS)
+        for part in self._parts.values():
+            docs.update(part.stats)
+        return docs
 
     # ------------------------------------------------------------------ the objective
     def __call__(
@@ -276,9 +300,9 @@ class Objective:
         Returns:
             ``(loss, stats)``: 0-dim loss; dict of detached 0-dim statistics.
         """
-        valid = self._check_inputs(
-            logp, old_logp, advantages, mask, ref_logp, entropy, token_grad_norm, num_tokens, num_seqs, entropy_coef
-        )
+        optional = {"ref_logp": ref_logp, "entropy": entropy, "token_grad_norm": token_grad_norm}
+        valid = self._check_inputs(logp, old_logp, advantages, mask, optional, num_tokens, num_seqs, entropy_coef)
+        parts = self._parts
         dtype = torch.promote_types(logp.dtype, torch.float32)  # low-precision inputs are computed in fp32
         m = valid.to(dtype)
         lengths = m.sum(-1)  # (B,) |y|
@@ -290,120 +314,76 @@ class Objective:
             adv = adv_check.unsqueeze(-1)  # (B, 1)
         else:
             adv = adv_check = torch.where(valid, advantages.detach().to(dtype), 0.0)  # (B, T)
-        masked = {}
-        for name, x in (("ref_logp", ref_logp), ("entropy", entropy), ("token_grad_norm", token_grad_norm)):
-            if x is not None:
-                masked[name] = torch.where(valid, x.to(dtype), 0.0)
-        if self.check_finite:
-            self._check_values(diff, adv_check, masked, mask, valid, logp, old_logp, advantages)
+        inputs = {k: torch.where(valid, x.to(dtype), 0.0) for k, x in optional.items() if x is not None}
+        if self._general.check_finite:
+            self._check_values(diff, adv_check, inputs, mask, valid, logp, old_logp, advantages)
 
-        clamp = self.log_ratio_clamp
-        log_ratio = diff.clamp(-clamp, clamp)
-        carrier = None  # value 0, gradient ∇logπ_t at valid tokens (only the levels that need it)
-        if self.level == "sequence_token" or (self.level == "token_ema" and self.ema_grad == "local"):
-            carrier = diff - diff.detach()
-
-        credit = None
-        if self.credit == "temporal_decay":
-            credit = temporal_decay_weights(valid, lengths, self.decay_gamma, self.decay_normalize)
-        elif self.credit == "gradient_adaptive":
-            credit = gradient_adaptive_weights(masked["token_grad_norm"], valid, lengths, self.grad_tau)
-
-        rho, rho_value = importance_weight(
-            self.level, log_ratio, carrier, m, valid, lengths, credit, self.ema_beta, self.ema_grad
-        )
-        term = trust_region_loss(
-            rho,
-            adv,
-            self.trust_region,
-            eps_low=self.eps_low,
-            eps_high=self.eps_high,
-            eps_pos=self.eps_pos,
-            eps_neg=self.eps_neg,
-            dual_clip=self.dual_clip,
-            dual_clip_c=self.dual_clip_c,
-            ptrw_sigma=self.ptrw_sigma,
-            ptrw_grad=self.ptrw_grad,
-        )
+        clamp = self._general.log_ratio_clamp
+        ctx = Context(logp=logp, old_logp=old_logp, valid=valid, m=m, lengths=lengths, num_valid=num_valid, diff=diff,
+                      log_ratio=diff.clamp(-clamp, clamp), adv=adv, dtype=dtype, inputs=inputs,
+                      generator=generator, clamp=clamp)
+        ctx.credit = parts["credit"].weights(ctx)
+        rho, rho_value = parts["level"].weight(ctx)
+        term = parts["trust_region"].term(rho, adv, ctx)
         per_token = term.loss
-        # `sequence` / `sequence_arith` carry c_t inside the sequence mean (levels.py); the other levels
-        # weight their per-token terms here.
-        if credit is not None and self.level not in ("sequence", "sequence_arith"):
-            per_token = per_token * credit
+        if ctx.credit is not None and not parts["level"].credit_inside:
+            per_token = per_token * ctx.credit
 
         stats: dict[str, torch.Tensor] = {}
         policy_m = m  # clip_cov replaces it by a copy with the picked tokens at 0
-        if self.cov_control != "none":
-            with torch.no_grad():
-                logp_valid = torch.where(valid, logp.detach().to(dtype), 0.0)
-                stats["cov/mean"] = covariance_mean(logp_valid, adv, m, num_valid)
-                # −inf at invalid positions: range tests and top-k then skip them with no extra pass
-                cov = token_covariance(logp_valid, adv, m, num_valid, inplace=True, invalid_fill=-math.inf)
-            # The picks are a handful of tokens: edit them through their flat indices instead of building
-            # (B, T) masks (fewer full-size allocations, which dominate the cost on CPU).
-            if self.cov_control == "clip_cov":
-                index, keep = clip_cov_pick(
-                    cov, None, None, num_valid, trust_free=term.free,
-                    ratio=self.clip_cov_ratio, lb=self.clip_cov_lb, ub=self.clip_cov_ub, generator=generator,
-                )
-                # weight 0 for the picked tokens' policy terms (counts for the normalisers stay unchanged)
-                policy_m = m.clone()
-                flat_m = policy_m.view(-1)
-                flat_m.index_put_((index,), flat_m[index] * ~keep)
-            else:
-                index, keep = kl_cov_pick(cov, num_valid, fraction=self.kl_cov_frac)
-                penalty = self.kl_cov_coef * log_ratio.reshape(-1)[index].abs() * keep
-                per_token = per_token.expand(logp.shape).reshape(-1).index_add(0, index, penalty).view(logp.shape)
-            with torch.no_grad():
-                stats["cov/top_mean"] = top_fraction_mean(cov, num_valid)
-                key = "cov/clipped_tokens" if self.cov_control == "clip_cov" else "cov/penalised_tokens"
-                stats[key] = keep.sum().to(dtype)
-
-        agg = dict(lengths=lengths, num_tokens=num_valid.clamp(min=1.0) if num_tokens is None else num_tokens,
-                   num_seqs=num_seqs, norm_constant=self.norm_constant)
-        policy_loss = aggregate(per_token, policy_m, self.aggregation, **agg)
+        per_token, policy_m = parts["cov_control"].apply(ctx, term, per_token, policy_m, stats)
+        aggregation = parts["aggregation"]
+        norm = {"num_tokens": num_valid.clamp(min=1.0) if num_tokens is None else num_tokens, "num_seqs": num_seqs}
+        same = policy_m is m
+        policy_loss = aggregation.reduce(per_token, policy_m, lengths=lengths if same else None,
+                                         seq_lengths=None if same else lengths, **norm)
         loss = policy_loss
         stats["loss/policy"] = policy_loss.detach()
 
-        if "ref_logp" in masked:
-            logp_m = diff + torch.where(valid, old_logp.detach().to(dtype), 0.0)  # logp at valid tokens
-            if self.requires_ref_logp:
-                kl_term = kl_estimate(logp_m, masked["ref_logp"], self.kl_estimator, clamp)
-                kl_loss = self.kl_coef * aggregate(kl_term, m, self.aggregation, **agg)
-                loss = loss + kl_loss
-                stats["loss/kl_ref"] = kl_loss.detach()
-                kl_term = kl_term.detach()
-            else:
-                kl_term = kl_estimate(logp_m.detach(), masked["ref_logp"], self.kl_estimator, clamp)
-            stats["kl/ref"] = (kl_term * m).sum() / num_valid.clamp(min=1.0)
-
-        if "entropy" in masked:
-            ent = masked["entropy"]
+        if "ref_logp" in inputs:
+            loss = self._reference_kl(ctx, loss, stats, norm)
+        if "entropy" in inputs:
+            ent = inputs["entropy"]
             stats["entropy/mean"] = ent.detach().sum() / num_valid.clamp(min=1.0)
-            if self.requires_entropy:
-                coef = self.entropy_coef if entropy_coef is None else entropy_coef
-                entropy_loss = -coef * aggregate(ent, m, self.aggregation, **agg)
+            coef = parts["entropy_control"].coef(self._general.entropy_coef, entropy_coef)
+            if coef is not None:
+                entropy_loss = -coef * aggregation.reduce(ent, m, lengths=lengths, **norm)
                 loss = loss + entropy_loss
                 stats["loss/entropy"] = entropy_loss.detach()
                 stats["entropy/coef"] = torch.as_tensor(coef, dtype=dtype, device=logp.device).detach().clone()
 
         with torch.no_grad():
-            self._ratio_stats(stats, term, rho, rho_value, adv, diff, log_ratio, m, valid, lengths, num_valid,
-                              credit, dtype)
+            self._ratio_stats(stats, ctx, term, rho, rho_value)
         return loss, stats
 
     # ------------------------------------------------------------------ internals
-    def _ratio_stats(self, stats, term, rho, rho_value, adv, diff, log_ratio, m, valid, lengths, num_valid,
-                     credit, dtype) -> None:
-        n = num_valid.clamp(min=1.0)
+    def _reference_kl(self, ctx: Context, loss: torch.Tensor, stats: dict, norm: dict) -> torch.Tensor:
+        estimator = self._parts["kl_estimator"]
+        logp_m = ctx.diff + torch.where(ctx.valid, ctx.old_logp.detach().to(ctx.dtype), 0.0)  # logp at valid tokens
+        ref = ctx.inputs["ref_logp"]
+        if self.requires_ref_logp:
+            kl_term = estimator.estimate(logp_m, ref, ctx.clamp)
+            kl_loss = self._general.kl_coef * self._parts["aggregation"].reduce(kl_term, ctx.m, lengths=ctx.lengths,
+                                                                                **norm)
+            loss = loss + kl_loss
+            stats["loss/kl_ref"] = kl_loss.detach()
+            kl_term = kl_term.detach()
+        else:
+            kl_term = estimator.estimate(logp_m.detach(), ref, ctx.clamp)
+        stats["kl/ref"] = (kl_term * ctx.m).sum() / ctx.num_valid.clamp(min=1.0)
+        return loss
+
+    def _ratio_stats(self, stats: dict, ctx: Context, term, rho: torch.Tensor, rho_value: torch.Tensor) -> None:
+        dtype, m, valid, adv = ctx.dtype, ctx.m, ctx.valid, ctx.adv
+        n = ctx.num_valid.clamp(min=1.0)
+        trust_region = self._parts["trust_region"]
         if term.low is not None and rho_value.shape == rho.shape:
             low, high = term.low, term.high  # token levels: the flags the loss used
         else:
-            lower, upper = clip_bounds(self.trust_region, self.eps_low, self.eps_high, self.eps_pos, self.eps_neg)
-            low, high = clip_activity(rho_value, adv, self.trust_region, lower, upper)
+            low, high = trust_region.activity(rho_value, adv)
         # Sequence levels with per-sequence advantages count per non-empty sequence, all else per token.
         per_sequence = low.shape[-1] == 1
-        weight = (lengths > 0).to(dtype).unsqueeze(-1) if per_sequence else m  # (B, 1) or (B, T)
+        weight = (ctx.lengths > 0).to(dtype).unsqueeze(-1) if per_sequence else m  # (B, 1) or (B, T)
         count = weight.sum().clamp(min=1.0) if per_sequence else n
         values = rho_value if rho_value.shape == weight.shape else rho_value.expand_as(weight)
         # ratios are positive and ≤ e^{20}: masked min/max/mean need no select
@@ -412,7 +392,7 @@ class Objective:
         stats["ratio/mean"] = torch.where(empty, 1.0, weighted.sum() / count)
         stats["ratio/max"] = torch.where(empty, 1.0, weighted.amax())
         stats["ratio/min"] = torch.where(empty, 1.0, weighted.add_(weight.sub(1.0).mul_(-1e30)).amin())
-        stats["ratio/clamped_tokens"] = (log_ratio != diff).sum().to(dtype)
+        stats["ratio/clamped_tokens"] = (ctx.log_ratio != ctx.diff).sum().to(dtype)
         if per_sequence:
             stats["clip/low_frac"] = (low * weight).sum() / count
             stats["clip/high_frac"] = (high * weight).sum() / count
@@ -420,20 +400,21 @@ class Objective:
             stats["clip/low_frac"] = (low & valid).sum().to(dtype) / count
             stats["clip/high_frac"] = (high & valid).sum().to(dtype) / count
         stats["clip/region_frac"] = stats["clip/low_frac"] + stats["clip/high_frac"]
-        if self.dual_clip:
-            dual = (adv < 0) & (values > self.dual_clip_c)
+        if getattr(trust_region, "dual_clip", False):
+            dual = (adv < 0) & (values > trust_region.dual_clip_c)
             stats["clip/dual_frac"] = (dual * weight).sum() / count
         if term.phi is not None:
             phi = term.phi if term.phi.shape == weight.shape else term.phi.expand_as(weight)
             stats["ptrw/phi_mean"] = (phi * weight).sum() / count
         # k3 estimate of KL(π_old‖π_θ) = E_old[e^{−r} + r − 1]: exactly 0 at the masked zeros (exp(0) = 1)
-        stats["kl/behaviour_k3"] = (torch.exp(-log_ratio).add_(log_ratio).sub_(1.0)).sum() / n
-        if credit is not None:
-            stats["credit/max"] = credit.amax()
-        stats["tokens/valid"] = num_valid.detach().clone()
+        lr = ctx.log_ratio
+        stats["kl/behaviour_k3"] = (torch.exp(-lr).add_(lr).sub_(1.0)).sum() / n
+        if ctx.credit is not None:
+            stats["credit/max"] = ctx.credit.amax()
+        stats["tokens/valid"] = ctx.num_valid.detach().clone()
 
-    def _check_inputs(self, logp, old_logp, advantages, mask, ref_logp, entropy, token_grad_norm, num_tokens,
-                      num_seqs, entropy_coef) -> torch.Tensor:
+    def _check_inputs(self, logp, old_logp, advantages, mask, optional, num_tokens, num_seqs,
+                      entropy_coef) -> torch.Tensor:
         if not isinstance(logp, torch.Tensor) or logp.dim() != 2:
             got = tuple(logp.shape) if isinstance(logp, torch.Tensor) else type(logp).__name__
             raise ValueError(f"logp must be a (B, T) tensor of log-probs, got {got}.")
@@ -449,20 +430,19 @@ class Objective:
                 f"advantages has shape {got} but must be (B,) = {shape[:1]} or (B, T) = {shape}; "
                 f"one value per sequence or per token."
             )
-        for name, x, needed in (
-            ("ref_logp", ref_logp, self.requires_ref_logp),
-            ("entropy", entropy, self.requires_entropy),
-            ("token_grad_norm", token_grad_norm, self.requires_token_grad_norm),
-        ):
+        needs = self.needs
+        for name, x in optional.items():
             if x is None:
-                if needed:
-                    raise ValueError(f"{name} is required by this objective ({self._why(name)}); pass {name}=(B, T).")
+                if name in needs:
+                    raise ValueError(f"{name} is required by this objective ({self._why(name)}); "
+                                     f"pass {name}=(B, T).")
             else:
                 check_tensor_shape(name, x, shape, "(B, T)")
-        if self.adaptive_entropy and entropy_coef is None:
+        if "entropy_coef" in needs and entropy_coef is None:
             raise ValueError(
                 "adaptive_entropy=True: pass entropy_coef=controller.coef "
-                "(controller = objective.make_entropy_controller(), updated once per optimizer step)."
+                "(controller = objective.make_entropy_controller(), updated once per optimizer step; "
+                "lmpo.objectives.ObjectiveDriver does this for you)."
             )
         for name, x in (("num_tokens", num_tokens), ("num_seqs", num_seqs)):
             if isinstance(x, (int, float)) and not x > 0:
@@ -485,9 +465,7 @@ class Objective:
             return
         if mask.dtype != torch.bool and not ok[-1]:
             report_bad_mask(mask)
-        report_nonfinite(
-            {"logp": logp, "old_logp": old_logp, "advantages": advantages, **masked}, valid
-        )
+        report_nonfinite({"logp": logp, "old_logp": old_logp, "advantages": advantages, **masked}, valid)
         raise ValueError("logp − old_logp overflowed at a valid token; check the scale of the log-probs.")
 
     def _why(self, name: str) -> str:
@@ -495,4 +473,104 @@ class Objective:
             return f"kl_coef={self.kl_coef}"
         if name == "entropy":
             return f"entropy_coef={self.entropy_coef}, adaptive_entropy={self.adaptive_entropy}"
-        return f"credit={self.credit!r}, grad_norm_mode={self.grad_norm_mode!r}"
+        owners = [f"{kind}={part.name!r}" for kind, part in self._parts.items() if name in part.needs]
+        return ", ".join(owners)
+
+
+def _rebuild(spec: dict[str, Any]) -> Objective:
+    return Objective(**spec)
+
+
+COMMON_STATS: dict[str, str] = {
+    "loss/policy": "the policy-gradient term of the objective",
+    "loss/kl_ref": "the reference-KL term of the objective (when kl_coef > 0)",
+    "kl/ref": "KL estimate to the reference policy (when reference log-probs are passed)",
+    "entropy/mean": "mean token entropy of the policy on sampled completions (when entropies are passed)",
+    "ratio/mean": "mean importance weight pi/pi_old (1 on-policy)",
+    "ratio/min": "minimum importance weight",
+    "ratio/max": "maximum importance weight",
+    "ratio/clamped_tokens": "tokens whose log-ratio hit the clamp bound before exp",
+    "kl/behaviour_k3": "k3 estimate of KL(pi_old || pi) over the minibatch",
+    "tokens/valid": "valid completion tokens per optimizer step (the objective's normaliser)",
+}
+"""Statistics every objective returns (parts add theirs: ``Part.stats``)."""
+
+_OFF_VALUES: dict[str, Any] = {"dual_clip": False}
+"""What reading a parameter of a part that is not selected gives (None for every other parameter)."""
+
+
+def _resolve(spec: dict[str, Any]) -> tuple[General, dict[str, Part]]:
+    """Explicit keywords → (objective-wide fields, kind → part). Raises naming the keyword and the fix."""
+    owners = owners_by_keyword()
+    unknown = [k for k in spec if k not in GENERAL_FIELDS and k not in SELECTORS and k != "adaptive_entropy"
+               and k not in owners]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, _all_keywords(), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise TypeError(f"unknown Objective field {key!r}.{hint} Valid fields: "
+                        f"{', '.join(k for k in _all_keywords() if k != 'name')}.")
+    hints = typing.get_type_hints(General)
+    general_kw = {}
+    for f in dataclasses.fields(General):
+        if f.name in spec:
+            value = coerce_param("Objective", f.name, spec[f.name], hints[f.name])
+            check_value("Objective", f.name, value, f.metadata, hints[f.name])
+            general_kw[f.name] = value
+    if "adaptive_entropy" in spec:
+        check_value("Objective", "adaptive_entropy", spec["adaptive_entropy"], {}, bool)
+    general = General(**general_kw)
+
+    parts: dict[str, Part] = {}
+    consumed = set(GENERAL_FIELDS) | set(SELECTORS) | {"adaptive_entropy"}
+    for kind, registry in KINDS.items():
+        cls = registry[_selected(spec, kind)]
+        part_hints = typing.get_type_hints(cls)
+        params = {p: coerce_param(f"{kind} {cls.name!r}", p, spec[p], part_hints[p])
+                  for p in cls.params() if p in spec}
+        parts[kind] = cls(**params)
+        consumed |= set(params)
+    for key in spec:
+        if key not in consumed and spec[key] is not None:  # None leaves a parameter unset
+            _refuse_unselected(key, spec, owners[key])
+    _check_combinations(general, parts)
+    return general, parts
+
+
+def _refuse_unselected(key: str, spec: Mapping[str, Any], owners: list[tuple[str, str]]) -> None:
+    """A parameter given for a part that is not selected: a bad value is reported as such, any other value is
+    refused naming the part that reads it."""
+    kind = owners[0][0]
+    names = [name for _, name in owners]
+    cls = KINDS[kind][names[0]]
+    field = next(f for f in dataclasses.fields(cls) if f.name == key)
+    hint_type = typing.get_type_hints(cls)[key]
+    check_value(f"{kind} {names[0]!r}", key, coerce_param(kind, key, spec[key], hint_type), field.metadata, hint_type)
+    selector = "adaptive_entropy" if kind == "entropy_control" else kind
+    if kind == "entropy_control":
+        wanted, where = "True", "adaptive_entropy=True"
+    elif len(names) > 1:
+        wanted = repr(names[0])
+        where = f"{cls.family or 'one of ' + kind} ({', '.join(names)})"
+    else:
+        wanted, where = repr(names[0]), f"{kind}={names[0]!r}"
+    verb = "needs" if len(names) > 1 else "only applies with"
+    raise ValueError(f"{key}={spec[key]!r} {verb} {where}, but {selector}={_value_for(spec, kind)!r}; drop {key} "
+                     f"or set {selector}={wanted}.")
+
+
+def _value_for(spec: Mapping[str, Any], kind: str) -> Any:
+    if kind == "entropy_control":
+        return bool(spec.get("adaptive_entropy", False))
+    return _selected(spec, kind)
+
+
+def _check_combinations(general: General, parts: dict[str, Part]) -> None:
+    """Choices that are valid one by one but not together."""
+    if parts["entropy_control"].name == "adaptive" and general.entropy_coef != 0.0:
+        raise ValueError(f"entropy_coef={general.entropy_coef!r} and adaptive_entropy=True: the adaptive controller "
+                         f"sets the entropy coefficient itself; drop entropy_coef or set adaptive_entropy=False.")
+
+
+__all__ = ["ADVANTAGE_SCALES", "COMMON_STATS", "DEFAULT_PARTS", "GENERAL_FIELDS", "General", "Objective",
+           "Registry", "merge_spec", "owners_by_keyword"]

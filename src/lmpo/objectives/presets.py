@@ -1,16 +1,18 @@
-"""Named presets (SPEC §1.8): bundles of part choices, each overridable field by field.
+"""Named presets: bundles of part choices, each overridable field by field. Data only.
 
-``PRESETS`` is the single registry: the README/docs preset tables are rendered by
-``preset_table_markdown()`` and CLI help lists ``PRESETS``; tests check both against it.
+``PRESETS`` is the single registry: ``Objective.preset(name, **overrides)`` builds one, the README/docs
+preset tables are rendered from it (``lmpo.objectives.reference``), ``lmpo train --help`` lists it, and the
+verl adapter registers one loss per entry. Adding a preset is one ``Preset`` in the list below.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
-# GSPO paper §5.1 (seed 001): sequence-level ratios sit much closer to 1, so the clip range is tiny.
+from .objective import _PRESETS, PRESETS, Objective
+
+# GSPO paper §5.1: sequence-level ratios sit much closer to 1, so the clip range is tiny.
 GSPO_EPS_LOW = 3e-4
 GSPO_EPS_HIGH = 4e-4
 
@@ -23,13 +25,12 @@ class Preset:
     formula: str
     """The per-sequence/per-token objective in one line (plain text / unicode)."""
     paper: str
-    """Source: paper (arXiv id) and/or seed section."""
+    """Source: paper (arXiv id), peer implementation, or the lmpo docs section for lmpo's own variants."""
     fields: dict[str, Any] = field(default_factory=dict)
-    """Objective fields that differ from the Objective defaults."""
+    """Objective keywords that differ from the Objective defaults."""
 
-    def build(self, **overrides: Any):
-        from .objective import Objective
-
+    def build(self, **overrides: Any) -> Objective:
+        """``Objective.preset(self.name, **overrides)``."""
         return Objective.preset(self.name, **overrides)
 
 
@@ -64,35 +65,35 @@ _PRESET_LIST = [
         "gspo",
         "Sequence-level ratio (geometric mean of token ratios) clipped at 3e-4/4e-4; stable for long outputs and MoE.",
         "−1/B Σ_i min(s_i A_i, clip(s_i, 1−3e-4, 1+4e-4) A_i),  s_i = exp(mean_t log w_t)",
-        "Zheng et al. 2025, GSPO (arXiv 2507.18071); seed 001; TRL importance_sampling_level='sequence'",
+        "Zheng et al. 2025, GSPO (arXiv 2507.18071); TRL importance_sampling_level='sequence'",
         dict(_GSPO),
     ),
     Preset(
         "gspo_token",
         "GSPO whose value is s_i but whose gradient is per token (s_i·∇logπ_t); allows token-level advantages.",
         "−1/B Σ_i 1/|y_i| Σ_t min(ŝ_t A_it, clip(ŝ_t, 1−3e-4, 1+4e-4) A_it),  ŝ_t = sg[s_i]·π_t/sg[π_t]",
-        "Zheng et al. 2025, GSPO-token (arXiv 2507.18071); seed 001",
+        "Zheng et al. 2025, GSPO-token (arXiv 2507.18071)",
         {**_GSPO, "level": "sequence_token"},
     ),
     Preset(
         "amic",
         "Sequence weight = arithmetic mean of token ratios (≥ GSPO's geometric mean), clipped like GSPO.",
         "−1/B Σ_i min(s'_i A_i, clip(s'_i, 1−3e-4, 1+4e-4) A_i),  s'_i = mean_t w_t",
-        "AMIC, seed 000 §2.3",
+        "lmpo variant: arithmetic-mean importance correction (docs/objectives.md, AMIC)",
         {**_GSPO, "level": "sequence_arith"},
     ),
     Preset(
         "ema",
         "Token ratios smoothed by an EMA over the sequence (β 0.2) to damp token-level ratio noise; PPO clip.",
         "−1/B Σ_i 1/|y_i| Σ_t min(w'_t A_i, clip(w'_t, 1±0.2) A_i),  w'_t = 0.8 w'_{t−1} + 0.2 w_t",
-        "Temporal EMA importance weights, seed 000 §2.1",
+        "lmpo variant: EMA-smoothed token weights (docs/objectives.md, token_ema)",
         {"level": "token_ema", "ema_beta": 0.2, "ema_grad": "local", "trust_region": "ppo", "eps_low": 0.2},
     ),
     Preset(
         "ptrw",
         "Soft Gaussian trust region φ(s') on the AMIC sequence weight instead of a hard clip.",
         "−1/B Σ_i φ(s'_i) s'_i A_i,  φ(s) = exp(−(s−1)²/(2·0.5²)),  s'_i = mean_t w_t",
-        "PTRW, seed 000 §2.4 (on AMIC weights, §2.3)",
+        "lmpo variant: Gaussian trust-region weighting on AMIC weights (docs/objectives.md, PTRW)",
         {"level": "sequence_arith", "trust_region": "gaussian", "ptrw_sigma": 0.5, "ptrw_grad": "full",
          "aggregation": "seq_mean_token_mean"},
     ),
@@ -100,28 +101,28 @@ _PRESET_LIST = [
         "decay",
         "GSPO with temporal-decay token credit γ^{t−1} (normalised to Σ = |y|): early tokens get more credit.",
         "∇: −1/B Σ_i 1/|y_i| Σ_t s_i A_i d_t ∇logπ_t,  d_t ∝ 0.999^{t−1},  Σ_t d_t = |y_i|",
-        "Temporal-decay advantage shaping, seed 000 §2.5 (on GSPO)",
+        "lmpo variant: temporal-decay credit on GSPO (docs/objectives.md, temporal_decay)",
         {**_GSPO, "credit": "temporal_decay", "decay_gamma": 0.999, "decay_normalize": True},
     ),
     Preset(
         "grad_adaptive",
         "GSPO with token credit |y|·softmax(g_t/τ) from per-token gradient norms (lm_head mode by default).",
         "∇: −1/B Σ_i 1/|y_i| Σ_t s_i A_i c_t ∇logπ_t,  c_t = |y_i| softmax_t(‖∇logπ_t‖/τ)",
-        "Gradient-adaptive importance weighting, seed 000 §2.2 (on GSPO)",
+        "lmpo variant: gradient-adaptive credit on GSPO (docs/objectives.md, gradient_adaptive)",
         {**_GSPO, "credit": "gradient_adaptive", "grad_tau": 1.0, "grad_norm_mode": "lm_head"},
     ),
     Preset(
         "asym",
         "Sign-asymmetric clip: ε_pos 0.28 for A > 0 (bolder on successes), ε_neg 0.2 for A < 0.",
         "−1/B Σ_i 1/|y_i| Σ_t min(w_t A_i, clip(w_t, 1±ε(A_i)) A_i),  ε = 0.28 if A > 0 else 0.2",
-        "Sign-asymmetric policy optimisation, seed 000 §2.6",
+        "lmpo variant: sign-asymmetric clipping (docs/objectives.md, sign_asym)",
         {"level": "token", "trust_region": "sign_asym", "eps_pos": 0.28, "eps_neg": 0.2},
     ),
     Preset(
         "clip_cov",
         "PPO clip plus Clip-Cov: zero the loss of ⌊2e-4·N⌋ random tokens with covariance in (1, 5) to slow entropy collapse.",
         "−1/N Σ_t (1 − 1[t ∈ I_clip]) min(w_t A_t, clip(w_t, 1±0.2) A_t),  I_clip ~ U{t: 1 < cov_t < 5}",
-        "Cui et al. 2025, Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617); seed 002",
+        "Cui et al. 2025, Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617)",
         {"level": "token", "trust_region": "ppo", "eps_low": 0.2, "aggregation": "token_mean",
          "cov_control": "clip_cov"},
     ),
@@ -129,7 +130,7 @@ _PRESET_LIST = [
         "kl_cov",
         "Unclipped policy gradient plus |logp − old_logp| on the top 0.2 % covariance tokens (inert on-policy).",
         "−1/N Σ_t [w_t A_t − 1[t ∈ top-k cov]·|log w_t|],  k = 2e-3·N",
-        "Cui et al. 2025, Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617); seed 002",
+        "Cui et al. 2025, Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617)",
         {"level": "token", "trust_region": "none", "aggregation": "token_mean", "cov_control": "kl_cov",
          "kl_cov_frac": 2e-3, "kl_cov_coef": 1.0},
     ),
@@ -137,40 +138,14 @@ _PRESET_LIST = [
         "adaptive_entropy",
         "Token-mean PPO with the Skywork-OR1 adaptive entropy bonus (target 0.2, step 0.005); needs entropies.",
         "−1/N Σ_t min(w_t A_t, clip(w_t, 1±0.2) A_t) − c_k·1[e_k ≤ 0.2]·H̄,  c_{k+1} = clip(c_k ± 0.005, 0, 1)",
-        "He et al. 2025, Skywork-OR1 (arXiv 2505.22312); seed 002",
+        "He et al. 2025, Skywork-OR1 (arXiv 2505.22312)",
         {"level": "token", "trust_region": "ppo", "eps_low": 0.2, "aggregation": "token_mean",
          "adaptive_entropy": True, "entropy_target": 0.2, "entropy_delta": 0.005},
     ),
 ]
 
-PRESETS: MappingProxyType[str, Preset] = MappingProxyType({p.name: p for p in _PRESET_LIST})
-"""Registry of presets by name (read-only)."""
+for _preset in _PRESET_LIST:
+    if _preset.name in PRESETS:
+        raise ValueError(f"preset {_preset.name!r} is defined twice")
+    _PRESETS[_preset.name] = _preset
 
-
-def preset_table_markdown() -> str:
-    """Markdown table of every preset (name, parts, description, formula, source) from the registry."""
-    from .objective import Objective
-
-    lines = [
-        "| preset | level · trust region · aggregation | what it is for | objective | source |",
-        "|---|---|---|---|---|",
-    ]
-    for preset in PRESETS.values():
-        obj = Objective.preset(preset.name)
-        parts = f"`{obj.level}` · `{obj.trust_region}` · `{obj.aggregation}`"
-        extras = []
-        if obj.credit != "none":
-            extras.append(f"`{obj.credit}`")
-        if obj.cov_control != "none":
-            extras.append(f"`{obj.cov_control}`")
-        if obj.adaptive_entropy:
-            extras.append("`adaptive_entropy`")
-        if obj.advantage_scale != "group":
-            extras.append(f"advantages `{obj.advantage_scale}`")
-        if extras:
-            parts += " · " + " · ".join(extras)
-        formula = preset.formula.replace("|", "\\|")
-        description = preset.description.replace("|", "\\|")
-        paper = preset.paper.replace("|", "\\|")
-        lines.append(f"| `{preset.name}` | {parts} | {description} | `{formula}` | {paper} |")
-    return "\n".join(lines) + "\n"

@@ -3,14 +3,15 @@
     prompts (P = prompts_per_step)  →  rollout: G completions each (B = P·G sequences)
     →  rewards (B,)  →  advantages (B,)  [optional zero-variance group filter]
     →  behaviour log-probs (only when off-policy)  →  reference log-probs (only when the objective needs them)
-    →  for epoch in epochs_per_step: for minibatch in minibatches_per_step:
+    →  for epoch in epochs_per_step, minibatch in minibatches_per_step: one optimizer step
            for microbatch: logp (B_μ,T) [+ entropy, token_grad_norm when needed] → objective → backward
            clip grad-norm → (skip if non-finite) → AdamW step → schedule → entropy controller
-    →  metrics (one host sync) → evaluation / checkpoint when due
+    →  metrics → evaluation / checkpoint when due
 
-The objective call is the only indirection: everything an objective needs (global token and sequence
-counts for exact gradient accumulation, entropy, reference log-probs, per-token gradient norms, the
-adaptive entropy coefficient, a seeded generator) is computed here only when it asks for it.
+The objective is called through its driver (``lmpo.objectives.ObjectiveDriver``, shared with the TRL and verl
+adapters): it says what the objective needs (entropy, reference log-probs, per-token gradient norms), which
+this loop computes only when asked; it passes the adaptive entropy coefficient and merges the statistics
+(one host sync per optimizer step, which also decides whether the step is finite).
 
 Determinism: data order is a seeded permutation per data epoch (position saved in checkpoints), each step's
 sampling uses a generator seeded from ``(loop.seed, step)``, minibatch shuffles and clip_cov's selection
@@ -101,13 +102,13 @@ class Trainer:
         #: test hook: ``loss_hook(rl_step, loss) -> loss`` applied to every microbatch loss (NaN injection)
         self.loss_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None
 
-        from lmpo.objectives import Objective
+        from lmpo.objectives import Objective, ObjectiveDriver
 
         # the trainer checks loss and gradient finiteness once per optimizer step itself (and skips the step),
         # so the objective's own per-call check (one host sync per microbatch) is off unless asked for
         self.objective = Objective.preset(config.objective.preset,
                                           **{"check_finite": False, **config.objective.overrides})
-        self.grad_norm_mode = self.objective.grad_norm_mode
+        self.driver = ObjectiveDriver(self.objective)
 
         self.task = task if task is not None else self._build_task()
         self.train_examples = self.task.train_examples(seed=config.loop.seed)
@@ -128,6 +129,11 @@ class Trainer:
             self.model = self._wrap_lora(self.model)
         self.rollout_engine = rollout_engine
         self.ref_model = None
+
+    @property
+    def controller(self):
+        """The adaptive entropy controller (held by the objective driver), or None."""
+        return self.driver.controller
 
     # ---------------------------------------------------------------- construction helpers
     def _build_task(self):
@@ -199,13 +205,12 @@ class Trainer:
                                                   accuracy_check=train_accuracy)
 
         # 2. reference model: a frozen copy of the initial policy (or a given path), only when needed
-        if self.objective.requires_ref_logp:
+        if self.driver.needs.ref_logp:
             self.ref_model = self._build_ref_model()
 
         # 3. optimizer, schedule, adaptive entropy controller, data order
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.schedule = Schedule(self.optimizer, cfg.optim, cfg.total_optimizer_steps)
-        self.controller = self.objective.make_entropy_controller()
         self.data_epoch, self.data_pos = 0, 0
         self._perm = self._permutation(0)
         self.nonfinite_total, self.nonfinite_in_row = 0, 0
@@ -333,106 +338,87 @@ class Trainer:
         return (~has_eos).float().mean()
 
     # ---------------------------------------------------------------- the update
-    def _update(self, step: int, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | float]:
-        cfg, obj = self.cfg, self.objective
+    def _update(self, step: int, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """``epochs_per_step × minibatches_per_step`` optimizer steps on one rollout batch; merged statistics."""
+        cfg = self.cfg
         B = batch["input_ids"].shape[0]
         T = batch["completion_ids"].shape[1]
-        off_policy = cfg.off_policy
         self.model.train()
-
         # behaviour log-probs: only when the same rollout is used for more than one optimizer step
-        old_logp = self._no_grad_logp(self.model, batch, T) if off_policy else None
-        ref_logp = self._no_grad_logp(self.ref_model, batch, T) if obj.requires_ref_logp else None
+        batch["old_logp"] = self._no_grad_logp(self.model, batch, T) if cfg.off_policy else None
+        batch["ref_logp"] = self._no_grad_logp(self.ref_model, batch, T) if self.driver.needs.ref_logp else None
 
         M = cfg.loop.minibatches_per_step
         mb_size = -(-B // M)
         shuffle_gen = torch.Generator().manual_seed(_seed_for(cfg.loop.seed, step, 2))
-        sums: dict[str, torch.Tensor] = {}
-        mins: dict[str, torch.Tensor] = {}
-        maxs: dict[str, torch.Tensor] = {}
-        n_opt = 0
-        grad_norms, losses = [], []
+        per_step: list[dict[str, float]] = []
         lr = self.schedule.current_lr()
-        params = [p for p in self.model.parameters() if p.requires_grad]
         for epoch in range(cfg.loop.epochs_per_step):
             order = torch.randperm(B, generator=shuffle_gen).to(self.device) if M > 1 else torch.arange(
                 B, device=self.device)
             for m in range(M):
-                mb = order[m * mb_size:(m + 1) * mb_size]
-                if mb.numel() == 0:
-                    continue
-                num_tokens = batch["mask"][mb].sum()
-                num_seqs = int(mb.numel())
-                entropy_coef = self.controller.coef if self.controller is not None else None
+                rows = order[m * mb_size:(m + 1) * mb_size]
                 cov_gen = torch.Generator(device=self.device).manual_seed(_seed_for(cfg.loop.seed, step, 3, epoch, m))
-                self.optimizer.zero_grad(set_to_none=True)
-                mb_loss = torch.zeros((), device=self.device)
-                ent_sum = torch.zeros((), device=self.device)
-                for start in range(0, num_seqs, cfg.loop.seqs_per_microbatch):
-                    mu = mb[start:start + cfg.loop.seqs_per_microbatch]
-                    fwd = self._forward(self.model, batch, mu, T, with_grad=True)
-                    logp = fwd["logp"]
-                    old = old_logp[mu] if old_logp is not None else logp.detach()
-                    loss, ostats = obj(
-                        logp, old, batch["adv"][mu], batch["mask"][mu],
-                        ref_logp=ref_logp[mu] if ref_logp is not None else None,
-                        entropy=fwd.get("entropy"), token_grad_norm=fwd.get("token_grad_norm"),
-                        num_tokens=num_tokens, num_seqs=num_seqs, entropy_coef=entropy_coef, generator=cov_gen)
-                    if self.loss_hook is not None:
-                        loss = self.loss_hook(step, loss)
-                    loss.backward()
-                    mb_loss = mb_loss + loss.detach()
-                    w = mu.numel() / num_seqs
-                    for k, v in ostats.items():
-                        v = v.detach().float()
-                        if k.endswith("/min"):
-                            mins[k] = torch.minimum(mins[k], v) if k in mins else v
-                        elif k.endswith("/max"):
-                            maxs[k] = torch.maximum(maxs[k], v) if k in maxs else v
-                        elif k.endswith("_tokens") or k.startswith("tokens/"):
-                            sums[k] = sums.get(k, 0.0) + v  # counts add up over microbatches
-                        else:
-                            sums[k] = sums.get(k, 0.0) + w * v  # fractions and means: weighted by sequences
-                    if "entropy" in fwd:
-                        ent_sum = ent_sum + (fwd["entropy"].detach() * batch["mask"][mu]).sum()
-                # clip, then one host sync per optimizer step to decide whether the step is finite
-                max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-                finite = bool(torch.isfinite(mb_loss) & torch.isfinite(grad_norm))
-                n_opt += 1
-                if not finite:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.nonfinite_total += 1
-                    self.nonfinite_in_row += 1
-                    self.metrics.write(f"step {step}: non-finite loss or gradient (loss={float(mb_loss)}, grad "
-                                       f"norm={float(grad_norm)}); optimizer step skipped "
-                                       f"({self.nonfinite_in_row} in a row)")
-                    if self.nonfinite_in_row >= cfg.loop.max_nonfinite_steps:
-                        raise NonFiniteError(
-                            f"{self.nonfinite_in_row} consecutive optimizer steps had a non-finite loss or gradient "
-                            f"(limit loop.max_nonfinite_steps={cfg.loop.max_nonfinite_steps}); stopping at RL step "
-                            f"{step}. Checkpoints already written in {ckpt.checkpoint_dir(self.run_dir)} are intact. "
-                            "Lower optim.lr, check the reward scale, or use a float32 model.")
-                    continue
-                self.nonfinite_in_row = 0
-                lr = self.schedule.apply()
-                self.optimizer.step()
-                self.schedule.advance()
-                grad_norms.append(grad_norm.detach())
-                losses.append(mb_loss)
-                if self.controller is not None:
-                    self.controller.update(float(ent_sum / num_tokens.clamp(min=1)))
-        out: dict[str, torch.Tensor | float] = {}
-        for k, v in sums.items():
-            out[k] = v / max(n_opt, 1)
-        out.update(mins)
-        out.update(maxs)
-        out["loss/total"] = torch.stack(losses).mean() if losses else torch.tensor(float("nan"))
-        out["optim/grad_norm"] = torch.stack(grad_norms).mean() if grad_norms else torch.tensor(float("nan"))
-        out["optim/lr"] = float(lr)
-        if self.controller is not None:
-            out["entropy/coef"] = float(self.controller.coef)
+                stats = self._optimizer_step(step, batch, rows, T, cov_gen) if rows.numel() else None
+                if stats is not None:
+                    lr = stats.pop("optim/lr")
+                    per_step.append(stats)
+        from lmpo.objectives.driver import merge_stats
+
+        out = merge_stats(per_step) if per_step else {"loss/total": float("nan"), "optim/grad_norm": float("nan")}
+        out["optim/lr"] = float(lr)  # of the last optimizer step
         return out
+
+    def _optimizer_step(self, step: int, batch: dict[str, torch.Tensor], rows: torch.Tensor, T: int,
+                        cov_gen: torch.Generator) -> dict[str, float] | None:
+        """One optimizer step over the minibatch ``rows`` (microbatches accumulate with exact global
+        normalisers); its statistics, or None when the loss or gradient was non-finite and the step skipped."""
+        cfg = self.cfg
+        num_tokens = batch["mask"][rows].sum()
+        num_seqs = int(rows.numel())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        for start in range(0, num_seqs, cfg.loop.seqs_per_microbatch):
+            mu = rows[start:start + cfg.loop.seqs_per_microbatch]
+            fwd = self._forward(self.model, batch, mu, T, with_grad=True)
+            old = batch["old_logp"][mu] if batch["old_logp"] is not None else fwd["logp"].detach()
+            ref = batch["ref_logp"][mu] if batch["ref_logp"] is not None else None
+            loss = self.driver.loss(fwd["logp"], old, batch["adv"][mu], batch["mask"][mu], weight=mu.numel() / num_seqs,
+                                    ref_logp=ref, entropy=fwd.get("entropy"), token_grad_norm=fwd.get("token_grad_norm"),
+                                    num_tokens=num_tokens, num_seqs=num_seqs, generator=cov_gen)
+            if self.loss_hook is not None:
+                loss = self.loss_hook(step, loss)
+            loss.backward()
+            loss_sum = loss_sum + loss.detach()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        # the one host sync of the step: the objective's statistics, the loss and the gradient norm
+        stats = self.driver.end_step(extra={"loss/total": loss_sum, "optim/grad_norm": grad_norm},
+                                     update_controller=False)
+        if not (math.isfinite(stats["loss/total"]) and math.isfinite(stats["optim/grad_norm"])):
+            self._skip_nonfinite(step, stats)
+            return None
+        self.nonfinite_in_row = 0
+        stats["optim/lr"] = self.schedule.apply()
+        self.optimizer.step()
+        self.schedule.advance()
+        self.driver.commit_step(stats)
+        return stats
+
+    def _skip_nonfinite(self, step: int, stats: dict[str, float]) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite_total += 1
+        self.nonfinite_in_row += 1
+        self.metrics.write(f"step {step}: non-finite loss or gradient (loss={stats['loss/total']}, grad "
+                           f"norm={stats['optim/grad_norm']}); optimizer step skipped "
+                           f"({self.nonfinite_in_row} in a row)")
+        if self.nonfinite_in_row >= self.cfg.loop.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"{self.nonfinite_in_row} consecutive optimizer steps had a non-finite loss or gradient "
+                f"(limit loop.max_nonfinite_steps={self.cfg.loop.max_nonfinite_steps}); stopping at RL step "
+                f"{step}. Checkpoints already written in {ckpt.checkpoint_dir(self.run_dir)} are intact. "
+                "Lower optim.lr, check the reward scale, or use a float32 model.")
 
     def _forward(self, model, batch: dict[str, torch.Tensor], rows: torch.Tensor, T: int, *, with_grad: bool
                  ) -> dict[str, torch.Tensor]:
@@ -443,18 +429,18 @@ class Trainer:
         """
         from lmpo.trainer.logprobs import selective_log_softmax, selective_log_softmax_with_entropy
 
-        obj = self.objective
+        needs = self.driver.needs
         ids = batch["input_ids"][rows]
         attn = batch["attention_mask"][rows]
         tokens = batch["completion_ids"][rows]
-        need_hidden = with_grad and obj.requires_token_grad_norm and self.grad_norm_mode == "lm_head"
+        need_hidden = with_grad and needs.token_grad_norm == "lm_head"
         captured = {}
         handle = None
         if need_hidden:
             head = model.get_output_embeddings()
             handle = head.register_forward_hook(lambda mod, inp, out: captured.__setitem__("h", inp[0]))
         logits = None
-        if not need_hidden and not (with_grad and obj.requires_token_grad_norm):
+        if not need_hidden and not (with_grad and needs.token_grad_norm):
             logits = self._shared_prefix_logits(model, ids, attn, T)
         if logits is None:
             try:
@@ -467,12 +453,13 @@ class Trainer:
         # log-probs of the distribution the rollout sampled from: softmax(logits / τ) (as TRL does)
         tau = self.cfg.rollout.temperature
         res: dict[str, torch.Tensor] = {}
-        if with_grad and obj.requires_entropy:
-            # entropy keeps its graph: an entropy bonus in the objective differentiates through it
+        if with_grad and needs.entropy:
+            # entropy keeps its graph: an entropy bonus in the objective differentiates through it (computed in
+            # the same pass over the logits, and reported for every objective)
             res["logp"], res["entropy"] = selective_log_softmax_with_entropy(logits, tokens, temperature=tau)
         else:
             res["logp"] = selective_log_softmax(logits, tokens, temperature=tau)
-        if with_grad and obj.requires_token_grad_norm:
+        if with_grad and needs.token_grad_norm:
             res["token_grad_norm"] = self._token_grad_norm(model, logits / tau, tokens, ids, attn, T,
                                                            captured.get("h"), 1.0 / tau)
         return res
@@ -508,9 +495,9 @@ class Trainer:
         return torch.cat([first, out_c.logits], dim=1)  # (B, T, V)
 
     def _token_grad_norm(self, model, logits, tokens, ids, attn, T, hidden, scale) -> torch.Tensor:
-        from lmpo.objectives.credit import exact_grad_norm, lm_head_grad_norm, logits_grad_norm
+        from lmpo.objectives.grad_norms import exact_grad_norm, lm_head_grad_norm, logits_grad_norm
 
-        mode = self.grad_norm_mode
+        mode = self.driver.needs.token_grad_norm
         if mode == "logits":
             return logits_grad_norm(logits.detach(), tokens)
         if mode == "lm_head":
@@ -584,7 +571,7 @@ class Trainer:
             "step": step,
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
-            "controller": self.controller.state_dict() if self.controller is not None else None,
+            "controller": self.driver.state_dict()["controller"],
             "data": {"epoch": self.data_epoch, "pos": self.data_pos},
             "nonfinite": {"total": self.nonfinite_total, "in_row": self.nonfinite_in_row},
             "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
@@ -601,8 +588,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         self.schedule.total_steps = self.cfg.total_optimizer_steps  # a run may be extended (more loop.steps)
-        if self.controller is not None and state.get("controller") is not None:
-            self.controller.load_state_dict(state["controller"])
+        self.driver.load_state_dict({"controller": state.get("controller")})
         self.data_epoch, self.data_pos = int(state["data"]["epoch"]), int(state["data"]["pos"])
         self._perm = self._permutation(self.data_epoch)
         self.nonfinite_total = int(state["nonfinite"]["total"])

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import torch
 
-#: every metric the trainer logs, with its meaning (docs/trainer.md's metric table is built from this)
+
+def _objective_stat_docs() -> dict[str, str]:
+    from lmpo.objectives.advantages import ADVANTAGE_STATS
+    from lmpo.objectives.reference import all_stat_docs
+
+    return {**ADVANTAGE_STATS, **all_stat_docs()}
+
+
+#: every metric the trainer logs, with its meaning (docs/trainer.md's metric table is built from this); the
+#: objective's and the advantage estimator's keys come from their registries
 METRIC_DOCS: dict[str, str] = {
     "reward/mean": "mean total (weighted) reward of the step's completions",
     "reward/std": "standard deviation of the total reward over the step's completions",
@@ -21,41 +30,15 @@ METRIC_DOCS: dict[str, str] = {
     "reward/<fn>/std": "standard deviation of one reward function's score",
     "reward/accuracy": "fraction of completions whose first (accuracy) reward is >= rewards.success_threshold",
     "reward/errors": "reward-function calls that raised and were skipped (rewards.on_error: skip)",
-    "adv/mean": "mean advantage over the sequences trained on",
-    "adv/std": "standard deviation of the advantages",
-    "adv/abs_mean": "mean absolute advantage (the size of the learning signal)",
-    "adv/zero_var_frac": "fraction of groups whose rewards are all equal (no GRPO signal); every group has G members",
+    **_objective_stat_docs(),
+    "adv/mean": "mean advantage over the sequences trained on (after zero-variance filtering)",
+    "adv/std": "standard deviation of the advantages trained on",
+    "adv/abs_mean": "mean absolute advantage trained on (the size of the learning signal)",
     "adv/kept_frac": "fraction of sequences kept after zero-variance filtering (1 without filtering)",
     "completion/length_mean": "mean completion length in tokens (up to and including EOS)",
     "completion/length_max": "longest completion in tokens",
     "completion/truncated_frac": "fraction of completions that hit max_new_tokens without EOS",
     "loss/total": "objective value (all terms) averaged over the step's optimizer steps",
-    "loss/policy": "the policy-gradient term of the objective",
-    "loss/entropy": "the entropy term of the objective (when it has one)",
-    "loss/kl_ref": "the reference-KL term of the objective (when kl_coef > 0)",
-    "advantages/mean": "mean advantage from the estimator (before zero-variance filtering)",
-    "advantages/std": "standard deviation of the estimator's advantages",
-    "advantages/abs_max": "largest absolute advantage",
-    "advantages/zero_variance_frac": "fraction of sequences in groups with equal rewards (the estimator's view)",
-    "tokens/valid": "valid completion tokens per optimizer step (the objective's normaliser)",
-    "ratio/clamped_tokens": "tokens whose log-ratio hit the clamp bound before exp",
-    "clip/region_frac": "fraction of tokens outside the trust region [1-eps_low, 1+eps_high]",
-    "clip/dual_frac": "fraction of tokens capped by dual clip (A<0, ratio > c)",
-    "cov/clipped_tokens": "clip_cov: tokens whose loss term was zeroed",
-    "cov/penalised_tokens": "kl_cov: tokens given the |logp - old_logp| penalty",
-    "cov/mean": "clip_cov / kl_cov: mean covariance between advantage and log-prob",
-    "cov/top_mean": "clip_cov / kl_cov: mean of the largest covariances",
-    "credit/max": "largest token credit weight (temporal decay / gradient-adaptive)",
-    "ptrw/phi_mean": "ptrw: mean Gaussian trust weight phi(rho)",
-    "entropy/mean": "mean token entropy of the policy on sampled completions (when the objective needs it)",
-    "entropy/coef": "entropy coefficient applied (adaptive controller's output when it is on)",
-    "clip/low_frac": "fraction of tokens (sequences for sequence levels) clipped at 1-eps where it binds (A<0)",
-    "clip/high_frac": "fraction clipped at 1+eps where it binds (A>0)",
-    "ratio/mean": "mean importance weight pi/pi_old (1 on-policy)",
-    "ratio/min": "minimum importance weight",
-    "ratio/max": "maximum importance weight",
-    "kl/behaviour_k3": "k3 estimate of KL(pi_old || pi) over the minibatch",
-    "kl/ref": "KL estimate to the reference policy (when beta > 0)",
     "optim/grad_norm": "global gradient norm before clipping (mean over the step's optimizer steps)",
     "optim/lr": "learning rate of the last optimizer step",
     "optim/nonfinite_skipped": "optimizer steps skipped so far because the loss or gradient was non-finite",

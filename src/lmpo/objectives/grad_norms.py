@@ -1,11 +1,7 @@
-"""Token credit weights (SPEC §1.3): detached per-token multipliers of the policy loss terms.
+"""Per-token gradient norms ``g_t = ‖∇_θ log π(y_t)‖₂`` for the ``gradient_adaptive`` credit part.
 
-- ``temporal_decay`` (seed 000 §2.5): ``d(t) = γ^{t−1}``, t counting valid tokens from 1; with
-  ``normalize`` (default) rescaled so that ``Σ_t d(t) = |y|``. γ ∈ (0, 1]; γ = 1 is the identity.
-- ``gradient_adaptive`` (seed 000 §2.2): ``c_t = |y|·softmax_t(g_t/τ)`` over the valid tokens of a sequence,
-  ``g_t = ‖∇_θ log π(y_t)‖₂``. The norm only weights the update; it is never itself optimised.
-
-Helpers that produce ``g`` (the trainer passes the result as ``token_grad_norm``):
+These need the model, so the caller computes them (the trainer, the TRL adapter) and passes the result to
+the objective as ``token_grad_norm``; the objective only reads it. Three modes:
 
 - ``exact_grad_norm``: full-parameter per-token norms by autograd, one backward per token. For small
   models and for verifying the cheap modes; O(B·T) backward passes.
@@ -23,44 +19,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-CREDIT_MODES = ("none", "temporal_decay", "gradient_adaptive")
 GRAD_NORM_MODES = ("exact", "lm_head", "logits")
-
-
-def temporal_decay_weights(
-    valid: torch.Tensor, lengths: torch.Tensor, gamma: float, normalize: bool = True
-) -> torch.Tensor:
-    """Position-decay credit ``d(t) = γ^{t−1}`` over valid tokens.
-
-    Args:
-        valid: (B, T) bool; lengths: (B,) float |y|.
-    Returns:
-        (B, T) detached weights, 0 at invalid positions; rows sum to |y| when ``normalize``.
-    """
-    m = valid.to(lengths.dtype)
-    position = m.cumsum(-1)  # t of each valid token, counted from 1
-    d = torch.where(valid, torch.exp((position - 1.0) * torch.log(torch.tensor(gamma, dtype=m.dtype))), 0.0)
-    if normalize:
-        # the first valid token has d = 1, so the row sum is ≥ 1 wherever |y| ≥ 1
-        d = d * (lengths / d.sum(-1).clamp(min=1e-30)).unsqueeze(-1)
-    return d.detach()
-
-
-def gradient_adaptive_weights(
-    token_grad_norm: torch.Tensor, valid: torch.Tensor, lengths: torch.Tensor, tau: float = 1.0
-) -> torch.Tensor:
-    """``c_t = |y|·softmax_t(g_t/τ)`` over the valid tokens of each row.
-
-    Args:
-        token_grad_norm: (B, T) per-token gradient norms g_t; valid: (B, T) bool; lengths: (B,) |y|.
-    Returns:
-        (B, T) detached weights, 0 at invalid positions, rows summing to |y| (0 for empty rows).
-    """
-    g = token_grad_norm.detach().to(lengths.dtype) / tau
-    # a finite floor instead of −inf keeps empty rows finite (uniform softmax times |y| = 0)
-    logits = torch.where(valid, g, torch.finfo(g.dtype).min)
-    c = torch.softmax(logits, dim=-1) * lengths.unsqueeze(-1)
-    return torch.where(valid, c, 0.0)
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Importance weights ("levels", SPEC §1.1).
+"""Importance weights ("levels"): how the per-token ratios π/π_old become the weight ρ the trust region sees.
 
 With ``r_t = clamp(logp_t − old_logp_t, −C, C)`` (C = ``log_ratio_clamp``, default 20) and
 ``|y| = Σ_t mask_t``:
@@ -8,24 +8,27 @@ With ``r_t = clamp(logp_t − old_logp_t, −C, C)`` (C = ``log_ratio_clamp``, d
 | ``token``        | ``w_t = exp(r_t)``  (GRPO)                                      | through each token          |
 | ``sequence``     | ``s = exp(Σ_t c_t·mask_t·r_t / |y|)`` (GSPO, arXiv 2507.18071)   | through the mean            |
 | ``sequence_token``| ``exp(sg[log s] + logp_t − sg[logp_t])`` (GSPO-token)          | value s, grad s·∇logπ_t     |
-| ``sequence_arith``| ``s' = Σ_t c_t·mask_t·exp(r_t) / |y|`` (AMIC, seed 000 §2.3)    | through every token ratio   |
+| ``sequence_arith``| ``s' = Σ_t c_t·mask_t·exp(r_t) / |y|`` (AMIC)                   | through every token ratio   |
 | ``token_ema``    | ``w'_0 = 1, w'_t = (1−β)w'_{t−1} + β·w_t`` over valid tokens     | ``local`` or ``full``       |
 
 ``c_t`` are the (detached) token credit weights (all ones unless a credit mode is on). Putting them
 inside the sequence mean is what makes the per-token gradient of a sequence-level objective
-``s·Â·c_t·∇logπ_t / |y|`` (seed 000 §2.2/§2.5) and keeps ``sequence`` ≡ ``sequence_token`` under
+``s·Â·c_t·∇logπ_t / |y|`` and keeps ``sequence`` ≡ ``sequence_token`` under
 per-sequence advantages. Sequence levels return ``(B, 1)`` (``sequence_token`` returns ``(B, T)``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-LEVELS = ("token", "sequence", "sequence_token", "sequence_arith", "token_ema")
-SEQUENCE_LEVELS = ("sequence", "sequence_token", "sequence_arith")
-EMA_GRADS = ("local", "full")
+from .base import Context, Part, Registry, param
+
+LEVELS = Registry("level", "Importance weight")
+"""Registry of importance levels: name → part class."""
 
 # Largest rescaling factor (1−β)^{−n} allowed inside one scan block. Terms of the scaled sum are at most
 # β·e^{20}·1e25 ≈ 5e33 and a block adds up at most 256 of them, which stays below float32's 3.4e38.
@@ -42,7 +45,7 @@ def ema_block_size(beta: float) -> int:
 
 
 def ema_loop(weights: torch.Tensor, valid: torch.Tensor, beta: float) -> torch.Tensor:
-    """The EMA recurrence of SPEC §1.1 as a Python loop over T: the reference ``ema_scan`` must equal.
+    """The EMA recurrence as a Python loop over T: the reference ``ema_scan`` must equal.
 
     (B, T) weights, (B, T) bool valid → (B, T); differentiable. O(T) interpreter steps: for tests and
     benchmarks only.
@@ -124,53 +127,117 @@ def ema_scan(weights: torch.Tensor, valid: torch.Tensor, beta: float, block_size
     return out.view(batch, num_blocks * block)[:, :length]
 
 
-def importance_weight(
-    level: str,
-    log_ratio: torch.Tensor,
-    carrier: torch.Tensor | None,
-    m: torch.Tensor,
-    valid: torch.Tensor,
-    lengths: torch.Tensor,
-    credit: torch.Tensor | None = None,
-    ema_beta: float = 0.2,
-    ema_grad: str = "local",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Importance weight ρ for a level.
+@dataclass(frozen=True)
+class Level(Part):
+    """Base of the importance levels. ``weight(ctx)`` returns ``(rho, rho_value)``: the weight the trust region
+    sees, (B, T) or (B, 1) with its gradient, and its detached value per token (token levels) or per sequence
+    ((B, 1), sequence levels) for the statistics."""
 
-    Args:
-        log_ratio: (B, T) clamped ``logp − old_logp``, 0 at invalid positions; carries gradient.
-        carrier:   (B, T) ``x − sg[x]`` with x the unclamped masked log-ratio: value 0, gradient ∇logπ_t.
-                   ``exp(v + carrier)`` has value e^v and gradient e^v·∇logπ_t. Needed by sequence_token
-                   and token_ema with ``local`` gradient only (None otherwise).
-        m:         (B, T) float mask; ``valid`` the same as bool; ``lengths`` (B,) = |y| = Σ_t m.
-        credit:    (B, T) detached token credit weights or None (≡ 1).
-    Returns:
-        ``(rho, rho_value)``: ρ used by the trust region, (B, T) or (B, 1), and its detached value per
-        token (token levels) or per sequence (sequence levels, (B, 1)), used for statistics.
-    """
-    if level == "token":
-        rho = torch.exp(log_ratio)
+    per_sequence: ClassVar[bool] = False
+    """A sequence-level weight (GSPO family): one ratio per sequence."""
+    credit_inside: ClassVar[bool] = False
+    """Whether the level puts the credit weights c_t inside its sequence mean (else the objective multiplies
+    the per-token loss terms by them)."""
+
+    def weight(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+def _seq_denominator(ctx: Context) -> torch.Tensor:
+    return ctx.lengths.clamp(min=1.0).unsqueeze(-1)  # (B, 1); empty rows give 0/1 and no gradient
+
+
+@LEVELS.register
+@dataclass(frozen=True)
+class Token(Level):
+    """GRPO's token ratio ``w_t = exp(r_t)``; the gradient flows through each token."""
+
+    name = "token"
+    formula = "w_t = exp(r_t)"
+    source = "Shao et al. 2024, DeepSeekMath (arXiv 2402.03300)"
+
+    def weight(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        rho = torch.exp(ctx.log_ratio)
         return rho, rho.detach()
-    if level == "token_ema":
-        w = torch.exp(log_ratio)
-        if ema_grad == "full":
-            rho = ema_scan(w, valid, ema_beta)
+
+
+@LEVELS.register
+@dataclass(frozen=True)
+class Sequence(Level):
+    """GSPO's sequence ratio, the geometric mean of the token ratios: ``s = exp(Σ_t c_t·r_t / |y|)``,
+    broadcast over the sequence; the gradient flows through the mean."""
+
+    name = "sequence"
+    formula = "s = exp(Σ_t c_t·r_t / |y|)"
+    source = "Zheng et al. 2025, GSPO (arXiv 2507.18071)"
+    per_sequence = True
+    credit_inside = True
+
+    def weight(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        # log_ratio is already 0 at invalid positions, so no mask is needed in the plain mean
+        total = ctx.log_ratio if ctx.credit is None else ctx.credit * ctx.log_ratio
+        s = torch.exp(total.sum(-1, keepdim=True) / _seq_denominator(ctx))  # (B, 1)
+        return s, s.detach()
+
+
+@LEVELS.register
+@dataclass(frozen=True)
+class SequenceToken(Level):
+    """GSPO-token: value the sequence ratio s, gradient per token: ``exp(sg[log s] + logp_t − sg[logp_t])``
+    (allows token-level advantages; equals ``sequence`` in gradient under per-sequence advantages)."""
+
+    name = "sequence_token"
+    formula = "ŝ_t = sg[s]·π_t / sg[π_t]"
+    source = "Zheng et al. 2025, GSPO-token (arXiv 2507.18071)"
+    per_sequence = True
+
+    def weight(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        total = ctx.log_ratio if ctx.credit is None else ctx.credit * ctx.log_ratio
+        log_s = (total.sum(-1, keepdim=True) / _seq_denominator(ctx)).detach()
+        return torch.exp(log_s + ctx.carrier), torch.exp(log_s)  # (B, T): value s, gradient s·∇logπ_t
+
+
+@LEVELS.register
+@dataclass(frozen=True)
+class SequenceArith(Level):
+    """AMIC: the arithmetic mean of the token ratios, ``s' = Σ_t c_t·mask_t·exp(r_t) / |y|`` (≥ GSPO's
+    geometric mean, equal when a sequence's ratios are equal); the gradient flows through every ratio."""
+
+    name = "sequence_arith"
+    formula = "s' = Σ_t c_t·w_t / |y|"
+    source = "arithmetic-mean importance correction (AMIC)"
+    per_sequence = True
+    credit_inside = True
+
+    def weight(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        weighted_m = ctx.m if ctx.credit is None else ctx.m * ctx.credit
+        s = (weighted_m * torch.exp(ctx.log_ratio)).sum(-1, keepdim=True) / _seq_denominator(ctx)
+        return s, s.detach()
+
+
+@LEVELS.register
+@dataclass(frozen=True)
+class TokenEMA(Level):
+    """Token ratios smoothed along the sequence: ``w'_0 = 1``, ``w'_t = (1−β)·w'_{t−1} + β·w_t`` over valid
+    tokens (masked positions carry the state). ``β = 1`` is exactly ``token``.
+
+    Gradient ``local`` (default): value w'_t, gradient w'_t·∇logπ_t (``sg[w'_t]·exp(logp_t − sg[logp_t])``);
+    ``full``: autograd through the recurrence. Vectorised as a blocked scan (``ema_scan``), stable for T ≥ 32k.
+    """
+
+    name = "token_ema"
+    formula = "w'_t = (1−β)·w'_{t−1} + β·w_t"
+    source = "temporal EMA smoothing of token importance weights"
+    ema_beta: float = param(0.2, "smoothing factor β; 1 is the token level, small β smooths more",
+                            low=0.0, high=1.0, hint="β = 1 is the token level; small β smooths more.")
+    ema_grad: str = param("local", "gradient: local (w'_t·∇logπ_t) | full (through the recurrence)",
+                          choices=("local", "full"))
+
+    def weight(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        w = torch.exp(ctx.log_ratio)
+        if self.ema_grad == "full":
+            rho = ema_scan(w, ctx.valid, self.ema_beta)
             return rho, rho.detach()
         with torch.no_grad():
-            smoothed = ema_scan(w.detach(), valid, ema_beta)
-        return smoothed * torch.exp(carrier), smoothed  # value w'_t, gradient w'_t·∇logπ_t
-    denom = lengths.clamp(min=1.0).unsqueeze(-1)  # (B, 1); empty rows give 0/1 and no gradient
-    if level == "sequence_arith":
-        weighted_m = m if credit is None else m * credit
-        s = (weighted_m * torch.exp(log_ratio)).sum(-1, keepdim=True) / denom
-        return s, s.detach()
-    # log_ratio is already 0 at invalid positions, so no mask is needed in the plain mean
-    total = log_ratio if credit is None else credit * log_ratio
-    log_s = total.sum(-1, keepdim=True) / denom  # (B, 1)
-    if level == "sequence":
-        s = torch.exp(log_s)
-        return s, s.detach()
-    if level == "sequence_token":
-        log_s = log_s.detach()
-        return torch.exp(log_s + carrier), torch.exp(log_s)  # (B, T): value s, gradient s·∇logπ_t
-    raise ValueError(f"level={level!r} is not a known choice; use one of {', '.join(map(repr, LEVELS))}.")
+            smoothed = ema_scan(w.detach(), ctx.valid, self.ema_beta)
+        return smoothed * torch.exp(ctx.carrier), smoothed  # value w'_t, gradient w'_t·∇logπ_t

@@ -1,16 +1,13 @@
-"""Entropy control (SPEC §1.4, seed 002).
+"""Covariance control (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
 
-- static ``entropy_coef``: ``loss −= coef · aggregate(H_t)`` (H_t the entropy of the full next-token
-  distribution, aggregated like the policy loss).
-- ``AdaptiveEntropyController`` (Skywork-OR1, arXiv 2505.22312): ``c ← clip(c ± Δ, lo, hi)`` after each
-  optimizer step; the coefficient applied is ``c·1[e ≤ target]``.
-- ``clip_cov`` / ``kl_cov`` (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
-  arXiv 2505.22617): the per-token covariance ``cov_t = (A_t − Ā)·(logp_t − mean logp)`` over valid tokens
-  (means detached) marks the few tokens that drive entropy collapse. clip_cov zeroes the loss terms of
-  ``max(1, ⌊r·N⌋)`` random tokens with ``lb < cov < ub`` that the trust region did not already clip;
-  kl_cov adds ``β_cov·|logp − old_logp|`` to the top ``max(1, ⌊k·N⌋)`` tokens by cov. Here ``k`` is a
-  fraction (2e-3); verl's ``k_percent`` is a percentage (0.2 means 0.2 %), so ``k = k_percent / 100``.
-  With one update per rollout ``logp == old_logp`` and the kl_cov term (value and gradient) is zero.
+The per-token covariance ``cov_t = (A_t − Ā)·(logp_t − mean logp)`` over valid tokens (means detached) marks
+the few tokens that drive entropy collapse.
+
+- ``clip_cov`` zeroes the loss terms of ``max(1, ⌊r·N⌋)`` random tokens with ``lb < cov < ub`` that the trust
+  region did not already clip (random order from the call's ``generator``).
+- ``kl_cov`` adds ``β_cov·|logp − old_logp|`` to the top ``max(1, ⌊k·N⌋)`` tokens by cov. Here ``k`` is a
+  fraction (2e-3); verl's ``k_percent`` is a percentage (0.2 means 0.2 %), so ``k = k_percent / 100``. With one
+  update per rollout ``logp == old_logp`` and the kl_cov term (value and gradient) is zero.
 
 Selection never syncs with the host: the number of tokens to pick is a tensor; ``topk`` runs with the
 shape-derived upper bound ``max(1, ⌊r·B·T⌋)`` and ranks beyond the data-dependent count are dropped.
@@ -19,76 +16,14 @@ shape-derived upper bound ``max(1, ⌊r·B·T⌋)`` and ranks beyond the data-de
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from .validation import check_range
+from .base import Context, Part, Registry, param
 
-COV_CONTROLS = ("none", "clip_cov", "kl_cov")
-
-
-@dataclass
-class AdaptiveEntropyController:
-    """Skywork-OR1 adaptive entropy coefficient (a small stateful object; checkpoint its ``state_dict``).
-
-    Rule, once per optimizer step with the measured mean token entropy e (seed 002 eq. 4):
-    ``c ← clip(c + Δ, lo, hi)`` if e < target, ``c ← clip(c − Δ, lo, hi)`` if e > target (unchanged at
-    equality); the coefficient to apply is ``c·1[e ≤ target]``.
-
-    ``coef`` uses the latest measured entropy for the gate and the already-updated c (the value for the
-    next step, as a trainer that measures entropy during the update sees it); ``coef_for(e)`` gives
-    ``c·1[e ≤ target]`` for a caller that measures the current step's entropy before the loss. Before the
-    first measurement the gate is open (``coef = c_0``).
-    """
-
-    target: float = 0.2
-    delta: float = 0.005
-    coef_min: float = 0.0
-    coef_max: float = 1.0
-    coef_init: float = 0.0
-    c: float = field(init=False)
-    last_entropy: float | None = field(init=False, default=None)
-    steps: int = field(init=False, default=0)
-
-    def __post_init__(self) -> None:
-        check_range("entropy_target", self.target, low=0.0, low_inclusive=True, high=None)
-        check_range("entropy_delta", self.delta, low=0.0, low_inclusive=True, high=None)
-        check_range("entropy_coef_min", self.coef_min, low=None, high=None)
-        check_range("entropy_coef_max", self.coef_max, low=self.coef_min, low_inclusive=True, high=None)
-        check_range(
-            "entropy_coef_init", self.coef_init, low=self.coef_min, high=self.coef_max, low_inclusive=True,
-            hint="Start the controller inside [entropy_coef_min, entropy_coef_max].",
-        )
-        self.c = float(self.coef_init)
-
-    def coef_for(self, entropy: float) -> float:
-        return self.c if entropy <= self.target else 0.0
-
-    @property
-    def coef(self) -> float:
-        return self.c if self.last_entropy is None else self.coef_for(self.last_entropy)
-
-    def update(self, mean_entropy: float) -> float:
-        """Record the step's mean entropy, move c by ±Δ, return the coefficient for the next step."""
-        e = float(mean_entropy)
-        if not math.isfinite(e):
-            raise ValueError(f"mean_entropy={mean_entropy!r} must be finite; skip the update on a bad step.")
-        if e < self.target:
-            self.c = min(self.coef_max, max(self.coef_min, self.c + self.delta))
-        elif e > self.target:
-            self.c = min(self.coef_max, max(self.coef_min, self.c - self.delta))
-        self.last_entropy = e
-        self.steps += 1
-        return self.coef
-
-    def state_dict(self) -> dict[str, float | int | None]:
-        return {"c": self.c, "last_entropy": self.last_entropy, "steps": self.steps}
-
-    def load_state_dict(self, state: dict[str, float | int | None]) -> None:
-        self.c = float(state["c"])
-        self.last_entropy = None if state.get("last_entropy") is None else float(state["last_entropy"])
-        self.steps = int(state.get("steps", 0))
+COV_CONTROLS = Registry("cov_control", "Covariance control")
+"""Registry of covariance controls: name → part class."""
 
 
 def token_covariance(
@@ -249,3 +184,97 @@ def top_fraction_mean(filled_cov: torch.Tensor, num_valid: torch.Tensor, fractio
         _, keep, values = _ranked_pick(filled_cov, -_MAX, _count(fraction, num_valid),
                                        _bound(fraction, filled_cov.numel()))
         return torch.where(keep, values, 0.0).sum() / keep.sum().clamp(min=1)
+
+
+@dataclass(frozen=True)
+class CovControl(Part):
+    """Base of the covariance controls: ``apply(ctx, term, per_token, policy_m, stats)`` → ``(per_token,
+    policy_m)``, the per-token policy terms and the mask the policy loss is aggregated with."""
+
+    def apply(self, ctx: Context, term, per_token: torch.Tensor, policy_m: torch.Tensor,
+              stats: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return per_token, policy_m
+
+
+@COV_CONTROLS.register
+@dataclass(frozen=True)
+class NoCovControl(CovControl):
+    """No covariance control."""
+
+    name = "none"
+    formula = "—"
+    source = "—"
+
+
+_COV_STATS = {"cov/mean": "clip_cov / kl_cov: mean covariance between advantage and log-prob",
+              "cov/top_mean": "clip_cov / kl_cov: mean of the largest covariances"}
+
+
+def _covariances(ctx: Context, stats: dict[str, torch.Tensor]) -> torch.Tensor:
+    """cov (B, T) with −inf at invalid positions (range tests and top-k then skip them with no extra pass)."""
+    with torch.no_grad():
+        logp_valid = torch.where(ctx.valid, ctx.logp.detach().to(ctx.dtype), 0.0)
+        stats["cov/mean"] = covariance_mean(logp_valid, ctx.adv, ctx.m, ctx.num_valid)
+        return token_covariance(logp_valid, ctx.adv, ctx.m, ctx.num_valid, inplace=True, invalid_fill=-math.inf)
+
+
+@COV_CONTROLS.register
+@dataclass(frozen=True)
+class ClipCov(CovControl):
+    """Clip-Cov: the loss terms of ``max(1, ⌊r·N⌋)`` tokens drawn uniformly from those with covariance in
+    (lb, ub) and not clipped by the trust region get weight 0 (counts for the normalisers unchanged)."""
+
+    name = "clip_cov"
+    stats = {**_COV_STATS, "cov/clipped_tokens": "clip_cov: tokens whose loss term was zeroed"}
+    formula = "(1 − 1[t ∈ I_clip])·ℓ_t,  I_clip ~ U{t: lb < cov_t < ub}"
+    source = "Cui et al. 2025, Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617)"
+    clip_cov_ratio: float = param(2e-4, "fraction r of valid tokens to zero (max(1, ⌊r·N⌋))", low=0.0, high=1.0,
+                                  hint="The paper uses 2e-4.")
+    clip_cov_lb: float = param(1.0, "lower covariance bound lb")
+    clip_cov_ub: float = param(5.0, "upper covariance bound ub (> lb)")
+
+    def check(self) -> None:
+        if not self.clip_cov_ub > self.clip_cov_lb:
+            raise ValueError(f"clip_cov_ub={self.clip_cov_ub!r} must exceed clip_cov_lb={self.clip_cov_lb!r} "
+                             f"(defaults 1 and 5).")
+
+    def apply(self, ctx, term, per_token, policy_m, stats):
+        cov = _covariances(ctx, stats)
+        # The picks are a handful of tokens: edit them through their flat indices instead of building (B, T)
+        # masks (fewer full-size allocations, which dominate the cost on CPU).
+        index, keep = clip_cov_pick(cov, None, None, ctx.num_valid, trust_free=term.free,
+                                    ratio=self.clip_cov_ratio, lb=self.clip_cov_lb, ub=self.clip_cov_ub,
+                                    generator=ctx.generator)
+        policy_m = policy_m.clone()
+        flat_m = policy_m.view(-1)
+        flat_m.index_put_((index,), flat_m[index] * ~keep)
+        with torch.no_grad():
+            stats["cov/top_mean"] = top_fraction_mean(cov, ctx.num_valid)
+            stats["cov/clipped_tokens"] = keep.sum().to(ctx.dtype)
+        return per_token, policy_m
+
+
+@COV_CONTROLS.register
+@dataclass(frozen=True)
+class KLCov(CovControl):
+    """KL-Cov: the top ``max(1, ⌊k·N⌋)`` tokens by covariance get ``+ β_cov·|logp − old_logp|`` (k a fraction,
+    not a percentage). Inert on-policy: with one update per rollout the log-ratio is 0."""
+
+    name = "kl_cov"
+    stats = {**_COV_STATS, "cov/penalised_tokens": "kl_cov: tokens given the |logp - old_logp| penalty"}
+    formula = "ℓ_t + 1[t ∈ top-k cov]·β_cov·|log w_t|"
+    source = "Cui et al. 2025, Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617)"
+    kl_cov_frac: float = param(2e-3, "fraction k (not a percentage) of valid tokens penalised", low=0.0,
+                               high=1.0, hint="A fraction: verl's k_percent=0.2 is kl_cov_frac=0.002.")
+    kl_cov_coef: float = param(1.0, "β_cov of the |logp − old_logp| penalty", low=0.0, low_inclusive=True)
+
+    def apply(self, ctx, term, per_token, policy_m, stats):
+        cov = _covariances(ctx, stats)
+        index, keep = kl_cov_pick(cov, ctx.num_valid, fraction=self.kl_cov_frac)
+        penalty = self.kl_cov_coef * ctx.log_ratio.reshape(-1)[index].abs() * keep
+        shape = ctx.valid.shape
+        per_token = per_token.expand(shape).reshape(-1).index_add(0, index, penalty).view(shape)
+        with torch.no_grad():
+            stats["cov/top_mean"] = top_fraction_mean(cov, ctx.num_valid)
+            stats["cov/penalised_tokens"] = keep.sum().to(ctx.dtype)
+        return per_token, policy_m

@@ -1,0 +1,42 @@
+"""The parts an objective is composed of: one registry per kind (see ``base.py`` for what a part is).
+
+| kind | registry | module |
+|---|---|---|
+| importance weight | ``LEVELS`` | ``levels.py`` |
+| trust region | ``TRUST_REGIONS`` | ``trust_regions.py`` |
+| token credit | ``CREDITS`` | ``credit.py`` |
+| entropy control | ``ENTROPY_CONTROLS`` | ``entropy.py`` |
+| covariance control | ``COV_CONTROLS`` | ``covariance.py`` |
+| reference-KL estimator | ``KL_ESTIMATORS`` | ``kl.py`` |
+| aggregation | ``AGGREGATIONS`` | ``aggregation.py`` |
+
+``KINDS`` lists them in the order an objective applies them, each with the keyword that selects it.
+"""
+
+from __future__ import annotations
+
+from .aggregation import AGGREGATIONS
+from .base import INPUTS, Context, Part, Registry, param
+from .covariance import COV_CONTROLS
+from .credit import CREDITS
+from .entropy import ENTROPY_CONTROLS, AdaptiveEntropyController
+from .kl import KL_ESTIMATORS
+from .levels import LEVELS
+from .trust_regions import TRUST_REGIONS
+
+KINDS: dict[str, Registry] = {
+    "level": LEVELS,
+    "trust_region": TRUST_REGIONS,
+    "credit": CREDITS,
+    "entropy_control": ENTROPY_CONTROLS,
+    "cov_control": COV_CONTROLS,
+    "kl_estimator": KL_ESTIMATORS,
+    "aggregation": AGGREGATIONS,
+}
+"""Kind → registry, in the order an objective applies the parts (the keyword selecting each is its kind,
+except ``entropy_control``, selected by ``adaptive_entropy``)."""
+
+__all__ = [
+    "AGGREGATIONS", "COV_CONTROLS", "CREDITS", "ENTROPY_CONTROLS", "INPUTS", "KINDS", "KL_ESTIMATORS", "LEVELS",
+    "TRUST_REGIONS", "AdaptiveEntropyController", "Context", "Part", "Registry", "param",
+]

@@ -1,0 +1,218 @@
+"""What a part of an objective is, and the registry each kind of part has.
+
+A part is a frozen dataclass of its own parameters. Its class declares
+
+- ``kind`` and ``name``: the registry it belongs to and its name there (``TRUST_REGIONS["ppo"]``);
+- ``needs``: the inputs it asks of the caller beyond ``(logp, old_logp, advantages, mask)``, from
+  :data:`INPUTS`;
+- ``stats``: the statistic keys it adds to an objective's stats, with their meaning;
+- ``formula`` and ``source``: one line each for the generated tables; the class docstring is the reference.
+
+Parameters are dataclass fields made with :func:`param`, which records the help text and the allowed range
+or choices; :meth:`Part.__post_init__` checks them, so a part is valid once built and never written again
+(defaults that depend on another parameter are resolved on read, by :meth:`Part.value`).
+
+Adding a part is one new class decorated with its registry's ``register`` (plus its tests); the name lists,
+validation messages and documentation tables are generated from the registries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+INPUTS: Mapping[str, str] = {
+    "ref_logp": "(B, T) log-probs of the sampled tokens under the reference policy",
+    "entropy": "(B, T) entropy of the policy's next-token distribution (with gradient for a bonus)",
+    "token_grad_norm": "(B, T) per-token gradient norms ‖∇θ log π(y_t)‖ (mode named by the credit part)",
+    "rollout_logp": "(B, T) log-probs the sampler (e.g. vLLM) gave the sampled tokens",
+    "entropy_coef": "the adaptive controller's current coefficient (the driver passes it)",
+}
+"""Optional inputs a part may need, by the keyword the objective takes them under."""
+
+
+def param(default: Any, help: str, *, low: float | None = None, high: float | None = None,
+          low_inclusive: bool = False, high_inclusive: bool = True, choices: tuple | None = None,
+          hint: str = "") -> Any:
+    """A part parameter: its default, one line of help, and the range (``low``/``high``) or ``choices``."""
+    meta = {"help": help, "low": low, "high": high, "low_inclusive": low_inclusive,
+            "high_inclusive": high_inclusive, "choices": choices, "hint": hint}
+    return field(default=default, metadata=meta)
+
+
+def _interval(meta: Mapping[str, Any]) -> str:
+    lo = "-inf" if meta["low"] is None else f"{meta['low']:g}"
+    hi = "inf" if meta["high"] is None else f"{meta['high']:g}"
+    return f"{'[' if meta['low_inclusive'] else '('}{lo}, {hi}{']' if meta['high_inclusive'] else ')'}"
+
+
+def _number_type(tp: Any) -> type | None:
+    """float / int for a (possibly optional) numeric annotation, else None."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_args(tp) else [tp]
+    for a in args:
+        if a in (float, int):
+            return a
+    return None
+
+
+def coerce_param(owner: str, name: str, value: Any, tp: Any) -> Any:
+    """A YAML / command-line value for a parameter annotated ``tp``: numbers written as strings
+    (YAML 1.1 reads ``1e-4`` as a string) become numbers; anything else is returned unchanged."""
+    number = _number_type(tp)
+    if number is not None and isinstance(value, str):
+        try:
+            return float(value) if number is float else int(value)
+        except ValueError:
+            raise TypeError(f"{name}={value!r} ({owner}) must be a number.") from None
+    return value
+
+
+def check_value(owner: str, name: str, value: Any, meta: Mapping[str, Any], tp: Any) -> None:
+    """Raise TypeError / ValueError unless ``value`` fits the parameter's type, range or choices."""
+    if value is None and "None" in str(tp):
+        return
+    if meta.get("choices") is not None:
+        if value not in meta["choices"]:
+            close = difflib.get_close_matches(str(value), [str(c) for c in meta["choices"]], n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{name}={value!r} ({owner}) is not a known choice; use one of "
+                             f"{', '.join(map(repr, meta['choices']))}.{hint}")
+        return
+    number = _number_type(tp)
+    if tp is bool or str(tp) == "bool":
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r} ({owner}) must be true or false.")
+        return
+    if number is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} ({owner}) must be a number, got {value!r} ({type(value).__name__}).")
+    ok = math.isfinite(value)
+    if ok and meta.get("low") is not None:
+        ok = value >= meta["low"] if meta["low_inclusive"] else value > meta["low"]
+    if ok and meta.get("high") is not None:
+        ok = value <= meta["high"] if meta["high_inclusive"] else value < meta["high"]
+    if not ok:
+        fix = f" {meta['hint']}" if meta.get("hint") else ""
+        raise ValueError(f"{name}={value!r} is out of range; it must lie in {_interval(meta)} ({owner}).{fix}")
+
+
+@dataclass(frozen=True)
+class Part:
+    """Base of every objective part (see the module docstring)."""
+
+    kind: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    """What the parts sharing this base are called in errors, e.g. "a clipped trust region"."""
+    needs: ClassVar[frozenset[str]] = frozenset()
+    stats: ClassVar[Mapping[str, str]] = {}
+    formula: ClassVar[str] = ""
+    source: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        owner = f"{self.kind} {self.name!r}"
+        for f in dataclasses.fields(self):
+            check_value(owner, f.name, getattr(self, f.name), f.metadata, hints[f.name])
+        self.check()
+
+    def check(self) -> None:
+        """Checks that involve more than one parameter (ranges and choices are checked already)."""
+
+    @classmethod
+    def params(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def value(self, name: str) -> Any:
+        """The effective value of a parameter (a default that depends on another one is resolved here)."""
+        return getattr(self, name)
+
+    def given(self) -> dict[str, Any]:
+        """The parameters that differ from the class defaults."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default}
+
+
+class Registry(Mapping[str, type]):
+    """Name → part class for one kind of part. ``register`` is a class decorator."""
+
+    def __init__(self, kind: str, title: str) -> None:
+        self.kind = kind
+        self.title = title
+        self._entries: dict[str, type] = {}
+
+    def register(self, cls: type) -> type:
+        if not cls.name:
+            raise TypeError(f"{cls.__name__} has no registry name")
+        if cls.name in self._entries:
+            raise ValueError(f"{self.kind} {cls.name!r} is registered twice ({self._entries[cls.name].__name__}, "
+                             f"{cls.__name__})")
+        cls.kind = self.kind
+        self._entries[cls.name] = cls
+        return cls
+
+    def __getitem__(self, name: str) -> type:
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            close = difflib.get_close_matches(str(name), list(self._entries), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{self.kind}={name!r} is not a known choice; use one of "
+                             f"{', '.join(map(repr, self._entries))}.{hint}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._entries.get(name, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(self._entries)})"
+
+
+class Context:
+    """The tensors of one objective call, computed once and read by every part.
+
+    Attributes:
+        logp:      (B, T) the caller's log-probs (carry the gradient; garbage allowed at invalid positions).
+        old_logp:  (B, T) the caller's behaviour log-probs (garbage allowed at invalid positions).
+        valid:     (B, T) bool mask;  m: the same as float;  lengths: (B,) |y| = Σ_t m;  num_valid: N.
+        diff:      (B, T) ``logp − sg[old_logp]`` at valid positions, 0 elsewhere (carries the gradient).
+        log_ratio: (B, T) ``diff`` clamped to ±``clamp`` (the log-ratio every level exponentiates).
+        adv:       (B, 1) or (B, T) detached advantages, 0 on empty rows / invalid positions.
+        inputs:    optional inputs (``INPUTS``) at valid positions, 0 elsewhere.
+        generator: torch.Generator for parts that draw random numbers, or None.
+        credit:    (B, T) detached token credit weights, or None (set by the objective before the level runs).
+    """
+
+    __slots__ = ("logp", "old_logp", "valid", "m", "lengths", "num_valid", "diff", "log_ratio", "adv", "dtype", "inputs",
+                 "generator", "clamp", "credit", "_carrier")
+
+    def __init__(self, **values: Any) -> None:
+        self._carrier = None
+        self.credit = None
+        for k, v in values.items():
+            setattr(self, k, v)
+
+    @property
+    def carrier(self) -> Any:
+        """(B, T) ``diff − sg[diff]``: value 0, gradient ∇logπ_t at valid tokens. ``exp(v + carrier)`` has
+        value e^v and gradient e^v·∇logπ_t (built on first use: only some levels need it)."""
+        if self._carrier is None:
+            self._carrier = self.diff - self.diff.detach()
+        return self._carrier
