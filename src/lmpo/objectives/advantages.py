@@ -22,8 +22,6 @@ from .objective import ADVANTAGE_SCALES
 from .parts.base import Part, Registry, param
 from .validation import check_choice
 
-SCALES = ADVANTAGE_SCALES
-
 
 def _groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     if rewards.dim() != 1:
@@ -100,7 +98,7 @@ def grpo_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "group", eps: float = 1e-4
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO group-relative advantages. rewards (B,), group_ids (B,) int → ((B,), stats)."""
-    check_choice("scale", scale, SCALES)
+    check_choice("scale", scale, ADVANTAGE_SCALES)
     g = group_statistics(rewards, group_ids)
     adv = g["centred"]
     return _scaled(adv, g, rewards, scale, eps)
@@ -110,7 +108,7 @@ def rloo_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "none", eps: float = 1e-4
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Leave-one-out baseline: r_i − mean of the other members of its group. ((B,), stats)."""
-    check_choice("scale", scale, SCALES)
+    check_choice("scale", scale, ADVANTAGE_SCALES)
     g = group_statistics(rewards, group_ids)
     n = g["count"]
     adv = g["centred"] * n / (n - 1).clamp(min=1.0)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from lmpo.rlvcr.config import SCALES
+from lmpo.objectives.advantages import grpo_advantages
+from lmpo.objectives.objective import ADVANTAGE_SCALES
 
 Tensor = torch.Tensor
 
@@ -33,8 +34,6 @@ def group_normalized_advantages(rewards: Tensor, group_ids: Tensor, eps: float =
     ``lmpo.objectives.advantages.grpo_advantages`` itself, so that RLVCR with w = 0 reproduces the trainer's
     plain GRPO bit for bit: unbiased std, ``scale`` group | batch | none, singleton / zero-variance groups → 0.
     """
-    from lmpo.objectives.advantages import grpo_advantages
-
     return grpo_advantages(rewards, group_ids, scale=scale, eps=eps)[0]
 
 
@@ -56,8 +55,8 @@ def _validate(rewards: Tensor, group_ids: Tensor, is_original: Tensor, thinking_
     if not 0.0 <= float(thinking_weight) <= 1.0:
         raise ValueError(f"rlvcr_advantages: `thinking_weight` = {thinking_weight!r} must be in [0, 1] "
                          "(0 = plain GRPO on the originals, 1 = thinking advantages only).")
-    if scale not in SCALES:
-        raise ValueError(f"rlvcr_advantages: `scale` = {scale!r} must be one of {', '.join(SCALES)}.")
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"rlvcr_advantages: `scale` = {scale!r} must be one of {', '.join(ADVANTAGE_SCALES)}.")
     if bool(((thinking_group_id < 0) & ~is_original).any()):
         bad = int(((thinking_group_id < 0) & ~is_original).nonzero()[0])
         raise ValueError(f"rlvcr_advantages: sample {bad} is not an original but has thinking_group_id = -1; an "
