@@ -68,10 +68,13 @@ def parameter_table_markdown() -> str:
                     f"`{DEFAULT_PARTS[keyword]}` | one of {', '.join(f'`{n}`' for n in KINDS[keyword])} |")
     rows.append("| `adaptive_entropy` | selects the entropy control | False | True: `adaptive`, False: `static` |")
     for keyword, owners in sorted(owners_by_keyword().items()):
-        kind, first = owners[0]
-        field = next(x for x in dataclasses.fields(KINDS[kind][first]) if x.name == keyword)
+        kind = owners[0][0]
+        fields = [next(x for x in dataclasses.fields(KINDS[kind][name]) if x.name == keyword) for _, name in owners]
         readers = ", ".join(f"`{name}`" for _, name in owners)
-        rows.append(f"| `{keyword}` | {kind} {readers} | {_default(field.default)} | {_cell(field.metadata['help'])} |")
+        defaults = {_default(f.default) for f in fields}
+        default = defaults.pop() if len(defaults) == 1 else ", ".join(
+            f"{name}: {_default(f.default)}" for (_, name), f in zip(owners, fields))
+        rows.append(f"| `{keyword}` | {kind} {readers} | {default} | {_cell(fields[-1].metadata['help'])} |")
     return "\n".join(rows) + "\n"
 
 
@@ -115,3 +118,25 @@ def advantage_table_markdown() -> str:
         params = ", ".join(f"`{f.name}`={_default(f.default)}" for f in dataclasses.fields(cls)) or "—"
         rows.append(f"| `{name}` | {_cell(params)} | `{_cell(cls.formula)}` | {_cell(cls.source)} |")
     return "\n".join(rows) + "\n"
+
+
+GENERATED_SECTIONS = {
+    "preset-table": preset_table_markdown,
+    "parts-table": parts_table_markdown,
+    "keywords-table": parameter_table_markdown,
+    "inputs-table": inputs_table_markdown,
+    "stats-table": stats_table_markdown,
+    "advantage-table": advantage_table_markdown,
+}
+"""docs/objectives.md marker name → the function that renders what sits between its markers."""
+
+
+def render_sections(text: str) -> str:
+    """``text`` with every generated section (``<!-- NAME:start … -->`` … ``<!-- NAME:end -->``) re-rendered."""
+    for name, render in GENERATED_SECTIONS.items():
+        start = text.index(f"<!-- {name}:start")
+        start = text.index("-->", start) + len("-->\n")
+        end = text.index(f"<!-- {name}:end -->")
+        text = text[:start] + render() + text[end:]
+    return text
+
