@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from lmpo.objectives import PRESETS
-from lmpo.objectives.reference import GENERATED_SECTIONS, render_sections
+from lmpo.objectives.reference import GENERATED_SECTIONS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "objectives.md"
 REGENERATE = ("python -c \"from pathlib import Path; from lmpo.objectives.reference import render_sections as r; "
