@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from lmpo.objectives import Objective, ObjectiveDriver
+from lmpo.objectives.driver import merge_stats
 from lmpo.trainer import checkpoint as ckpt
 from lmpo.trainer.config import TrainConfig, config_to_dict, save_config, validate_config
 from lmpo.trainer.evaluate import _meta_columns, evaluate
@@ -101,8 +103,6 @@ class Trainer:
         self.run_dir = Path(config.logging.run_dir)
         #: test hook: ``loss_hook(rl_step, loss) -> loss`` applied to every microbatch loss (NaN injection)
         self.loss_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None
-
-        from lmpo.objectives import Objective, ObjectiveDriver
 
         # the trainer checks loss and gradient finiteness once per optimizer step itself (and skips the step),
         # so the objective's own per-call check (one host sync per microbatch) is off unless asked for
@@ -348,26 +348,30 @@ class Trainer:
         batch["old_logp"] = self._no_grad_logp(self.model, batch, T) if cfg.off_policy else None
         batch["ref_logp"] = self._no_grad_logp(self.ref_model, batch, T) if self.driver.needs.ref_logp else None
 
-        M = cfg.loop.minibatches_per_step
-        mb_size = -(-B // M)
-        shuffle_gen = torch.Generator().manual_seed(_seed_for(cfg.loop.seed, step, 2))
         per_step: list[dict[str, float]] = []
         lr = self.schedule.current_lr()
-        for epoch in range(cfg.loop.epochs_per_step):
-            order = torch.randperm(B, generator=shuffle_gen).to(self.device) if M > 1 else torch.arange(
-                B, device=self.device)
-            for m in range(M):
-                rows = order[m * mb_size:(m + 1) * mb_size]
-                cov_gen = torch.Generator(device=self.device).manual_seed(_seed_for(cfg.loop.seed, step, 3, epoch, m))
-                stats = self._optimizer_step(step, batch, rows, T, cov_gen) if rows.numel() else None
-                if stats is not None:
-                    lr = stats.pop("optim/lr")
-                    per_step.append(stats)
-        from lmpo.objectives.driver import merge_stats
-
+        for epoch, m, rows in self._minibatches(step, B):
+            cov_gen = torch.Generator(device=self.device).manual_seed(_seed_for(cfg.loop.seed, step, 3, epoch, m))
+            stats = self._optimizer_step(step, batch, rows, T, cov_gen)
+            if stats is not None:
+                lr = stats.pop("optim/lr")
+                per_step.append(stats)
         out = merge_stats(per_step) if per_step else {"loss/total": float("nan"), "optim/grad_norm": float("nan")}
         out["optim/lr"] = float(lr)  # of the last optimizer step
         return out
+
+    def _minibatches(self, step: int, B: int):
+        """``(epoch, index, rows)`` of every optimizer step of an RL step: each epoch a seeded shuffle of the B
+        sequences (in order when there is one minibatch), cut into ``minibatches_per_step`` equal parts."""
+        M = self.cfg.loop.minibatches_per_step
+        size = -(-B // M)
+        shuffle_gen = torch.Generator().manual_seed(_seed_for(self.cfg.loop.seed, step, 2))
+        for epoch in range(self.cfg.loop.epochs_per_step):
+            order = torch.randperm(B, generator=shuffle_gen) if M > 1 else torch.arange(B)
+            order = order.to(self.device)
+            for m in range(M):
+                if order[m * size:(m + 1) * size].numel():
+                    yield epoch, m, order[m * size:(m + 1) * size]
 
     def _optimizer_step(self, step: int, batch: dict[str, torch.Tensor], rows: torch.Tensor, T: int,
                         cov_gen: torch.Generator) -> dict[str, float] | None:
