@@ -109,6 +109,9 @@ class _TokenLogprobEntropy(torch.autograd.Function):
                 p_logp = torch.exp(logp_all, out=scratch.get("p", z.shape)).mul_(logp_all)
                 entropy[bs, ts] = -p_logp.sum(-1)
         ctx.save_for_backward(logits, index, entropy if with_entropy else logp)
+        # an output nobody differentiates (entropies that are only reported) then arrives as None in backward,
+        # not as zeros, and the backward keeps the fast path that ignores it
+        ctx.set_materialize_grads(False)
         ctx.inv_temperature = inv_temperature
         ctx.with_entropy = with_entropy
         ctx.chunk_rows = chunk_rows
