@@ -28,19 +28,31 @@ def evaluate(model, tokenizer, examples: Sequence[Example], *, accuracy_fn: Call
              max_new_tokens: int, seqs_per_batch: int, device: torch.device, success_threshold: float = 1.0
              ) -> dict[str, float]:
     """Greedy held-out metrics: ``eval/accuracy``, ``eval/reward_mean`` (when a scorer is given), ``eval/length_mean``."""
-    prompts = [e.prompt for e in examples]
-    answers = [e.answer for e in examples]
-    texts, lengths = greedy_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                                        seqs_per_batch=seqs_per_batch, device=device)
-    columns = _meta_columns(examples)
-    acc_values = accuracy_fn(prompts=prompts, completions=texts, answer=answers, **columns)
+    texts, lengths = greedy_completions(model, tokenizer, [e.prompt for e in examples],
+                                        max_new_tokens=max_new_tokens, seqs_per_batch=seqs_per_batch, device=device)
+    prompts, completions, answers, columns = reward_arguments(examples, texts)
+    acc_values = accuracy_fn(prompts=prompts, completions=completions, answer=answers, **columns)
     correct = [v is not None and float(v) >= success_threshold for v in acc_values]
     out = {"eval/accuracy": sum(correct) / max(1, len(correct)),
            "eval/length_mean": sum(lengths) / max(1, len(lengths))}
     if scorer is not None:
-        total, _ = scorer.score(prompts, texts, answers, **columns)
+        total, _ = scorer.score(prompts, completions, answers, **columns)
         out["eval/reward_mean"] = float(total.mean())
     return out
+
+
+def reward_arguments(examples: Sequence[Example], completions: Sequence[str]
+                     ) -> tuple[list, list, list[str], dict[str, list]]:
+    """``(prompts, completions, answers, columns)`` for reward functions, one entry per completion.
+
+    As TRL passes them: for an example whose prompt is a conversation (``Example.messages``), its prompt is
+    the message list and its completion ``[{"role": "assistant", "content": text}]``; otherwise both are
+    strings. ``columns`` are the examples' extra fields (see :func:`_meta_columns`).
+    """
+    prompts = [e.messages if e.messages is not None else e.prompt for e in examples]
+    wrapped = [[{"role": "assistant", "content": c}] if e.messages is not None else c
+               for e, c in zip(examples, completions)]
+    return prompts, wrapped, [e.answer for e in examples], _meta_columns(examples)
 
 
 def _meta_columns(examples: Sequence[Example]) -> dict[str, list]:
