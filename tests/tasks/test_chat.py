@@ -71,7 +71,7 @@ def test_tokenizer_without_template_is_an_input_error_naming_the_fix():
                        source="task 'chat.jsonl'")
     msg = str(err.value)
     assert "'chat.jsonl'" in msg and "'tiny-base'" in msg and "no chat template" in msg
-    assert "task.chat_template" in msg and "task.prompt_format: text" in msg
+    assert "task.chat_template" in msg and "plain-text prompts" in msg
     # the fix works: a template given in the config (as text or as a file) renders the prompts
     [ex] = render_prompts(rows_to_examples(CONV_ROWS[:1]), tok, chat_template=CHATML)
     assert ex.prompt.startswith("<|im_start|>system\n")

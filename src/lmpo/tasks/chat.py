@@ -71,7 +71,8 @@ def needs_chat_template(examples: Sequence[Example], prompt_format: str = "auto"
 
 def render_prompts(examples: Sequence[Example], tokenizer, prompt_format: str = "auto",
                    chat_template: str | None = None, *, model_name: str = "the model",
-                   source: str = "the task") -> list[Example]:
+                   source: str = "the task", options: tuple[str, str] = ("task.prompt_format", "task.chat_template")
+                   ) -> list[Example]:
     """Examples whose ``prompt`` is the text the policy sees (see the module docstring for ``prompt_format``).
 
     Rendered examples keep their conversation in ``Example.messages`` (string prompts wrapped by ``chat``
@@ -80,26 +81,29 @@ def render_prompts(examples: Sequence[Example], tokenizer, prompt_format: str = 
     Args:
         chat_template: a Jinja template (text or file path) used instead of the tokenizer's own.
         model_name, source: named in errors (the tokenizer's model, the data).
+        options: how the caller spells the ``prompt_format`` and ``chat_template`` settings, named in errors
+            (the config keys by default; ``lmpo eval`` passes its flags).
     Raises:
         InputError: conversational data with ``prompt_format: text``, or a template is needed and neither the
             tokenizer nor ``chat_template`` has one.
     """
     if prompt_format not in PROMPT_FORMATS:
         raise InputError(f"prompt format {prompt_format!r} is not one of {', '.join(PROMPT_FORMATS)}.")
+    format_option, template_option = options
     if prompt_format == "text" and any(e.messages is not None for e in examples):
         raise InputError(f"{source} has conversational prompts (lists of role/content messages) but the prompt "
-                         "format is 'text', which never applies a chat template; set task.prompt_format to 'auto' "
+                         f"format is 'text', which never applies a chat template; set {format_option} to 'auto' "
                          "or give plain-text prompts.")
     if not needs_chat_template(examples, prompt_format):
         return list(examples)
     template = read_chat_template(chat_template) if chat_template else None
     if template is None and not getattr(tokenizer, "chat_template", None):
         what = ("has conversational prompts (lists of role/content messages)" if prompt_format == "auto"
-                else "is to be rendered as chat (task.prompt_format: chat)")
+                else f"is to be rendered as chat ({format_option} chat)")
         raise InputError(f"{source} {what}, but the tokenizer of {model_name} has no chat template to render them "
                          "with. Use a chat model (one whose tokenizer_config.json has a chat_template), give a Jinja "
-                         "template with task.chat_template (the template text or a file path), or use plain-text "
-                         "prompts with task.prompt_format: text.")
+                         f"template with {template_option} (the template text or a file path), or use plain-text "
+                         "prompts.")
     out = []
     for e in examples:
         messages = e.messages if e.messages is not None else [{"role": "user", "content": e.prompt}]

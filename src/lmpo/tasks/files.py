@@ -24,7 +24,7 @@ from lmpo.tasks.chat import is_conversation
 FILE_FORMATS = (".json", ".jsonl", ".parquet")
 
 
-def _read_rows(path: str) -> list[dict[str, Any]]:
+def read_rows(path: str) -> list[dict[str, Any]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"task file {path!r} does not exist (working directory: {os.getcwd()}); give a path to a "
@@ -206,7 +206,7 @@ def load_file_task(
     The held-out split is ``eval_path`` when given, else a ``split_seed``-seeded ``eval_fraction`` of rows.
     """
     task = task_from_rows(
-        _read_rows(path), _read_rows(eval_path) if eval_path is not None else None, name=path,
+        read_rows(path), read_rows(eval_path) if eval_path is not None else None, name=path,
         eval_name=eval_path, prompt_field=prompt_field, answer_field=answer_field, eval_fraction=eval_fraction,
         prompt_template=prompt_template, split_seed=split_seed, default_rewards=default_rewards,
         accuracy_reward=accuracy_reward)
@@ -214,7 +214,7 @@ def load_file_task(
     return task
 
 
-def _load_split(name: str, which: str, subset: str | None):
+def load_split(name: str, which: str, subset: str | None):
     try:
         import datasets
     except ImportError as e:
@@ -250,7 +250,7 @@ def load_hf_task(
     The held-out split is ``eval_split`` when given, else a seeded ``eval_fraction`` of ``split``.
     """
     task = task_from_rows(
-        _load_split(name, split, subset), _load_split(name, eval_split, subset) if eval_split is not None else None,
+        load_split(name, split, subset), load_split(name, eval_split, subset) if eval_split is not None else None,
         name=f"{name}[{split}]", eval_name=f"{name}[{eval_split}]", prompt_field=prompt_field,
         answer_field=answer_field, eval_fraction=eval_fraction, prompt_template=prompt_template,
         split_seed=split_seed, default_rewards=default_rewards, accuracy_reward=accuracy_reward)
