@@ -55,6 +55,7 @@ def test_train_cli_runs_with_overrides(tmp_path, capsys):
     assert "run directory" in out and "seqs_per_step=4" in out
     assert (run / "config.yaml").exists() and (run / "checkpoints" / "step_00000001" / "model.safetensors").exists()
     assert "preset: dapo" in (run / "config.yaml").read_text()
+    assert (run / "plots" / "reward.png").read_bytes()[:4] == b"\x89PNG"  # every run ends with its plots
 
 
 def test_train_cli_resume_continues_from_latest_checkpoint(tmp_path, capsys):

@@ -223,12 +223,15 @@ class CheckpointConfig:
 class LoggingConfig:
     """Where the run writes and what it reports."""
 
-    run_dir: str = _f("runs/run", "Run directory (config.yaml, metrics.jsonl, tensorboard/, checkpoints/).")
-    progress_bar: bool = _f(True, "tqdm progress bar on the console.")
+    run_dir: str = _f("runs/run", "Run directory (config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/).")
+    progress_bar: bool = _f(True, "tqdm progress bar when the console is a terminal; piped to a file (or when "
+                            "false) the console gets plain one-line summaries instead (`print_every_steps`).")
     tensorboard: bool = _f(True, "Write TensorBoard event files to RUN_DIR/tensorboard.")
     wandb: bool = _f(False, "Log to Weights & Biases (needs `wandb` installed).")
     wandb_project: str = _f("lmpo", "W&B project name.")
-    print_every_steps: int = _f(0, "Also print a one-line metric summary every N steps (0 = never).")
+    print_every_steps: int | None = _f(None, "One-line metric summary every N RL steps (null = none under a "
+                                       "progress bar, else a round interval giving about 20 lines; 0 = never).")
+    plots: bool = _f(True, "Write the training curves to RUN_DIR/plots/*.png at the end of the run (`lmpo plot`).")
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ class TrainResult:
     nonfinite_skipped: int = 0
     sft_losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    plots: list[Path] = field(default_factory=list)  # RUN_DIR/plots/*.png (logging.plots)
 
 
 def _seed_for(*parts: int) -> int:
@@ -263,6 +264,10 @@ class Trainer:
                 self.save(cfg.loop.steps)
         finally:
             self.metrics.close()
+        if cfg.logging.plots:
+            from lmpo.trainer.plot import plot_runs
+
+            result.plots = plot_runs([self.run_dir])
         result.nonfinite_skipped = self.nonfinite_total
         result.seconds = time.perf_counter() - t_start
         return result
