@@ -88,11 +88,11 @@ TRAINER_PANELS: tuple[Panel, ...] = (
 )
 
 SAC_PANELS: tuple[Panel, ...] = (
-    Panel("alpha", "Entropy temperature α", "α (nats⁻¹ scale of the entropy bonus)", (Curve("policy/alpha"),),
+    Panel("alpha", "Entropy temperature α", "α (reward per nat of entropy)", (Curve("policy/alpha"),),
           flat_reason=_fixed_alpha),
     Panel("entropy", "Policy entropy", "entropy (nats per character)", (
         Curve("policy/entropy"), Curve("policy/target_entropy", " target", dashed=True))),
-    Panel("critic_loss", "Critic loss", "TD loss (mean squared error)", (Curve("losses/critic"),)),
+    Panel("critic_loss", "Critic loss", "TD loss (Huber, both critics summed)", (Curve("losses/critic"),)),
     Panel("coverage", "Top-p coverage", "probability mass in the backup set", (Curve("policy/top_p_coverage"),),
           flat_reason=_no_top_p, unit_range=True),
     Panel("heldout_top1", "Held-out next-character accuracy", "fraction of held-out positions", (
@@ -214,7 +214,7 @@ def draw_panel(panel: Panel, runs: list[Run]):
     for color_index, label, curve, xs, ys in series:
         color = colors[color_index % len(colors)]
         style = "--" if curve.dashed else "-"
-        if curve.kind == "eval":
+        if curve.kind == "eval" or len(xs) < 10:  # evaluations and short series: every point visible
             ax.plot(xs, ys, style, marker="o", markersize=4, linewidth=1.0, color=color, label=label)
             continue
         window = 1 if flat else smoothing_window(len(ys))
