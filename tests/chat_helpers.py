@@ -1,39 +1,25 @@
 """Offline Hugging Face pieces for the chat-template and reward-model tests: a real ``PreTrainedTokenizerFast``
-(one token per character, ChatML specials) and a small randomly initialised sequence classifier."""
+with or without a template (``lmpo.models.build_chat_tokenizer``) and a small randomly initialised sequence
+classifier."""
 
 from __future__ import annotations
 
-import string
-
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForSequenceClassification
 
-#: Qwen2-style ChatML, as in Qwen's tokenizer_config.json (without the tool-calling branches)
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from lmpo.models import CHATML_TEMPLATE, build_chat_tokenizer
+
+CHATML = CHATML_TEMPLATE
 #: Llama-style: the template writes BOS itself
 BOS_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}[assistant]{% endif %}"
 )
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def fast_tokenizer(chat_template: str | None = CHATML) -> PreTrainedTokenizerFast:
-    """A ``tokenizers``-backed tokenizer over printable ASCII, one token per character; pad ``<|endoftext|>``,
-    EOS ``<|im_end|>`` (the end of an assistant turn, as in Qwen2 chat models), no BOS."""
-    vocab = {t: i for i, t in enumerate(SPECIALS + list(string.digits + string.ascii_letters + string.punctuation
-                                                        + " \n"))}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<|endoftext|>", eos_token="<|im_end|>",
-                                  additional_special_tokens=["<|im_start|>"], padding_side="left")
-    tok.chat_template = chat_template
-    return tok
+def fast_tokenizer(chat_template: str | None = CHATML):
+    """``lmpo.models.build_chat_tokenizer``: one token per character, pad ``<|endoftext|>``, EOS ``<|im_end|>``."""
+    return build_chat_tokenizer(chat_template)
 
 
 def save_classifier(path, tokenizer, seed: int = 0) -> LlamaForSequenceClassification:

@@ -127,3 +127,18 @@ def test_reward_model_entries_in_the_config(tmp_path):
         bad([{"modle": str(rm_dir)}])
     with pytest.raises(ConfigError, match="one weight per function"):
         validate_config(bad(["exact_match", {"model": str(rm_dir)}], [1.0]))
+
+
+def test_the_qwen2_chat_example_runs(tmp_path):
+    """examples/hf/chat_reward_model.py: a Qwen2 chat policy, conversational JSONL and a reward model, offline."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "hf" / "chat_reward_model.py"
+    spec = importlib.util.spec_from_file_location("chat_reward_model", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = example.main(["--out", str(tmp_path), "--steps", "2", "--sft-steps", "2"])
+    assert 0.0 <= out["after"]["eval/accuracy"] <= 1.0 and (tmp_path / "run" / "plots" / "reward.png").exists()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["reward/rm/mean"]) for r in rows if r["kind"] == "train")

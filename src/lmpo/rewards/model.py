@@ -47,7 +47,7 @@ class RewardModel:
 
     def __init__(self, path: str, *, seqs_per_batch: int = 32, chat_template: str | None = None,
                  dtype: str = "float32", device: str | torch.device = "cpu", model=None, tokenizer=None) -> None:
-        from lmpo.models import resolve_dtype
+        from lmpo.models.loading import hf_progress_bars_only_on_a_terminal, resolve_dtype
         from lmpo.tasks.chat import read_chat_template
 
         if seqs_per_batch < 1:
@@ -62,6 +62,7 @@ class RewardModel:
                 raise InputError(f"reward model {path!r} is neither a local directory nor a Hugging Face "
                                  "'org/name'; give the directory of an AutoModelForSequenceClassification "
                                  "(config.json, weights, tokenizer).")
+            hf_progress_bars_only_on_a_terminal()
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
             model = model or AutoModelForSequenceClassification.from_pretrained(
                 path, dtype=resolve_dtype(dtype) or "auto")
