@@ -118,16 +118,16 @@ RUN_KINDS = {
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
-    """Centred moving average over ``window`` points (odd); near the ends the window shrinks symmetrically,
-    so a straight line is left exactly as it is. Naive equivalent::
+    """Centred moving average over ``window`` points (odd), truncated at the ends (fewer points there, never a
+    lone raw value that would look like a final jump). Naive equivalent::
 
-        out[i] = mean(values[i-h : i+h+1]),   h = min(window // 2, i, n-1-i)
+        out[i] = mean(values[max(0, i-h) : min(n, i+h+1)]),   h = window // 2
     """
-    n = len(values)
-    half = np.minimum(window // 2, np.minimum(np.arange(n), n - 1 - np.arange(n)))
+    n, h = len(values), window // 2
     csum = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
     idx = np.arange(n)
-    return (csum[idx + half + 1] - csum[idx - half]) / (2 * half + 1)
+    lo, hi = np.maximum(0, idx - h), np.minimum(n, idx + h + 1)
+    return (csum[hi] - csum[lo]) / (hi - lo)
 
 
 def smoothing_window(num_points: int) -> int:
