@@ -74,5 +74,6 @@ def test_mixed_with_function_rewards_by_weight(rm_dir):
 
 
 def test_not_a_model_path_is_an_input_error():
-    with pytest.raises(InputError, match="neither a local directory"):
-        RewardModel("no-such-dir")
+    for path in ("no-such-dir", "./models/rm", "runs/x/rm"):
+        with pytest.raises(InputError, match="neither a local directory"):
+            RewardModel(path)

@@ -119,6 +119,8 @@ def test_reward_model_entries_in_the_config(tmp_path):
 
     with pytest.raises(ConfigError, match=r"rewards.functions\[0\].model.*no-such"):
         validate_config(bad([{"model": "no-such"}]))
+    with pytest.raises(ConfigError, match="not a directory"):
+        validate_config(bad([{"model": str(tmp_path / "models" / "missing")}]))  # a path, not a hub 'org/name'
     with pytest.raises(ConfigError, match="no config.json"):
         validate_config(bad([{"model": str(tmp_path)}]))
     with pytest.raises(ConfigError, match="twice"):

@@ -108,8 +108,9 @@ def test_cli_on_a_builtin_task_and_a_conversational_file(tmp_path, saved_model, 
 
 def test_bad_inputs_are_input_errors(tmp_path, saved_model, capsys):
     path, _, _ = saved_model
-    with pytest.raises(InputError, match="neither a built-in preset"):
-        evaluate_model("no-such-model", "addition")
+    for missing in ("no-such-model", str(tmp_path / "runs" / "model"), "./model"):
+        with pytest.raises(InputError, match="neither a built-in preset"):
+            evaluate_model(missing, "addition")
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="without config.json"):
         evaluate_model(str(tmp_path / "empty"), "addition")

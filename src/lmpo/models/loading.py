@@ -33,6 +33,15 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return _DTYPES[dtype]
 
 
+def looks_like_hub_id(name: str) -> bool:
+    """``org/name`` (one slash, not a relative or absolute path): a name ``from_pretrained`` may download.
+
+    A missing local path such as ``runs/x/model`` or ``./model`` is not one, so it is reported as missing
+    instead of being looked up on the Hub.
+    """
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
 def hf_progress_bars_only_on_a_terminal() -> None:
     """Switch off transformers' weight-loading progress bars when stderr is not a terminal: piped into a log
     they are carriage-return redraws, not lines (lmpo's own console follows the same rule)."""

@@ -47,7 +47,7 @@ class RewardModel:
 
     def __init__(self, path: str, *, seqs_per_batch: int = 32, chat_template: str | None = None,
                  dtype: str = "float32", device: str | torch.device = "cpu", model=None, tokenizer=None) -> None:
-        from lmpo.models.loading import hf_progress_bars_only_on_a_terminal, resolve_dtype
+        from lmpo.models.loading import hf_progress_bars_only_on_a_terminal, looks_like_hub_id, resolve_dtype
         from lmpo.tasks.chat import read_chat_template
 
         if seqs_per_batch < 1:
@@ -58,7 +58,7 @@ class RewardModel:
         if model is None or tokenizer is None:
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-            if not os.path.isdir(path) and "/" not in path:
+            if not os.path.isdir(path) and not looks_like_hub_id(path):
                 raise InputError(f"reward model {path!r} is neither a local directory nor a Hugging Face "
                                  "'org/name'; give the directory of an AutoModelForSequenceClassification "
                                  "(config.json, weights, tokenizer).")

@@ -496,7 +496,9 @@ def _check_reward_model(where: str, rm: RewardModelConfig) -> None:
     if not rm.model:
         raise ConfigError(f"`{where}.model` is empty; give the directory (or Hugging Face name) of an "
                           "AutoModelForSequenceClassification.")
-    if not os.path.isdir(rm.model) and "/" not in rm.model:
+    from lmpo.models.loading import looks_like_hub_id
+
+    if not os.path.isdir(rm.model) and not looks_like_hub_id(rm.model):
         raise ConfigError(f"`{where}.model` = {rm.model!r} is not a directory nor a Hugging Face 'org/name'; give "
                           "the directory of a sequence-classification model (config.json, weights, tokenizer).")
     if os.path.isdir(rm.model) and not os.path.isfile(os.path.join(rm.model, "config.json")):

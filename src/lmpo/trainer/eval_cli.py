@@ -86,6 +86,7 @@ def evaluate_model(model: str, task: str, *, options: dict[str, Any] | None = No
     ``samples`` keeps the first few (prompt, completion, answer, correct) records in the result.
     """
     from lmpo.models import MODEL_PRESETS, load_model_and_tokenizer
+    from lmpo.models.loading import looks_like_hub_id
     from lmpo.rewards import get_reward_fn
     from lmpo.tasks import render_prompts
     from lmpo.trainer.evaluate import greedy_completions, judge, wilson_interval
@@ -100,7 +101,7 @@ def evaluate_model(model: str, task: str, *, options: dict[str, Any] | None = No
             raise InputError(f"model {model!r} is a directory without config.json, so not a Hugging Face model; "
                              "give a directory written by save_pretrained (or a built-in preset: "
                              f"{', '.join(sorted(MODEL_PRESETS))}).")
-        if not os.path.isdir(model) and "/" not in model:
+        if not os.path.isdir(model) and not looks_like_hub_id(model):
             raise InputError(f"model {model!r} is neither a built-in preset ({', '.join(sorted(MODEL_PRESETS))}), a "
                              "local directory, nor a Hugging Face 'org/name'.")
     examples, task_reward, what = load_eval_examples(task, options)
