@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "train": "lmpo.trainer.cli:register_train",
     "demo": "lmpo.trainer.cli:register_demo",
     "plot": "lmpo.trainer.cli:register_plot",
+    "eval": "lmpo.trainer.eval_cli:register_eval",
 }
 
 #: ``lmpo sac <command>``: the text environment and SAC agent

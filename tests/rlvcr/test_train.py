@@ -60,7 +60,7 @@ def run_config(tmp_path, **rlvcr):
         "loop": {"steps": 2, "prompts_per_step": 2, "seqs_per_microbatch": 16, "seed": 0, "device": "cpu"},
         "eval": {"at_start": False, "seqs_per_batch": 4, "max_new_tokens": 4},
         "checkpoint": {"at_end": False},
-        "logging": {"run_dir": str(tmp_path), "progress_bar": False, "tensorboard": False},
+        "logging": {"run_dir": str(tmp_path), "progress_bar": False, "tensorboard": False, "plots": False},
         "rlvcr": {"enabled": True, "budgets": [2, 4, 8, 16], **rlvcr},
     })
 

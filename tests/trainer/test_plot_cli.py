@@ -55,6 +55,7 @@ def test_train_cli_runs_with_overrides(tmp_path, capsys):
     assert "run directory" in out and "seqs_per_step=4" in out
     assert (run / "config.yaml").exists() and (run / "checkpoints" / "step_00000001" / "model.safetensors").exists()
     assert "preset: dapo" in (run / "config.yaml").read_text()
+    assert (run / "plots" / "reward.png").read_bytes()[:4] == b"\x89PNG"  # every run ends with its plots
 
 
 def test_train_cli_resume_continues_from_latest_checkpoint(tmp_path, capsys):
@@ -62,7 +63,8 @@ def test_train_cli_resume_continues_from_latest_checkpoint(tmp_path, capsys):
     base = ["train", "--task.options", "{min_digits: 1, max_digits: 1, num_eval: 10}", "--task.eval_examples", "4",
             "--loop.prompts_per_step", "2", "--rollout.completions_per_prompt", "2", "--rollout.max_new_tokens", "2",
             "--logging.run_dir", str(run), "--logging.progress_bar", "false", "--logging.tensorboard", "false",
-            "--loop.num_threads", "1", "--checkpoint.every_steps", "1", "--checkpoint.keep_last", "0"]
+            "--loop.num_threads", "1", "--checkpoint.every_steps", "1", "--checkpoint.keep_last", "0",
+            "--logging.plots", "false"]
     assert main(base + ["--loop.steps", "1"]) == 0
     assert main(base + ["--loop.steps", "2", "--resume"]) == 0
     assert "resumed from" in capsys.readouterr().out

@@ -26,7 +26,7 @@ def small_config(run_dir, preset: str = "grpo", **sections):
         "loop": {"steps": 2, "prompts_per_step": 3, "seqs_per_microbatch": 6, "seed": 0, "device": "cpu"},
         "eval": {"at_start": False, "seqs_per_batch": 8},
         "checkpoint": {"at_end": False},
-        "logging": {"run_dir": str(run_dir), "progress_bar": False, "tensorboard": False},
+        "logging": {"run_dir": str(run_dir), "progress_bar": False, "tensorboard": False, "plots": False},
     }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -30,6 +31,24 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or 'auto'")
     return _DTYPES[dtype]
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """``org/name`` (one slash, not a relative or absolute path): a name ``from_pretrained`` may download.
+
+    A missing local path such as ``runs/x/model`` or ``./model`` is not one, so it is reported as missing
+    instead of being looked up on the Hub.
+    """
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
+def hf_progress_bars_only_on_a_terminal() -> None:
+    """Switch off transformers' weight-loading progress bars when stderr is not a terminal: piped into a log
+    they are carriage-return redraws, not lines (lmpo's own console follows the same rule)."""
+    if not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 def _saved_tokenizer_class(path: str) -> str | None:
@@ -94,6 +113,7 @@ def load_model_and_tokenizer(
                 "a local directory, nor a Hugging Face 'org/name' id"
             )
         tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
+        hf_progress_bars_only_on_a_terminal()
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
         model = AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=torch_dtype or "auto", trust_remote_code=trust_remote_code, **extra

@@ -1,5 +1,6 @@
 """Reward functions (TRL signature ``fn(prompts, completions, answer, **kwargs) -> list[float | None]``),
-the ``REWARDS`` registry of built-ins, import-path loading of user functions and the weighted scorer.
+the ``REWARDS`` registry of built-ins, import-path loading of user functions, sequence-classification
+reward models (``RewardModel``) and the weighted scorer.
 
 >>> scorer = RewardScorer([("exact_match", 1.0), {"name": "length_penalty", "weight": 0.1,
 ...                        "kwargs": {"target_chars": 8}}])
@@ -8,6 +9,7 @@ the ``REWARDS`` registry of built-ins, import-path loading of user functions and
 
 from lmpo.rewards.builtin import (
     REWARDS,
+    completion_text,
     countdown,
     exact_match,
     format_reward,
@@ -15,14 +17,18 @@ from lmpo.rewards.builtin import (
     math_answer,
     numeric_match,
     parse_number,
+    prompt_text,
     register_reward,
 )
+from lmpo.rewards.model import RewardModel
 from lmpo.rewards.scorer import RewardScorer, RewardSpec, get_reward_fn, load_reward_fn
 
 __all__ = [
     "REWARDS",
+    "RewardModel",
     "RewardScorer",
     "RewardSpec",
+    "completion_text",
     "countdown",
     "exact_match",
     "format_reward",
@@ -32,5 +38,6 @@ __all__ = [
     "math_answer",
     "numeric_match",
     "parse_number",
+    "prompt_text",
     "register_reward",
 ]

@@ -31,11 +31,18 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     return decorator
 
 
-def _text(completion) -> str:
-    # TRL passes conversational completions as [{"role": "assistant", "content": ...}]
+def completion_text(completion) -> str:
+    """The text of a completion: a string as it is, or the last message's content of a conversational
+    completion (TRL passes those as ``[{"role": "assistant", "content": ...}]``)."""
     if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
         return str(completion[-1].get("content", ""))
     return str(completion)
+
+
+def prompt_text(prompt) -> str:
+    """The text of a prompt: a string as it is, or the last message's content of a conversation (TRL passes
+    conversational prompts as ``[{"role": ..., "content": ...}, ...]``)."""
+    return completion_text(prompt)
 
 
 @register_reward("exact_match")
@@ -43,7 +50,7 @@ def exact_match(prompts, completions, answer, strip: bool = True, **kwargs) -> l
     """1.0 when the completion equals the answer (both stripped of surrounding whitespace), else 0.0."""
     out = []
     for completion, ref in zip(completions, answer):
-        c, r = _text(completion), str(ref)
+        c, r = completion_text(completion), str(ref)
         if strip:
             c, r = c.strip(), r.strip()
         out.append(1.0 if c == r else 0.0)
@@ -88,7 +95,7 @@ def numeric_match(
         if ref_value is None:
             out.append(None)
             continue
-        pred = parse_number(_text(completion), which=which)
+        pred = parse_number(completion_text(completion), which=which)
         ok = pred is not None and math.isclose(pred, ref_value, rel_tol=rel_tol, abs_tol=abs_tol)
         out.append(1.0 if ok else 0.0)
     return out
@@ -119,7 +126,7 @@ def math_answer(prompts, completions, answer, timeout_seconds: int | None = 5, *
             ref_text if "$" in ref_text or "\\" in ref_text else f"${ref_text}$",
             parsing_timeout=timeout_seconds,
         )
-        pred = parse(_text(completion), parsing_timeout=timeout_seconds)
+        pred = parse(completion_text(completion), parsing_timeout=timeout_seconds)
         ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=timeout_seconds)
         out.append(1.0 if ok else 0.0)
     return out
@@ -138,7 +145,7 @@ def format_reward(
         raise ValueError(f"format reward: mode={mode!r} must be fullmatch, match or search")
     regex = re.compile(pattern, re.DOTALL)
     matcher = getattr(regex, mode)
-    return [1.0 if matcher(_text(c)) else 0.0 for c in completions]
+    return [1.0 if matcher(completion_text(c)) else 0.0 for c in completions]
 
 
 @register_reward("length_penalty")
@@ -151,7 +158,7 @@ def length_penalty(
     """
     if scale_chars <= 0:
         raise ValueError(f"length_penalty: scale_chars={scale_chars} must be > 0")
-    return [-max(0, len(_text(c)) - target_chars) / scale_chars for c in completions]
+    return [-max(0, len(completion_text(c)) - target_chars) / scale_chars for c in completions]
 
 
 _COUNTDOWN_PROMPT = re.compile(r"((?:-?\d+\s+)*-?\d+)\s*>\s*(-?\d+)\s*:")
@@ -186,13 +193,13 @@ def countdown(prompts, completions, answer, **kwargs) -> list[float | None]:
     """
     out: list[float | None] = []
     for prompt, completion, ref in zip(prompts, completions, answer):
-        m = _COUNTDOWN_PROMPT.search(str(prompt))
+        m = _COUNTDOWN_PROMPT.search(prompt_text(prompt))
         if m is None:
             out.append(None)
             continue
         numbers = Counter(int(x) for x in m.group(1).split())
         target = int(ref) if str(ref).strip().lstrip("-").isdigit() else int(m.group(2))
-        parsed = _safe_eval(_text(completion).strip())
+        parsed = _safe_eval(completion_text(completion).strip())
         ok = parsed is not None and parsed[0] == target and not (Counter(parsed[1]) - numbers)
         out.append(1.0 if ok else 0.0)
     return out

@@ -62,11 +62,13 @@ def get_reward_fn(name_or_path: str) -> Callable[..., list]:
 @dataclass(frozen=True)
 class RewardSpec:
     """One weighted reward function: ``name`` is a built-in name or ``pkg.module:function``;
-    ``kwargs`` are passed to the function on every call (``pattern`` for ``format``...)."""
+    ``kwargs`` are passed to the function on every call (``pattern`` for ``format``...). ``fn``, when given,
+    is the function itself (a ``RewardModel``, a closure) and ``name`` only labels it in metrics."""
 
     name: str
     weight: float = 1.0
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    fn: Callable[..., list] | None = None
 
     @staticmethod
     def coerce(spec: Any) -> RewardSpec:
@@ -75,14 +77,14 @@ class RewardSpec:
         if isinstance(spec, str):
             return RewardSpec(spec)
         if isinstance(spec, Mapping):
-            unknown = set(spec) - {"name", "weight", "kwargs"}
+            unknown = set(spec) - {"name", "weight", "kwargs", "fn"}
             if "name" not in spec or unknown:
                 raise ValueError(
-                    f"reward spec {dict(spec)} needs a 'name' and may have 'weight' and 'kwargs' only"
+                    f"reward spec {dict(spec)} needs a 'name' and may have 'weight', 'kwargs' and 'fn' only"
                     + (f" (unknown keys: {sorted(unknown)})" if unknown else "")
                 )
             return RewardSpec(
-                str(spec["name"]), float(spec.get("weight", 1.0)), dict(spec.get("kwargs") or {})
+                str(spec["name"]), float(spec.get("weight", 1.0)), dict(spec.get("kwargs") or {}), spec.get("fn")
             )
         if isinstance(spec, Sequence) and len(spec) in (2, 3):
             return RewardSpec(str(spec[0]), float(spec[1]), dict(spec[2]) if len(spec) == 3 else {})
@@ -104,7 +106,8 @@ class RewardScorer:
 
     Args:
         specs: ``[("exact_match", 1.0), ...]``, ``[{"name": ..., "weight": ..., "kwargs": {...}}]`` or
-            ``RewardSpec`` objects. A name may appear once; give ``pkg.module:function`` for user functions.
+            ``RewardSpec`` objects. A name may appear once; give ``pkg.module:function`` for user functions,
+            or ``fn=`` a callable (e.g. ``lmpo.rewards.RewardModel``) under a name of your choice.
         on_error: ``"raise"`` — a function that raises stops scoring with an error naming it and the sample;
             ``"skip"`` — its values for the call become NaN and are counted in ``stats["reward/skipped"]``.
     """
@@ -123,7 +126,8 @@ class RewardScorer:
             if not math.isfinite(s.weight):
                 raise ValueError(f"reward {s.name!r}: weight={s.weight} must be finite")
         self.on_error = on_error
-        self.fns = {s.name: functools.partial(get_reward_fn(s.name), **dict(s.kwargs)) for s in self.specs}
+        self.fns = {s.name: functools.partial(s.fn if s.fn is not None else get_reward_fn(s.name), **dict(s.kwargs))
+                    for s in self.specs}
         self.weights = {s.name: s.weight for s in self.specs}
         self.skipped_calls = 0  # cumulative count of (function, call) pairs skipped because they raised
         self.last_stats: dict[str, float] = {}

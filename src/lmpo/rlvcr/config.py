@@ -1,4 +1,4 @@
-"""The ``rlvcr`` configuration section (SPEC §4): thinking levels, budgets and the advantage mix."""
+"""The ``rlvcr`` configuration section (docs/rlvcr.md): thinking levels, budgets and the advantage mix."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _f(default: Any, help: str) -> Any:
 
 @dataclass(frozen=True)
 class RLVCRConfig:
-    """RLVCR thinking-level expansion and mixed action/thinking advantages (seed 003, SPEC §4)."""
+    """RLVCR thinking-level expansion and mixed action/thinking advantages (docs/rlvcr.md)."""
 
     enabled: bool = _f(False, "Expand successful completions into one sample per thinking level and mix "
                        "action (GRPO over originals) and thinking (confidence − cost) advantages.")
@@ -25,8 +25,8 @@ class RLVCRConfig:
                                 "advantages only.")
     cost_weight: float = _f(0.1, "λ_cost in thinking reward = confidence − λ_cost · thinking_tokens / "
                             "max(budgets).")
-    success_threshold: float = _f(0.0, "An original is expanded when its total reward is > this (the seed's "
-                                  "episode_reward > 0).")
+    success_threshold: float = _f(0.0, "An original is expanded when its total reward is > this (the reference "
+                                  "implementation's episode_reward > 0).")
     think_open: str = _f("<think>", "Tag that opens the thinking part of a completion.")
     think_close: str = _f("</think>", "Tag that closes the thinking part; the action (answer) follows it.")
     instruction: str = _f("[think {budget}]{prompt}", "Level instruction used to regenerate thinking: a "
@@ -62,7 +62,7 @@ def _error(message: str) -> ValueError:
 def validate_rlvcr_config(cfg: RLVCRConfig) -> None:
     """Raise the trainer's ``ConfigError`` (a ``ValueError``) naming the field, the value and the fix."""
     if not isinstance(cfg.levels, int) or cfg.levels < 2:
-        raise _error(f"`rlvcr.levels` = {cfg.levels!r} must be an integer >= 2 (the seed uses 4).")
+        raise _error(f"`rlvcr.levels` = {cfg.levels!r} must be an integer >= 2 (the reference implementation uses 4).")
     budgets = tuple(cfg.budgets)
     if len(budgets) != cfg.levels:
         raise _error(f"`rlvcr.budgets` = {list(budgets)} has {len(budgets)} values for levels = {cfg.levels}; "

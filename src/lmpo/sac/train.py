@@ -3,7 +3,7 @@
 
 Run directory layout: ``config.json`` (resolved config), ``metrics.jsonl`` (one line per log interval),
 ``tb/`` (TensorBoard), ``checkpoint.pt`` (+ ``envs.pkl``), ``eval.json`` (held-out quality),
-``summary.json`` (what the gate reads), ``trace.log`` (with ``--trace N``).
+``summary.json`` (what the gate reads), ``plots/`` (training curves), ``trace.log`` (with ``--trace N``).
 """
 
 from __future__ import annotations
@@ -398,4 +398,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
         summary["eval"] = evaluate_run(trainer.agent, trainer.bundle, cfg)
         (Path(run_dir) / "eval.json").write_text(json.dumps(summary["eval"], indent=2, ensure_ascii=False))
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+    if trainer.history:  # RUN_DIR/plots/*.png, as `lmpo plot RUN_DIR` draws them
+        from lmpo.trainer.plot import plot_runs
+
+        plot_runs([run_dir])
     return summary

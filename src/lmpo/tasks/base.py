@@ -13,11 +13,15 @@ class Example:
 
     ``prompt`` is fed to the model as plain text; the model should complete it with ``answer`` then EOS.
     ``meta`` holds extra columns (passed to reward functions as keyword arguments, TRL-style).
+    ``messages`` is the prompt as a conversation (TRL's conversational format, ``[{"role", "content"}, …]``)
+    when it is one; ``prompt`` is then its rendering by the policy's chat template, empty until
+    ``lmpo.tasks.render_prompts`` has rendered it (the trainer and ``lmpo eval`` do).
     """
 
     prompt: str
     answer: str
     meta: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None
 
 
 class Task:

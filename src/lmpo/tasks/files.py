@@ -3,6 +3,11 @@
 Rows need a prompt field and an answer field (names configurable); every other field is kept in
 ``Example.meta`` and reaches reward functions as a keyword argument (TRL's convention). The held-out split
 is a seeded random ``eval_fraction`` of the rows, or a separate file / split when given.
+
+Both of TRL's dataset formats are read: a prompt is a string (standard) or a list of ``{"role", "content"}``
+messages (conversational, rendered later by the policy's chat template: ``lmpo.tasks.chat``). A row without
+the answer field may give its reference as TRL's ``completion`` column instead (a string, or a list of
+messages whose last ``content`` is the answer).
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lmpo.tasks.base import Example, ListTask
+from lmpo.tasks.chat import is_conversation
 
 FILE_FORMATS = (".json", ".jsonl", ".parquet")
 
 
-def _read_rows(path: str) -> list[dict[str, Any]]:
+def read_rows(path: str) -> list[dict[str, Any]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"task file {path!r} does not exist (working directory: {os.getcwd()}); give a path to a "
@@ -58,6 +64,18 @@ def _read_rows(path: str) -> list[dict[str, Any]]:
     raise ValueError(f"task file {path!r} has an unsupported extension {ext!r}; accepted: {FILE_FORMATS}")
 
 
+def _answer(row: Mapping[str, Any], answer_field: str) -> tuple[str, str] | None:
+    """(the column used, the reference answer) of a row, or None when it has neither field."""
+    if answer_field in row:
+        return answer_field, str(row[answer_field])
+    if "completion" in row:  # TRL's prompt-completion format: the completion is the reference
+        completion = row["completion"]
+        if is_conversation(completion):
+            return "completion", str(completion[-1]["content"])
+        return "completion", str(completion)
+    return None
+
+
 def rows_to_examples(
     rows: Iterable[Mapping[str, Any]],
     prompt_field: str = "prompt",
@@ -65,17 +83,28 @@ def rows_to_examples(
     prompt_template: str | None = None,
     source: str = "data",
 ) -> list[Example]:
-    """Rows (dicts) -> ``Example`` list; ``prompt_template`` like ``"Q: {question}\\nA:"`` formats the row."""
+    """Rows (dicts) -> ``Example`` list; ``prompt_template`` like ``"Q: {question}\\nA:"`` formats the row.
+
+    A conversational prompt (a list of role/content messages) becomes ``Example.messages`` with an empty
+    ``prompt`` until ``lmpo.tasks.render_prompts`` renders it with the policy's chat template.
+    """
     examples = []
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise ValueError(f"{source}: row {i} is a {type(row).__name__}, expected an object with fields")
-        for field_name in (answer_field,) if prompt_template else (prompt_field, answer_field):
-            if field_name not in row:
-                raise KeyError(
-                    f"{source}: row {i} has no field {field_name!r}; fields present: {sorted(row)}. "
-                    f"Set prompt_field / answer_field to the right column names."
-                )
+        if not prompt_template and prompt_field not in row:
+            raise KeyError(
+                f"{source}: row {i} has no field {prompt_field!r}; fields present: {sorted(row)}. "
+                f"Set prompt_field / answer_field to the right column names."
+            )
+        answer = _answer(row, answer_field)
+        if answer is None:
+            raise KeyError(
+                f"{source}: row {i} has no field {answer_field!r} (nor TRL's 'completion'); fields present: "
+                f"{sorted(row)}. Set answer_field to the column holding the reference answer."
+            )
+        answer_column, answer_text = answer
+        messages = None
         if prompt_template:
             try:
                 prompt = prompt_template.format(**row)
@@ -84,13 +113,28 @@ def rows_to_examples(
                     f"{source}: prompt_template {prompt_template!r} uses field {e.args[0]!r} missing from row "
                     f"{i}; fields present: {sorted(row)}"
                 ) from None
+        elif is_conversation(row[prompt_field]):
+            prompt, messages = "", [dict(m) for m in row[prompt_field]]
         else:
             prompt = str(row[prompt_field])
-        meta = {k: v for k, v in row.items() if k not in (prompt_field, answer_field)}
-        examples.append(Example(prompt=prompt, answer=str(row[answer_field]), meta=meta))
+        # TRL passes neither the prompt nor the reference completion to reward functions as a column
+        meta = {k: v for k, v in row.items() if k not in (prompt_field, answer_column, "completion")}
+        examples.append(Example(prompt=prompt, answer=answer_text, meta=meta, messages=messages))
     if not examples:
         raise ValueError(f"{source}: no rows")
     return examples
+
+
+def prompt_key(example: Example) -> str:
+    """What identifies a prompt when splits are kept apart: its text, or its conversation when it has one."""
+    if example.messages is not None:
+        return json.dumps(example.messages, sort_keys=True, ensure_ascii=False, default=str)
+    return example.prompt
+
+
+def _without(examples: list[Example], held_out: list[Example]) -> list[Example]:
+    keys = {prompt_key(ex) for ex in held_out}
+    return [ex for ex in examples if prompt_key(ex) not in keys]
 
 
 def split_examples(
@@ -109,10 +153,41 @@ def split_examples(
             f"eval_fraction={eval_fraction} leaves no training rows out of {len(examples)}; lower it"
         )
     eval_ex = [examples[i] for i in sorted(order[:num_eval])]
-    eval_prompts = {ex.prompt for ex in eval_ex}
     # Duplicated prompts would leak the held-out answer into training.
-    train_ex = [examples[i] for i in sorted(order[num_eval:]) if examples[i].prompt not in eval_prompts]
+    train_ex = _without([examples[i] for i in sorted(order[num_eval:])], eval_ex)
     return train_ex, eval_ex
+
+
+def task_from_rows(
+    rows: Iterable[Mapping[str, Any]],
+    eval_rows: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    name: str = "data",
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    eval_fraction: float = 0.1,
+    prompt_template: str | None = None,
+    split_seed: int = 0,
+    default_rewards: tuple[tuple[str, float], ...] = (("exact_match", 1.0),),
+    accuracy_reward: str = "exact_match",
+    eval_name: str | None = None,
+) -> ListTask:
+    """A task from rows in memory: a list of dicts or a ``datasets.Dataset`` (standard or conversational).
+
+    The held-out split is ``eval_rows`` when given (their prompts are removed from training), else a
+    ``split_seed``-seeded ``eval_fraction`` of ``rows``.
+
+    >>> task = task_from_rows(datasets.load_from_disk("my_data")["train"])
+    """
+    examples = rows_to_examples(rows, prompt_field, answer_field, prompt_template, source=name)
+    if eval_rows is not None:
+        eval_ex = rows_to_examples(eval_rows, prompt_field, answer_field, prompt_template,
+                                   source=eval_name or f"{name} (held-out rows)")
+        train_ex = _without(examples, eval_ex)
+    else:
+        train_ex, eval_ex = split_examples(examples, eval_fraction, split_seed)
+    return ListTask(name=name, train=train_ex, eval=eval_ex, default_rewards=default_rewards,
+                    accuracy_reward=accuracy_reward)
 
 
 def load_file_task(
@@ -130,22 +205,30 @@ def load_file_task(
 
     The held-out split is ``eval_path`` when given, else a ``split_seed``-seeded ``eval_fraction`` of rows.
     """
-    examples = rows_to_examples(_read_rows(path), prompt_field, answer_field, prompt_template, source=path)
-    if eval_path is not None:
-        eval_ex = rows_to_examples(
-            _read_rows(eval_path), prompt_field, answer_field, prompt_template, source=eval_path
-        )
-        eval_prompts = {ex.prompt for ex in eval_ex}
-        train_ex = [ex for ex in examples if ex.prompt not in eval_prompts]
-    else:
-        train_ex, eval_ex = split_examples(examples, eval_fraction, split_seed)
-    return ListTask(
-        name=os.path.basename(path),
-        train=train_ex,
-        eval=eval_ex,
-        default_rewards=default_rewards,
-        accuracy_reward=accuracy_reward,
-    )
+    task = task_from_rows(
+        read_rows(path), read_rows(eval_path) if eval_path is not None else None, name=path,
+        eval_name=eval_path, prompt_field=prompt_field, answer_field=answer_field, eval_fraction=eval_fraction,
+        prompt_template=prompt_template, split_seed=split_seed, default_rewards=default_rewards,
+        accuracy_reward=accuracy_reward)
+    task.name = os.path.basename(path)
+    return task
+
+
+def load_split(name: str, which: str, subset: str | None):
+    try:
+        import datasets
+    except ImportError as e:
+        raise ImportError(
+            f"loading dataset {name!r} needs the datasets package: pip install 'lmpo[data]'"
+        ) from e
+    if os.path.isdir(name):
+        ds = datasets.load_from_disk(name)
+        if isinstance(ds, datasets.DatasetDict):
+            if which not in ds:
+                raise KeyError(f"dataset {name!r} has no split {which!r}; splits: {sorted(ds)}")
+            ds = ds[which]
+        return ds
+    return datasets.load_dataset(name, subset, split=which)
 
 
 def load_hf_task(
@@ -166,40 +249,13 @@ def load_hf_task(
 
     The held-out split is ``eval_split`` when given, else a seeded ``eval_fraction`` of ``split``.
     """
-    try:
-        import datasets
-    except ImportError as e:
-        raise ImportError(
-            f"loading dataset {name!r} needs the datasets package: pip install 'lmpo[data]'"
-        ) from e
-
-    def load(which: str):
-        if os.path.isdir(name):
-            ds = datasets.load_from_disk(name)
-            if isinstance(ds, datasets.DatasetDict):
-                if which not in ds:
-                    raise KeyError(f"dataset {name!r} has no split {which!r}; splits: {sorted(ds)}")
-                ds = ds[which]
-            return ds
-        return datasets.load_dataset(name, subset, split=which)
-
-    source = f"{name}[{split}]"
-    examples = rows_to_examples(load(split), prompt_field, answer_field, prompt_template, source=source)
-    if eval_split is not None:
-        eval_ex = rows_to_examples(
-            load(eval_split), prompt_field, answer_field, prompt_template, source=f"{name}[{eval_split}]"
-        )
-        eval_prompts = {ex.prompt for ex in eval_ex}
-        train_ex = [ex for ex in examples if ex.prompt not in eval_prompts]
-    else:
-        train_ex, eval_ex = split_examples(examples, eval_fraction, split_seed)
-    return ListTask(
-        name=name,
-        train=train_ex,
-        eval=eval_ex,
-        default_rewards=default_rewards,
-        accuracy_reward=accuracy_reward,
-    )
+    task = task_from_rows(
+        load_split(name, split, subset), load_split(name, eval_split, subset) if eval_split is not None else None,
+        name=f"{name}[{split}]", eval_name=f"{name}[{eval_split}]", prompt_field=prompt_field,
+        answer_field=answer_field, eval_fraction=eval_fraction, prompt_template=prompt_template,
+        split_seed=split_seed, default_rewards=default_rewards, accuracy_reward=accuracy_reward)
+    task.name = name
+    return task
 
 
 def load_task(name_or_path: str, **options: Any):

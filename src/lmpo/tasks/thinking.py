@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import re
 
-from lmpo.rewards.builtin import _text, register_reward
+from lmpo.rewards.builtin import completion_text, register_reward
 from lmpo.tasks.base import Example, register_task
 from lmpo.tasks.synthetic import AdditionTask
 
@@ -67,7 +67,7 @@ def thinking_answer(prompts, completions, answer, think_open: str = THINK_OPEN, 
     """1.0 when the answer after ``</think>`` equals the reference's (both stripped), else 0.0."""
     out = []
     for completion, ref in zip(completions, answer):
-        parsed = split_thinking(_text(completion), think_open, think_close)
+        parsed = split_thinking(completion_text(completion), think_open, think_close)
         ref_parsed = split_thinking(str(ref), think_open, think_close)
         target = (ref_parsed[1] if ref_parsed is not None else str(ref)).strip()
         out.append(1.0 if parsed is not None and parsed[1].strip() == target else 0.0)
@@ -80,7 +80,7 @@ def thinking_format(prompts, completions, answer=None, think_open: str = THINK_O
     """1.0 when the completion is ``<think>…</think>answer`` with a non-empty answer, else 0.0."""
     out = []
     for completion in completions:
-        parsed = split_thinking(_text(completion), think_open, think_close)
+        parsed = split_thinking(completion_text(completion), think_open, think_close)
         out.append(1.0 if parsed is not None and parsed[1].strip() else 0.0)
     return out
 

@@ -118,19 +118,23 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def register_plot(subparsers: argparse._SubParsersAction, name: str) -> None:
-    p = subparsers.add_parser(name, help="draw reward/accuracy/entropy/clip/KL curves of runs to PNG",
-                              description="Plot the metrics.jsonl of one or more run directories, overlaid.")
+    p = subparsers.add_parser(name, help="draw the training curves of runs (lmpo train or lmpo sac train) to PNG",
+                              description="Plot the metrics.jsonl of one or more run directories, overlaid: "
+                                          "reward, accuracy, entropy, clip fraction, KL, length and gradient norm "
+                                          "of `lmpo train` runs; α, entropy, critic loss, top-p coverage, held-out "
+                                          "top-1 and reward of `lmpo sac train` runs.")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", default=None, help="output directory (default: FIRST_RUN_DIR/plots)")
     p.set_defaults(func=_run_plot)
 
 
 def _run_plot(args: argparse.Namespace) -> int:
+    from lmpo.errors import InputError
     from lmpo.trainer.plot import plot_runs
 
     try:
         paths = plot_runs(args.run_dirs, args.out)
-    except FileNotFoundError as e:
+    except InputError as e:
         print(f"lmpo plot: {e}", file=sys.stderr)
         return 2
     for p in paths:

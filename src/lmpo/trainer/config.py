@@ -83,6 +83,12 @@ class TaskConfig:
     answer_field: str = _f("answer", "Column holding the reference answer (file / hf tasks).")
     options: dict = _f({}, "Keyword options of the task constructor (e.g. `{min_digits: 1, max_digits: 3}` for addition).")
     eval_examples: int = _f(200, "Number of held-out examples used by evaluation (examples, not batches).")
+    prompt_format: str = _f("auto", "`auto`: conversational prompts (lists of role/content messages, TRL's "
+                            "conversational format) go through the tokenizer's chat template with "
+                            "`add_generation_prompt`, string prompts are used as they are; `chat`: string prompts "
+                            "too, as one user message; `text`: never (conversational data are an error).")
+    chat_template: str | None = _f(None, "Jinja chat template (the template text or a file path) used instead of "
+                                   "the tokenizer's own; needed for conversational data when the tokenizer has none.")
 
 
 @dataclass(frozen=True)
@@ -100,11 +106,30 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class RewardModelConfig:
+    """A reward model: an entry `{model: PATH, ...}` of `rewards.functions`."""
+
+    model: str = _f("", "Local directory or Hugging Face name of an `AutoModelForSequenceClassification`; the "
+                    "reward is its first logit on prompt + completion (conversations rendered by its own chat "
+                    "template).")
+    name: str | None = _f(None, "Name in metrics (`reward/<name>/mean`); default: the model directory's name.")
+    seqs_per_batch: int = _f(64, "Sequences per reward-model forward pass.")
+    chat_template: str | None = _f(None, "Jinja template (text or file path) for conversational data, instead of "
+                                   "the reward tokenizer's own.")
+    dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
+
+    @property
+    def metric_name(self) -> str:
+        return self.name or os.path.basename(os.path.normpath(self.model)) or self.model
+
+
+@dataclass(frozen=True)
 class RewardsConfig:
     """Reward functions, summed with weights."""
 
-    functions: tuple[str, ...] = _f((), "Built-in names of `lmpo.rewards.REWARDS` or user functions "
-                                    "`package.module:function`; empty = the task's default rewards.")
+    functions: tuple[str | RewardModelConfig, ...] = _f(
+        (), "Built-in names of `lmpo.rewards.REWARDS`, user functions `package.module:function`, or reward models "
+        "`{model: PATH, ...}` (keys below); empty = the task's default rewards.")
     weights: tuple[float, ...] = _f((), "One weight per function (empty = all 1).")
     kwargs: dict = _f({}, "Keyword options per function name, e.g. `{length_penalty: {target_chars: 8}}`.")
     on_error: str = _f("raise", "A reward function that raises: `raise` (error naming the function and the "
@@ -198,12 +223,15 @@ class CheckpointConfig:
 class LoggingConfig:
     """Where the run writes and what it reports."""
 
-    run_dir: str = _f("runs/run", "Run directory (config.yaml, metrics.jsonl, tensorboard/, checkpoints/).")
-    progress_bar: bool = _f(True, "tqdm progress bar on the console.")
+    run_dir: str = _f("runs/run", "Run directory (config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/).")
+    progress_bar: bool = _f(True, "tqdm progress bar when the console is a terminal; piped to a file (or when "
+                            "false) the console gets plain one-line summaries instead (`print_every_steps`).")
     tensorboard: bool = _f(True, "Write TensorBoard event files to RUN_DIR/tensorboard.")
     wandb: bool = _f(False, "Log to Weights & Biases (needs `wandb` installed).")
     wandb_project: str = _f("lmpo", "W&B project name.")
-    print_every_steps: int = _f(0, "Also print a one-line metric summary every N steps (0 = never).")
+    print_every_steps: int | None = _f(None, "One-line metric summary every N RL steps (null = none under a "
+                                       "progress bar, else a round interval giving about 20 lines; 0 = never).")
+    plots: bool = _f(True, "Write the training curves to RUN_DIR/plots/*.png at the end of the run (`lmpo plot`).")
 
 
 @dataclass(frozen=True)
@@ -380,7 +408,7 @@ def config_to_dict(cfg: Any) -> dict:
         if dataclasses.is_dataclass(v):
             v = config_to_dict(v)
         elif isinstance(v, tuple):
-            v = list(v)
+            v = [config_to_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
         elif isinstance(v, dict):
             v = dict(v)
         out[f.name] = v
@@ -464,6 +492,25 @@ def _check_import_path(where: str, spec: str) -> None:
                           "function name after the colon.")
 
 
+def _check_reward_model(where: str, rm: RewardModelConfig) -> None:
+    if not rm.model:
+        raise ConfigError(f"`{where}.model` is empty; give the directory (or Hugging Face name) of an "
+                          "AutoModelForSequenceClassification.")
+    from lmpo.models.loading import looks_like_hub_id
+
+    if not os.path.isdir(rm.model) and not looks_like_hub_id(rm.model):
+        raise ConfigError(f"`{where}.model` = {rm.model!r} is not a directory nor a Hugging Face 'org/name'; give "
+                          "the directory of a sequence-classification model (config.json, weights, tokenizer).")
+    if os.path.isdir(rm.model) and not os.path.isfile(os.path.join(rm.model, "config.json")):
+        raise ConfigError(f"`{where}.model` = {rm.model!r} has no config.json; give a directory written by "
+                          "`save_pretrained` of an AutoModelForSequenceClassification.")
+    _check_positive(f"{where}.seqs_per_batch", rm.seqs_per_batch)
+    _check_choice(f"{where}.dtype", rm.dtype, ["float32", "bfloat16", "float16"])
+    if "/" in rm.metric_name:
+        raise ConfigError(f"`{where}.name` = {rm.metric_name!r} contains '/', which would nest metric keys; "
+                          "give a name without one.")
+
+
 def validate_config(cfg: TrainConfig) -> None:
     """Check every field that can be checked without building a model. Raises ConfigError."""
     from lmpo.objectives import PRESETS, Objective
@@ -528,6 +575,13 @@ def validate_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"`task.path` = {tk.path!r} does not exist; give the path of a local "
                               ".json / .jsonl / .parquet file (relative paths are relative to the working "
                               "directory).")
+    from lmpo.tasks import PROMPT_FORMATS
+
+    _check_choice("task.prompt_format", tk.prompt_format, PROMPT_FORMATS)
+    if tk.chat_template and "{{" not in tk.chat_template and "{%" not in tk.chat_template \
+            and not os.path.isfile(tk.chat_template):
+        raise ConfigError(f"`task.chat_template` = {tk.chat_template!r} is neither a Jinja template nor an "
+                          "existing file; give the template text or the path of a .jinja file.")
     if tk.name == "hf" and not tk.hf_name:
         raise ConfigError("`task.hf_name` is empty but `task.name` is 'hf'; set it to a `datasets` name.")
     _check_positive("task.eval_examples", tk.eval_examples)
@@ -537,7 +591,9 @@ def validate_config(cfg: TrainConfig) -> None:
 
     rw = cfg.rewards
     for i, spec in enumerate(rw.functions):
-        if spec not in REWARDS:
+        if isinstance(spec, RewardModelConfig):
+            _check_reward_model(f"rewards.functions[{i}]", spec)
+        elif spec not in REWARDS:
             if ":" not in spec:
                 close = difflib.get_close_matches(spec, sorted(REWARDS), n=2, cutoff=0.5)
                 hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -545,6 +601,10 @@ def validate_config(cfg: TrainConfig) -> None:
                                   f"({', '.join(sorted(REWARDS))}) nor an import path `package.module:function`."
                                   f"{hint}")
             _check_import_path(f"rewards.functions[{i}]", spec)
+    names = [f.metric_name if isinstance(f, RewardModelConfig) else f for f in rw.functions]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        raise ConfigError(f"`rewards.functions` lists {name!r} twice; merge their weights, or give the reward "
+                          "models distinct `name`s.")
     if rw.weights and len(rw.weights) != len(rw.functions):
         raise ConfigError(f"`rewards.weights` has {len(rw.weights)} values for {len(rw.functions)} functions; "
                           "give one weight per function or none.")
@@ -584,7 +644,7 @@ def validate_config(cfg: TrainConfig) -> None:
 
 def _type_name(tp: Any) -> str:
     s = str(tp) if not isinstance(tp, type) else tp.__name__
-    return s.replace("typing.", "").replace("NoneType", "None")
+    return s.replace("typing.", "").replace("NoneType", "None").replace(f"{__name__}.", "")
 
 
 def _fmt_default(v: Any) -> str:
@@ -611,6 +671,11 @@ def render_config_reference() -> str:
             if dataclasses.is_dataclass(default):
                 subs.append((type(default), f"{prefix}.{f.name}"))
                 continue
+            # entries of a list that may be sections themselves (reward models in rewards.functions)
+            for arg in typing.get_args(typing.get_args(hints[f.name])[0]) if typing.get_origin(hints[f.name]) is tuple \
+                    else ():
+                if _is_dataclass_type(arg):
+                    subs.append((arg, f"{prefix}.{f.name}[]"))
             cells = [f"`{prefix}.{f.name}`", _type_name(hints[f.name]), _fmt_default(default),
                      f.metadata.get("help", "")]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")

@@ -3,7 +3,7 @@
 Builds the ``tiny`` model (character tokenizer + small Llama config, no download), warms it up briefly
 with supervised learning on addition — deliberately short, so the policy knows the answer format but is
 often wrong — then trains it with a GRPO-family objective and prints held-out greedy accuracy before and
-after RL, the run directory and its plots. ``DEMO_CONFIG`` is the run; ``configs/demo.yaml`` is the same
+after RL, the run directory and its plots (written by the trainer at the end of the run). ``DEMO_CONFIG`` is the run; ``configs/demo.yaml`` is the same
 run as a file (a test keeps the two equal), so ``lmpo train configs/demo.yaml`` reproduces it.
 """
 
@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from lmpo.rewards import completion_text
 from lmpo.trainer.config import _deep_merge, config_from_dict, parse_overrides
 
 #: the demo run (kept equal to configs/demo.yaml by a test)
@@ -48,7 +49,7 @@ def digit_match(prompts, completions, answer, **kwargs) -> list[float]:
     """
     out = []
     for completion, ref in zip(completions, answer):
-        got, want = str(completion).strip(), str(ref).strip()
+        got, want = completion_text(completion).strip(), str(ref).strip()
         n = max(len(got), len(want), 1)
         same = sum(a == b for a, b in zip(reversed(got), reversed(want)))
         out.append(same / n)
@@ -76,7 +77,6 @@ def run_demo(run_dir: str | None = None, seed: int | None = None, preset: str | 
              overrides: list[str] | dict | None = None) -> dict:
     """Run the demo and print its table; returns the figures (accuracies, seconds, paths)."""
     from lmpo.trainer.loop import Trainer
-    from lmpo.trainer.plot import plot_runs
 
     cfg = demo_config(run_dir, seed, preset, overrides)
     t0 = time.perf_counter()
@@ -87,7 +87,7 @@ def run_demo(run_dir: str | None = None, seed: int | None = None, preset: str | 
           f"({cfg.loop.prompts_per_step} prompts x {cfg.rollout.completions_per_prompt} completions per step)",
           flush=True)
     result = Trainer(cfg).train()
-    plots = plot_runs([result.run_dir])
+    plots = result.plots
     seconds = time.perf_counter() - t0
     before = (result.eval_before or {}).get("eval/accuracy", float("nan"))
     after = (result.eval_after or {}).get("eval/accuracy", float("nan"))
@@ -105,7 +105,8 @@ def run_demo(run_dir: str | None = None, seed: int | None = None, preset: str | 
         print(f"  {name.ljust(width)}  {value}")
     print()
     print(f"run directory: {result.run_dir}  (config.yaml, metrics.jsonl, tensorboard/, checkpoints/)")
-    print("plots: " + ", ".join(str(p) for p in plots))
+    if plots:
+        print(f"plots: {plots[0].parent}/ ({', '.join(p.name for p in plots)})")
     print(f"total time: {seconds:.0f} s")
     return {"accuracy_before": before, "accuracy_after": after, "seconds": seconds, "run_dir": str(result.run_dir),
             "plots": [str(p) for p in plots]}

@@ -1,7 +1,8 @@
-"""Greedy evaluation on a task's held-out split: accuracy and mean reward."""
+"""Greedy evaluation on a task's held-out split: accuracy (with a 95% Wilson interval) and mean reward."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -28,19 +29,61 @@ def evaluate(model, tokenizer, examples: Sequence[Example], *, accuracy_fn: Call
              max_new_tokens: int, seqs_per_batch: int, device: torch.device, success_threshold: float = 1.0
              ) -> dict[str, float]:
     """Greedy held-out metrics: ``eval/accuracy``, ``eval/reward_mean`` (when a scorer is given), ``eval/length_mean``."""
-    prompts = [e.prompt for e in examples]
-    answers = [e.answer for e in examples]
-    texts, lengths = greedy_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                                        seqs_per_batch=seqs_per_batch, device=device)
-    columns = _meta_columns(examples)
-    acc_values = accuracy_fn(prompts=prompts, completions=texts, answer=answers, **columns)
-    correct = [v is not None and float(v) >= success_threshold for v in acc_values]
+    texts, lengths = greedy_completions(model, tokenizer, [e.prompt for e in examples],
+                                        max_new_tokens=max_new_tokens, seqs_per_batch=seqs_per_batch, device=device)
+    correct = judge(examples, texts, accuracy_fn, success_threshold)
     out = {"eval/accuracy": sum(correct) / max(1, len(correct)),
            "eval/length_mean": sum(lengths) / max(1, len(lengths))}
     if scorer is not None:
-        total, _ = scorer.score(prompts, texts, answers, **columns)
+        prompts, completions, answers, columns = reward_arguments(examples, texts)
+        total, _ = scorer.score(prompts, completions, answers, **columns)
         out["eval/reward_mean"] = float(total.mean())
     return out
+
+
+def judge(examples: Sequence[Example], texts: Sequence[str], accuracy_fn: Callable,
+          success_threshold: float = 1.0) -> list[bool]:
+    """Per example: is the completion correct (``accuracy_fn``'s value defined and ``>= success_threshold``)?"""
+    prompts, completions, answers, columns = reward_arguments(examples, texts)
+    values = accuracy_fn(prompts=prompts, completions=completions, answer=answers, **columns)
+    return [v is not None and float(v) >= success_threshold for v in values]
+
+
+#: the standard normal quantile of a two-sided 95% interval
+Z_95 = 1.959963984540054
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95% for the default ``z``)::
+
+        centre = (p̂ + z²/2n) / (1 + z²/n),   half = z·sqrt(p̂(1−p̂)/n + z²/4n²) / (1 + z²/n),   p̂ = k/n
+
+    Unlike the normal approximation p̂ ± z·sqrt(p̂(1−p̂)/n) it stays inside [0, 1] and is not empty at k = 0
+    or k = n (Wilson 1927; Brown, Cai & DasGupta 2001 recommend it for small n).
+    """
+    if n <= 0:
+        raise ValueError(f"wilson_interval needs n >= 1 trials, got {n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes={successes} must be in [0, n={n}]")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def reward_arguments(examples: Sequence[Example], completions: Sequence[str]
+                     ) -> tuple[list, list, list[str], dict[str, list]]:
+    """``(prompts, completions, answers, columns)`` for reward functions, one entry per completion.
+
+    As TRL passes them: for an example whose prompt is a conversation (``Example.messages``), its prompt is
+    the message list and its completion ``[{"role": "assistant", "content": text}]``; otherwise both are
+    strings. ``columns`` are the examples' extra fields (see :func:`_meta_columns`).
+    """
+    prompts = [e.messages if e.messages is not None else e.prompt for e in examples]
+    wrapped = [[{"role": "assistant", "content": c}] if e.messages is not None else c
+               for e, c in zip(examples, completions)]
+    return prompts, wrapped, [e.answer for e in examples], _meta_columns(examples)
 
 
 def _meta_columns(examples: Sequence[Example]) -> dict[str, list]:

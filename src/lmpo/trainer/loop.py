@@ -35,7 +35,7 @@ from lmpo.objectives import Objective, ObjectiveDriver
 from lmpo.objectives.driver import merge_stats
 from lmpo.trainer import checkpoint as ckpt
 from lmpo.trainer.config import TrainConfig, config_to_dict, save_config, validate_config
-from lmpo.trainer.evaluate import _meta_columns, evaluate
+from lmpo.trainer.evaluate import evaluate, reward_arguments
 from lmpo.trainer.metrics import MetricsLogger, to_host
 from lmpo.trainer.optim import Schedule, build_optimizer
 from lmpo.trainer.sft import position_ids_from_mask, supervised_warmup
@@ -57,6 +57,7 @@ class TrainResult:
     nonfinite_skipped: int = 0
     sft_losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    plots: list[Path] = field(default_factory=list)  # RUN_DIR/plots/*.png (logging.plots)
 
 
 def _seed_for(*parts: int) -> int:
@@ -111,9 +112,8 @@ class Trainer:
         self.driver = ObjectiveDriver(self.objective)
 
         self.task = task if task is not None else self._build_task()
-        self.train_examples = self.task.train_examples(seed=config.loop.seed)
-        self.eval_examples = self.task.eval_examples()[: config.task.eval_examples]
-        self.scorer, self.accuracy_fn = self._build_rewards()
+        train_examples = self.task.train_examples(seed=config.loop.seed)
+        eval_examples = self.task.eval_examples()[: config.task.eval_examples]
 
         if model is None:
             from lmpo.models import load_model_and_tokenizer
@@ -125,6 +125,10 @@ class Trainer:
             raise ValueError("Trainer(model=...) needs tokenizer=... as well")
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
+        # conversational prompts become text through the policy's chat template (lmpo.tasks.chat)
+        self.train_examples = self._render_prompts(train_examples)
+        self.eval_examples = self._render_prompts(eval_examples)
+        self.scorer, self.accuracy_fn = self._build_rewards()
         if config.model.lora.enabled:
             self.model = self._wrap_lora(self.model)
         self.rollout_engine = rollout_engine
@@ -147,14 +151,31 @@ class Trainer:
                                 **tk.options)
         return make_task(tk.name, **tk.options)
 
+    def _render_prompts(self, examples):
+        from lmpo.tasks import render_prompts
+
+        tk = self.cfg.task
+        return render_prompts(examples, self.tokenizer, tk.prompt_format, tk.chat_template,
+                              model_name=f"model {self.cfg.model.name!r}", source=f"task {self.task.name!r}")
+
     def _build_rewards(self):
-        from lmpo.rewards import RewardScorer, get_reward_fn
+        from lmpo.rewards import RewardModel, RewardScorer, RewardSpec, get_reward_fn
+        from lmpo.trainer.config import RewardModelConfig
 
         rw = self.cfg.rewards
+        conversational = any(e.messages is not None for e in self.train_examples + self.eval_examples)
         if rw.functions:
             weights = rw.weights or (1.0,) * len(rw.functions)
-            specs = [{"name": n, "weight": w, "kwargs": dict(rw.kwargs.get(n, {}))}
-                     for n, w in zip(rw.functions, weights)]
+            specs = []
+            for f, w in zip(rw.functions, weights):
+                if isinstance(f, RewardModelConfig):
+                    rm = RewardModel(f.model, seqs_per_batch=f.seqs_per_batch, chat_template=f.chat_template,
+                                     dtype=f.dtype, device=self.device)
+                    if conversational:
+                        rm.check_conversational(f"task {self.task.name!r}")
+                    specs.append(RewardSpec(f.metric_name, w, fn=rm))
+                else:
+                    specs.append(RewardSpec(f, w, dict(rw.kwargs.get(f, {}))))
         else:
             specs = [{"name": n, "weight": w} for n, w in self.task.default_rewards]
         scorer = RewardScorer(specs, on_error=rw.on_error)
@@ -248,6 +269,10 @@ class Trainer:
                 self.save(cfg.loop.steps)
         finally:
             self.metrics.close()
+        if cfg.logging.plots:
+            from lmpo.trainer.plot import plot_runs
+
+            result.plots = plot_runs([self.run_dir])
         result.nonfinite_skipped = self.nonfinite_total
         result.seconds = time.perf_counter() - t_start
         return result
@@ -266,11 +291,10 @@ class Trainer:
 
         # score rewards (prompt-major: sequence b belongs to prompt b // G)
         group = ro.group_ids.to(self.device)
-        prompts = [examples[i].prompt for i in group.tolist()]
-        answers = [examples[i].answer for i in group.tolist()]
-        columns = _meta_columns([examples[i] for i in group.tolist()])
-        rewards, per_fn = self.scorer.score(prompts, ro.completions, answers, **columns)
-        acc_values = self.accuracy_fn(prompts=prompts, completions=ro.completions, answer=answers, **columns)
+        prompts, completions, answers, columns = reward_arguments([examples[i] for i in group.tolist()],
+                                                                  ro.completions)
+        rewards, per_fn = self.scorer.score(prompts, completions, answers, **columns)
+        acc_values = self.accuracy_fn(prompts=prompts, completions=completions, answer=answers, **columns)
         correct = torch.tensor([v is not None and float(v) >= cfg.rewards.success_threshold for v in acc_values],
                                dtype=torch.float32)
         rewards = rewards.to(self.device)

@@ -1,7 +1,10 @@
-"""Metric sinks: console progress bar (tqdm), JSONL, TensorBoard and (when asked) Weights & Biases.
+"""Metric sinks: the console, JSONL, TensorBoard and (when asked) Weights & Biases.
 
 The trainer gathers per-step statistics as 0-dim tensors and moves them to the host once per step
 (``to_host``); sinks only ever see plain floats. Keys are ``component/name`` (see ``METRIC_DOCS``).
+
+The console gets a tqdm progress bar only when it is a terminal; piped into a file or a log collector it
+gets one plain line per interval instead (``console_line``), so a log holds no carriage-return updates.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -63,6 +68,54 @@ def to_host(stats: dict[str, torch.Tensor | float | int]) -> dict[str, float]:
     return out
 
 
+def console_is_terminal() -> bool:
+    """Whether a progress bar can redraw itself: stdout and stderr (where tqdm writes) are both terminals."""
+    return all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
+
+
+def line_interval(total_steps: int, lines: int = 20) -> int:
+    """A round step interval (1, 2, 5, 10, 20, 25, 50, 100, …) giving at most about ``lines`` lines."""
+    target = max(1, math.ceil(total_steps / lines))
+    scale = 1
+    while True:
+        for base in (1, 2, 2.5, 5):
+            step = int(base * scale)
+            if step >= target and base * scale == step:
+                return step
+        scale *= 10
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+#: (metric key, label, format) of the plain console line of a training step, in order
+# (no loss: a GRPO-family loss is about 0 on-policy whatever the progress, it tells a reader nothing)
+CONSOLE_FIELDS = (("reward/mean", "reward", ".3f"), ("reward/accuracy", "acc", ".3f"),
+                  ("completion/length_mean", "len", ".1f"), ("entropy/mean", "H", ".3f"),
+                  ("kl/ref", "KL", ".3g"), ("optim/grad_norm", "|g|", ".3g"))
+EVAL_FIELDS = (("eval/accuracy", "accuracy", ".3f"), ("eval/reward_mean", "reward", ".3f"),
+               ("eval/length_mean", "length", ".1f"))
+
+
+def console_line(step: int, total_steps: int, metrics: dict[str, float], kind: str = "train",
+                 seconds_per_step: float | None = None) -> str:
+    """``step  50/600 | reward 0.512 | acc 0.281 | … | 0.21 s/step, ETA 1m45s`` (eval: ``eval step 100/600 | …``)."""
+    width = len(str(total_steps))
+    parts = [f"{'eval ' if kind == 'eval' else ''}step {step:>{width}}/{total_steps}"]
+    for key, label, fmt in EVAL_FIELDS if kind == "eval" else CONSOLE_FIELDS:
+        if key in metrics and math.isfinite(metrics[key]):
+            parts.append(f"{label} {metrics[key]:{fmt}}")
+    if seconds_per_step is not None:
+        parts.append(f"{seconds_per_step:.2f} s/step, ETA {_duration(seconds_per_step * (total_steps - step))}")
+    return " | ".join(parts)
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     rows = []
     with open(path, encoding="utf-8") as fh:
@@ -74,17 +127,27 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
 
 class MetricsLogger:
-    """Writes per-step metrics to RUN_DIR/metrics.jsonl, TensorBoard and W&B, and drives the progress bar."""
+    """Writes per-step metrics to RUN_DIR/metrics.jsonl, TensorBoard and W&B, and reports them on the console.
+
+    Console: a tqdm bar when ``progress_bar`` and the console is a terminal (``console_is_terminal``), else
+    a plain line every ``print_every_steps`` steps (None: a round interval giving about 20 lines; 0: none)
+    and at the last step. Evaluations always get a line.
+    """
 
     def __init__(self, run_dir: str | os.PathLike, total_steps: int, *, start_step: int = 0,
                  progress_bar: bool = True, tensorboard: bool = True, wandb: bool = False,
-                 wandb_project: str = "lmpo", config: dict | None = None, print_every_steps: int = 0):
+                 wandb_project: str = "lmpo", config: dict | None = None, print_every_steps: int | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / "metrics.jsonl"
         self._truncate_after(start_step)
         self._fh = open(self.jsonl_path, "a", encoding="utf-8")
+        self.total_steps, self.start_step = total_steps, start_step
+        use_bar = progress_bar and console_is_terminal() and total_steps > start_step
+        if print_every_steps is None:
+            print_every_steps = 0 if use_bar else line_interval(total_steps - start_step)
         self.print_every_steps = print_every_steps
+        self._t_start = time.perf_counter()
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -97,7 +160,7 @@ class MetricsLogger:
             self._wandb = _wandb.init(project=wandb_project, dir=str(self.run_dir), config=config,
                                       name=self.run_dir.name, resume="allow")
         self._bar = None
-        if progress_bar and total_steps > start_step:
+        if use_bar:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step, desc="rl", dynamic_ncols=True,
@@ -130,13 +193,11 @@ class MetricsLogger:
                     post[short] = f"{metrics[key]:.3g}"
             self._bar.set_postfix(post, refresh=False)
             self._bar.update(1)
-        if kind == "eval" and self._bar is not None:
-            self._bar.write(f"step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-        if kind == "train" and self.print_every_steps and step % self.print_every_steps == 0:
-            msg = f"step {step}: " + "  ".join(
-                f"{k}={metrics[k]:.4g}" for k in ("reward/mean", "reward/accuracy", "loss/total",
-                                                 "optim/grad_norm") if k in metrics)
-            (self._bar.write if self._bar is not None else print)(msg)
+        if kind == "eval":
+            self.write(console_line(step, self.total_steps, metrics, kind="eval"))
+        elif self.print_every_steps and (step % self.print_every_steps == 0 or step == self.total_steps):
+            per_step = (time.perf_counter() - self._t_start) / max(1, step - self.start_step)
+            self.write(console_line(step, self.total_steps, metrics, seconds_per_step=per_step))
 
     def write(self, msg: str) -> None:
         if self._bar is not None:

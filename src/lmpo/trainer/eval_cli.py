@@ -1,0 +1,183 @@
+"""``lmpo eval MODEL --task TASK [--n N]``: greedy accuracy of any causal LM, with a 95% confidence interval.
+
+``MODEL`` is a built-in preset (``tiny``) or any Hugging Face causal LM (a local directory or a hub name).
+``TASK`` is a built-in task (its held-out split), a JSON / JSONL / Parquet file (every row; TRL's standard
+or conversational format) or a saved ``datasets`` directory / hub name (one split, ``test`` by default).
+A completion is correct when the task's accuracy reward (``exact_match`` for files) is ``>= 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmpo.errors import InputError
+
+
+@dataclass
+class EvalResult:
+    """What :func:`evaluate_model` measured."""
+
+    model: str
+    task: str
+    n: int
+    correct: int
+    ci95: tuple[float, float]
+    length_mean: float
+    seconds: float
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n
+
+    def summary(self) -> str:
+        lo, hi = self.ci95
+        return (f"accuracy {self.accuracy:.3f} ({self.correct}/{self.n}), 95% CI [{lo:.3f}, {hi:.3f}] (Wilson); "
+                f"mean completion length {self.length_mean:.1f} tokens")
+
+
+def load_eval_examples(task: str, options: dict[str, Any] | None = None):
+    """``(examples, accuracy reward name, description)`` of what ``lmpo eval`` scores for ``task``.
+
+    Options: a built-in task's constructor options; for files and datasets ``prompt_field``, ``answer_field``,
+    ``prompt_template`` and ``accuracy_reward``, plus ``split`` (default ``test``) and ``subset`` for datasets.
+    """
+    from lmpo.tasks import FILE_FORMATS, TASKS, make_task, rows_to_examples
+    from lmpo.tasks.files import load_split, read_rows
+
+    options = dict(options or {})
+    try:
+        if task in TASKS:
+            built = make_task(task, **options)
+            return built.eval_examples(), built.accuracy_reward, f"{task} (held-out split)"
+        accuracy = options.pop("accuracy_reward", "exact_match")
+        fields = {k: options.pop(k) for k in ("prompt_field", "answer_field", "prompt_template") if k in options}
+        if os.path.splitext(task)[1].lower() in FILE_FORMATS:
+            rows, what = read_rows(task), f"{task} (all rows)"
+        elif os.path.isdir(task) or "/" in task:
+            split = options.pop("split", "test")
+            rows, what = load_split(task, split, options.pop("subset", None)), f"{task}[{split}]"
+        else:
+            raise InputError(f"--task {task!r} is not a built-in task ({', '.join(sorted(TASKS))}), a "
+                             f"{' / '.join(FILE_FORMATS)} file, nor a dataset directory or 'org/name'.")
+        if options:
+            raise InputError(f"--task-options {sorted(options)} do not apply to a file or dataset; accepted: "
+                             "prompt_field, answer_field, prompt_template, accuracy_reward, split, subset.")
+        return rows_to_examples(rows, source=task, **fields), accuracy, what
+    except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
+        if isinstance(e, InputError):
+            raise
+        raise InputError(f"--task {task!r}: {e.args[0] if e.args else e}") from e
+
+
+def evaluate_model(model: str, task: str, *, options: dict[str, Any] | None = None, n: int = 0,
+                   max_new_tokens: int = 64, seqs_per_batch: int = 64, prompt_format: str = "auto",
+                   chat_template: str | None = None, accuracy_reward: str | None = None,
+                   success_threshold: float = 1.0, device: str = "auto", dtype: str = "float32", seed: int = 0,
+                   samples: int = 0) -> EvalResult:
+    """Greedy accuracy of ``model`` on the first ``n`` (0 = all) examples of ``task`` (see the module docstring).
+
+    ``samples`` keeps the first few (prompt, completion, answer, correct) records in the result.
+    """
+    from lmpo.models import MODEL_PRESETS, load_model_and_tokenizer
+    from lmpo.models.loading import looks_like_hub_id
+    from lmpo.rewards import get_reward_fn
+    from lmpo.tasks import render_prompts
+    from lmpo.trainer.evaluate import greedy_completions, judge, wilson_interval
+    from lmpo.trainer.loop import _resolve_device
+
+    if n < 0:
+        raise InputError(f"--n {n} must be >= 0 (0 = every example).")
+    if max_new_tokens < 1 or seqs_per_batch < 1:
+        raise InputError(f"--max-new-tokens {max_new_tokens} and --seqs-per-batch {seqs_per_batch} must be >= 1.")
+    if model not in MODEL_PRESETS:
+        if os.path.isdir(model) and not os.path.isfile(os.path.join(model, "config.json")):
+            raise InputError(f"model {model!r} is a directory without config.json, so not a Hugging Face model; "
+                             "give a directory written by save_pretrained (or a built-in preset: "
+                             f"{', '.join(sorted(MODEL_PRESETS))}).")
+        if not os.path.isdir(model) and not looks_like_hub_id(model):
+            raise InputError(f"model {model!r} is neither a built-in preset ({', '.join(sorted(MODEL_PRESETS))}), a "
+                             "local directory, nor a Hugging Face 'org/name'.")
+    examples, task_reward, what = load_eval_examples(task, options)
+    examples = examples[:n] if n else examples
+    if not examples:
+        raise InputError(f"--task {task!r} has no examples to evaluate.")
+    try:
+        accuracy_fn = get_reward_fn(accuracy_reward or task_reward)
+    except (ValueError, ImportError, AttributeError, TypeError) as e:
+        raise InputError(f"--accuracy-reward {accuracy_reward!r}: {e}") from e
+    t0 = time.perf_counter()
+    dev = _resolve_device(device)
+    policy, tokenizer = load_model_and_tokenizer(model, dtype=dtype, device=dev, seed=seed)
+    examples = render_prompts(examples, tokenizer, prompt_format, chat_template, model_name=f"model {model!r}",
+                              source=f"task {task!r}", options=("--prompt-format", "--chat-template"))
+    texts, lengths = greedy_completions(policy, tokenizer, [e.prompt for e in examples],
+                                        max_new_tokens=max_new_tokens, seqs_per_batch=seqs_per_batch, device=dev)
+    correct = judge(examples, texts, accuracy_fn, success_threshold)
+    kept = [{"prompt": e.messages if e.messages is not None else e.prompt, "completion": t, "answer": e.answer,
+             "correct": c} for e, t, c in list(zip(examples, texts, correct))[:samples]]
+    return EvalResult(model=model, task=what, n=len(examples), correct=sum(correct),
+                      ci95=wilson_interval(sum(correct), len(examples)), length_mean=sum(lengths) / len(lengths),
+                      seconds=time.perf_counter() - t0, samples=kept)
+
+
+def register_eval(subparsers: argparse._SubParsersAction, name: str) -> None:
+    p = subparsers.add_parser(
+        name, help="greedy accuracy of a model on a task, with a 95%% confidence interval",
+        description="Greedy accuracy of MODEL (a built-in preset such as `tiny`, or any Hugging Face causal LM "
+                    "directory or hub name) on TASK: a built-in task's held-out split, every row of a "
+                    "JSON/JSONL/Parquet file (TRL's standard or conversational format), or one split of a "
+                    "saved `datasets` directory. Prints accuracy with a 95%% Wilson confidence interval.",
+    )
+    p.add_argument("model", metavar="MODEL", help="built-in preset or Hugging Face model directory / name")
+    p.add_argument("--task", required=True, help="built-in task name, data file, or dataset directory / name")
+    p.add_argument("--n", type=int, default=0, help="evaluate the first N examples (default 0: all)")
+    p.add_argument("--task-options", default=None, metavar="YAML",
+                   help="task options as a YAML mapping, e.g. '{max_digits: 3}' or '{prompt_field: question}'")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="completion budget in tokens (default 64)")
+    p.add_argument("--seqs-per-batch", type=int, default=64, help="prompts per generation batch (default 64)")
+    p.add_argument("--prompt-format", default="auto", choices=["auto", "chat", "text"],
+                   help="chat template use, as task.prompt_format in training (default auto)")
+    p.add_argument("--chat-template", default=None, help="Jinja chat template (text or file) for a tokenizer without one")
+    p.add_argument("--accuracy-reward", default=None,
+                   help="reward whose value >= 1 counts as correct (default: the task's, exact_match for files)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--seed", type=int, default=0, help="initialisation seed of a built-in preset")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the result and every completion here")
+    p.set_defaults(func=_run_eval)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    import yaml
+
+    try:
+        options = yaml.safe_load(args.task_options) if args.task_options else {}
+        if not isinstance(options, dict):
+            raise InputError(f"--task-options {args.task_options!r} must be a YAML mapping such as "
+                             "'{max_digits: 3}'.")
+        result = evaluate_model(args.model, args.task, options=options, n=args.n, max_new_tokens=args.max_new_tokens,
+                                seqs_per_batch=args.seqs_per_batch, prompt_format=args.prompt_format,
+                                chat_template=args.chat_template, accuracy_reward=args.accuracy_reward,
+                                device=args.device, dtype=args.dtype, seed=args.seed,
+                                samples=sys.maxsize if args.json else 0)
+    except (InputError, yaml.YAMLError) as e:
+        print(f"lmpo eval: {e}", file=sys.stderr)
+        return 2
+    print(f"lmpo eval: model {result.model!r} on {result.task}, {result.n} examples, greedy, "
+          f"at most {args.max_new_tokens} new tokens ({result.seconds:.0f} s)")
+    print(result.summary())
+    if args.json:
+        record = {"model": result.model, "task": result.task, "n": result.n, "correct": result.correct,
+                  "accuracy": result.accuracy, "ci95": list(result.ci95), "length_mean": result.length_mean,
+                  "samples": result.samples}
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(record, fh, indent=1, ensure_ascii=False)
+        print(f"completions: {args.json}")
+    return 0
