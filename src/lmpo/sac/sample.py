@@ -14,7 +14,8 @@ from lmpo.sac.config import config_from_dict
 
 def load_agent(run_dir: str | Path):
     """Rebuild the agent, alphabet and compliance rules of a run from its ``config.json`` + checkpoint."""
-    from lmpo.textenv import Alphabet, Compliance, EnvConfig, load_corpus
+    from lmpo.textenv import Alphabet, Compliance, load_corpus
+    from lmpo.textenv.bundled import resolve_corpus
 
     run_dir = Path(run_dir)
     if run_dir.is_file():
@@ -22,10 +23,10 @@ def load_agent(run_dir: str | Path):
     if not (run_dir / "checkpoint.pt").exists():
         raise FileNotFoundError(f"{run_dir}: no checkpoint.pt; pass the run directory written by `lmpo sac train`")
     cfg = config_from_dict(json.loads((run_dir / "config.json").read_text(encoding="utf-8")))
-    corpus = load_corpus(cfg.corpus)
+    corpus = load_corpus(resolve_corpus(cfg.corpus))
     train_ch, _ = corpus.split(heldout_fraction=cfg.heldout_fraction, seed=cfg.split_seed)
     alphabet = Alphabet.from_texts(train_ch)
-    env_cfg = EnvConfig(**cfg.env)
+    env_cfg = cfg.env_config()
     compliance = Compliance(alphabet, env_cfg.max_run_chars, frozenset("".join(env_cfg.blacklist)),
                             env_cfg.blacklist_path, env_cfg.whitelist_size)
     agent = SACAgent(len(alphabet), alphabet.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device="cpu")

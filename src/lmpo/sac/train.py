@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from lmpo.sac.agent import SACAgent
-from lmpo.sac.config import TrainConfig
+from lmpo.sac.config import TrainConfig, check_device_available
 from lmpo.sac.replay import ReplayBuffer, nearest_legal, sample_mixed, teacher_ratio
 
 
@@ -49,12 +49,13 @@ class EnvBundle:
 
 def make_text_envs(cfg: TrainConfig) -> EnvBundle:
     """Build ``num_envs`` :class:`lmpo.textenv.CharTextEnv` on the train chapters of ``cfg.corpus``."""
-    from lmpo.textenv import Alphabet, CharTextEnv, EnvConfig, load_corpus
+    from lmpo.textenv import Alphabet, CharTextEnv, load_corpus
+    from lmpo.textenv.bundled import resolve_corpus
 
-    corpus = load_corpus(cfg.corpus)
+    corpus = load_corpus(resolve_corpus(cfg.corpus))
     train_ch, heldout_ch = corpus.split(heldout_fraction=cfg.heldout_fraction, seed=cfg.split_seed)
     alphabet = Alphabet.from_texts(train_ch)
-    env_cfg = EnvConfig(**cfg.env)
+    env_cfg = cfg.env_config()
     first = CharTextEnv(train_ch, alphabet, env_cfg)
     # the lexicon and the (pre-trained) InfoNCE encoder are shared: built once, not once per environment
     envs = [first] + [CharTextEnv(train_ch, alphabet, env_cfg, lexicon=first.lexicon, encoder=first.encoder)
@@ -117,6 +118,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, bundle: EnvBundle | None = None,
                  trace_steps: int | None = None, progress: bool = True) -> None:
         cfg.validate()
+        check_device_available(cfg.device)
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.threads > 0:

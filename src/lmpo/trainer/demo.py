@@ -13,7 +13,8 @@ import time
 
 import torch
 
-from lmpo.trainer.config import _deep_merge, config_from_dict, parse_overrides
+from lmpo.config import deep_merge as _deep_merge
+from lmpo.trainer.config import config_from_dict, parse_overrides
 
 #: the demo run (kept equal to configs/demo.yaml by a test)
 DEMO_CONFIG: dict = {
