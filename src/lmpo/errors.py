@@ -32,3 +32,16 @@ class RunError(LmpoError, RuntimeError):
     """A run that could not continue (non-finite training, a broken checkpoint, …). Exit status 1."""
 
     exit_code = 1
+
+
+class Interrupted(LmpoError):
+    """The user stopped a run (Ctrl-C / SIGINT). ``checkpoint`` is what it wrote to resume from (or None).
+
+    Exit status 130, the shell's convention for a run stopped by SIGINT.
+    """
+
+    exit_code = 130
+
+    def __init__(self, message: str, checkpoint=None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
