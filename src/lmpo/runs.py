@@ -15,11 +15,14 @@ Rules shared by ``lmpo train`` and ``lmpo sac train``:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,34 @@ def check_resume_config(stored: Mapping[str, Any], new: Mapping[str, Any], allow
                          f"A resumed run continues the same experiment; only {free} may change. Undo the change, "
                          "start a new run directory, or add --allow-config-change to continue with it anyway.")
     return changes
+
+
+class StopRequest:
+    """Set by the first Ctrl-C inside :func:`stop_on_sigint`; the loop checks it between steps."""
+
+    requested = False
+
+
+@contextlib.contextmanager
+def stop_on_sigint(log: Callable[[str], None]) -> Iterator[StopRequest]:
+    """A first Ctrl-C (SIGINT) asks the loop to stop at its next safe point (where it writes a checkpoint);
+    a second one raises ``KeyboardInterrupt`` at once. Outside the main thread nothing is installed."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def ask(signum, frame):
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.requested = True
+        log("interrupt: finishing this step, then writing a checkpoint (Ctrl-C again to stop at once)")
+
+    previous = signal.signal(signal.SIGINT, ask)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # ----------------------------------------------------------------------------------------------------

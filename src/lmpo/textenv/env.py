@@ -541,6 +541,50 @@ class CharTextEnv(gym.Env):
             return format_trace(self._last_info, reward=None)
         return None
 
+    # -- checkpointing --------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The env's mutable state as plain data: RNG, episode, coverage counters, normalisers, InfoNCE queue.
+
+        The chapters, alphabet, lexicon and InfoNCE encoder are not included: :meth:`load_state_dict` expects
+        an env built the same way (same chapters, alphabet, config; the shared encoder restored first with
+        ``InfoNCEModel.load_state_dict``), after which stepping continues exactly as in the original.
+        """
+        episode = None
+        if self._y is not None:
+            episode = {"chapter": self._ci, "position": self._p, "t": self._t, "y": list(self._y), "h0": self._h0,
+                       "phi": self._phi, "last_info": self._last_info, "coverage": self._coverage.state_dict()}
+        return {
+            "np_random": None if self._np_random is None else self._np_random.bit_generator.state,
+            "np_random_seed": self._np_random_seed, "teacher": self._teacher, "done": self._done,
+            "episode": episode, "norm_cov": self.norm_cov.state_dict(), "norm_nce": self.norm_nce.state_dict(),
+            "scorer": None if self._scorer is None else self._scorer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["np_random"] is not None:
+            if self._np_random is None:
+                self._np_random = np.random.Generator(np.random.PCG64())
+            self._np_random.bit_generator.state = state["np_random"]
+            self._np_random_seed = state["np_random_seed"]
+        self._teacher, self._done = bool(state["teacher"]), bool(state["done"])
+        self.norm_cov.load_state_dict(state["norm_cov"])
+        self.norm_nce.load_state_dict(state["norm_nce"])
+        ep = state["episode"]
+        if ep is None:
+            self._y = None
+        else:
+            ci = int(ep["chapter"])
+            if not 0 <= ci < len(self.chapters):
+                raise ValueError(f"saved episode is in chapter {ci} but this env has {len(self.chapters)}")
+            self._ci, self._p, self._t, self._h0 = ci, int(ep["position"]), int(ep["t"]), int(ep["h0"])
+            self._ref_cur = self._chapter_ref(ci)
+            self._y = [int(v) for v in ep["y"]]
+            self._phi, self._last_info = float(ep["phi"]), ep["last_info"]
+            self._coverage.load_state_dict(ep["coverage"], self._chapter_ref_keys(ci))
+            self._update_mask()
+        if self._scorer is not None and state["scorer"] is not None:
+            self._scorer.load_state_dict(state["scorer"])
+
     def normaliser_stats(self) -> dict[str, float]:
         """``norm/{cov,nce}_{mean,std}`` for logging (SPEC §5.3)."""
         return {

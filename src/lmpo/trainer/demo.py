@@ -87,7 +87,7 @@ def run_demo(run_dir: str | None = None, seed: int | None = None, preset: str | 
           f"{cfg.loop.steps} RL steps with preset {cfg.objective.preset!r} "
           f"({cfg.loop.prompts_per_step} prompts x {cfg.rollout.completions_per_prompt} completions per step)",
           flush=True)
-    result = Trainer(cfg).train()
+    result = Trainer(cfg).train(overwrite=True)  # the demo replaces its own earlier run
     plots = plot_runs([result.run_dir])
     seconds = time.perf_counter() - t0
     before = (result.eval_before or {}).get("eval/accuracy", float("nan"))

@@ -19,15 +19,12 @@ likewise; on CPU a resumed run reproduces the uninterrupted one bit for bit.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import os
 import random
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +34,7 @@ import yaml
 from lmpo.checkpoints import replace_file
 from lmpo.config import read_yaml
 from lmpo.errors import InputError, Interrupted, RunError
+from lmpo.runs import check_resume_config, prepare_run_dir, stop_on_sigint
 from lmpo.trainer import checkpoint as ckpt
 from lmpo.trainer.config import TrainConfig, config_to_dict, validate_config
 from lmpo.trainer.evaluate import _meta_columns, evaluate
@@ -242,7 +240,7 @@ class Trainer:
                                      wandb_project=lg.wandb_project, config=config_to_dict(cfg),
                                      print_every_steps=lg.print_every_steps)
         try:
-            with self._stop_on_sigint():
+            with stop_on_sigint(self.log) as self._stop:
                 if resume_path is None and cfg.eval.at_start:
                     result.eval_before = self._evaluate()
                     self.metrics.log(0, result.eval_before, kind="eval")
@@ -273,8 +271,6 @@ class Trainer:
     # ---------------------------------------------------------------- run directory, interrupts
     def _prepare_run_dir(self, resume, overwrite: bool, allow_config_change: bool) -> Path | None:
         """One run per directory, the config check of ``--resume``, then the resolved config saved."""
-        from lmpo.runs import check_resume_config, prepare_run_dir
-
         cfg, run_dir = self.cfg, self.run_dir
         resume_path = None
         if resume in (None, False):
@@ -294,28 +290,8 @@ class Trainer:
                      yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True).encode("utf-8"))
         return resume_path
 
-    @contextlib.contextmanager
-    def _stop_on_sigint(self) -> Iterator[None]:
-        """While training, a first Ctrl-C asks the loop to stop after the current step (with a checkpoint)."""
-        self._stop_requested = False
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def ask_to_stop(signum, frame):
-            if self._stop_requested:
-                raise KeyboardInterrupt
-            self._stop_requested = True
-            self.log("interrupt: finishing this step, then writing a checkpoint (Ctrl-C again to stop at once)")
-
-        previous = signal.signal(signal.SIGINT, ask_to_stop)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
     def _stop_if_asked(self, step: int) -> None:
-        if self._stop_requested:
+        if self._stop.requested:
             path = self.save(step)
             raise Interrupted(f"stopped by Ctrl-C after RL step {step} of {self.cfg.loop.steps}; checkpoint "
                               f"written to {path}.", checkpoint=path)

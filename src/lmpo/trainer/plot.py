@@ -10,6 +10,7 @@ import math
 import os
 from pathlib import Path
 
+from lmpo.errors import InputError
 from lmpo.trainer.metrics import read_jsonl
 
 #: file stem -> (title, [(metric key, record kind, line label suffix)])
@@ -49,7 +50,7 @@ def plot_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike | No
     for d in run_dirs:
         path = Path(d) / "metrics.jsonl"
         if not path.exists():
-            raise FileNotFoundError(f"{d}: no metrics.jsonl (is this a run directory of `lmpo train`?)")
+            raise InputError(f"{d}: no metrics.jsonl (is this a run directory of `lmpo train`?)")
         runs.append((Path(d).resolve().name, read_jsonl(path)))
     out = Path(out_dir) if out_dir is not None else Path(run_dirs[0]) / "plots"
     out.mkdir(parents=True, exist_ok=True)
