@@ -126,7 +126,7 @@ def _gate(args: argparse.Namespace) -> int:
     run_dirs = list(args.run_dirs)
     if args.train:
         if not args.out:
-            raise InputError("lmpo sac gate --train needs --out DIR: the directory its runs and reports go to.")
+            raise InputError("--train needs --out DIR: the directory its runs and reports go to.")
         try:
             seeds = [int(s) for s in args.seeds.split(",") if s]
         except ValueError:
@@ -141,7 +141,7 @@ def _gate(args: argparse.Namespace) -> int:
     elif args.overrides:
         raise InputError(f"unexpected arguments {' '.join(args.overrides)}: config overrides only apply with --train.")
     if not run_dirs:
-        raise InputError("lmpo sac gate: no finished runs to judge; give RUN_DIRs or --train --out DIR.")
+        raise InputError("no finished runs to judge; give RUN_DIRs or --train --out DIR.")
     _check_summaries(run_dirs)
     out = args.out or str(Path(run_dirs[0]).parent / "gate")
     result = run_gate(run_dirs, out)

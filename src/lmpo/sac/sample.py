@@ -6,7 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
-from lmpo.checkpoints import CheckpointError, load_state, step_of, verify_checkpoint
+from lmpo.checkpoints import (
+    CheckpointError,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    load_state,
+    step_of,
+    verify_checkpoint,
+)
 from lmpo.errors import InputError
 from lmpo.sac.agent import SACAgent
 from lmpo.sac.config import config_from_dict, run_config_dict
@@ -18,7 +25,6 @@ def load_agent(run_dir: str | Path):
     ``run_dir`` may also be one checkpoint (``RUN_DIR/checkpoints/step_XXXXXXXX``). Only JSON and safetensors
     are read; the checkpoint is verified against its manifest first.
     """
-    from lmpo.sac.train import resume_checkpoint
     from lmpo.textenv import Alphabet, Compliance, load_corpus
     from lmpo.textenv.bundled import resolve_corpus
 
@@ -30,10 +36,14 @@ def load_agent(run_dir: str | Path):
         checkpoint, run_dir = run_dir, run_dir.parent.parent
     cfg = config_from_dict(run_config_dict(run_dir))
     if checkpoint is None:
-        try:
-            checkpoint = resume_checkpoint(run_dir)
-        except InputError as e:
-            raise InputError(str(e).replace("--resume: ", "lmpo sac sample: ", 1)) from None
+        checkpoint = latest_valid_checkpoint(run_dir)
+        if checkpoint is None:
+            found = list_checkpoints(run_dir)
+            if found:
+                verify_checkpoint(found[-1])  # raises, naming what is wrong with the newest
+            raise InputError(f"{str(run_dir)!r} has no checkpoint to sample from yet (the run stopped before its "
+                             "first one); continue it with `lmpo sac train --resume --run-dir RUN_DIR`, or pass "
+                             "another run.")
     verify_checkpoint(checkpoint)
     corpus = load_corpus(resolve_corpus(cfg.corpus))
     train_ch, _ = corpus.split(heldout_fraction=cfg.heldout_fraction, seed=cfg.split_seed)

@@ -119,7 +119,10 @@ class Trainer:
                                           **{"check_finite": False, **config.objective.overrides})
         self.grad_norm_mode = self.objective.grad_norm_mode
 
-        self.task = task if task is not None else self._build_task()
+        try:
+            self.task = task if task is not None else self._build_task()
+        except (OSError, ValueError, KeyError, TypeError, ImportError) as e:
+            raise self._task_error(e) from None
         self.train_examples = self.task.train_examples(seed=config.loop.seed)
         self.eval_examples = self.task.eval_examples()[: config.task.eval_examples]
         self.scorer, self.accuracy_fn = self._build_rewards()
@@ -279,8 +282,7 @@ class Trainer:
             target = run_dir if resume in (True, "auto", "latest") else Path(resume)
             own = run_dir.resolve() in (target.resolve(), *target.resolve().parents)
             # a checkpoint of another run starts this directory from it (a new run); otherwise it continues
-            prepare_run_dir(run_dir, RUN_ENTRIES, resume=own, overwrite=overwrite and not own,
-                            dir_option="logging.run_dir")
+            prepare_run_dir(run_dir, RUN_ENTRIES, resume=own, overwrite=overwrite, dir_option="logging.run_dir")
             stored = run_dir / "config.yaml"
             if own and stored.is_file():
                 check_resume_config(read_yaml(stored, "stored config"), config_to_dict(cfg), RESUMABLE_KEYS,
@@ -295,6 +297,15 @@ class Trainer:
             path = self.save(step)
             raise Interrupted(f"stopped by Ctrl-C after RL step {step} of {self.cfg.loop.steps}; checkpoint "
                               f"written to {path}.", checkpoint=path)
+
+    def _task_error(self, e: Exception) -> InputError:
+        """A task that cannot be built, as one message naming the config keys to fix."""
+        tk = self.cfg.task
+        what = {"file": f"`task.path` = {tk.path!r}", "hf": f"`task.hf_name` = {tk.hf_name!r}"}.get(
+            tk.name, f"`task.name` = {tk.name!r} with `task.options` = {tk.options!r}")
+        detail = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
+        return InputError(f"{what}: the task cannot be built ({type(e).__name__}: {detail}). Fix the data or the "
+                          "task.* settings (prompt_field, answer_field, options).")
 
     def _load_model(self, name: str, where: str, seed: int = 0):
         """A built-in preset, a local model directory or a hub id; a failure names the config key."""
