@@ -80,16 +80,18 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` and flush it to disk before returning."""
+def write_bytes(path: str | os.PathLike, data: bytes, sync: bool = True) -> None:
+    """Write ``data`` to ``path`` (and, with ``sync``, flush it to disk before returning)."""
     with open(path, "wb") as fh:
         fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
-def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_bytes(path, (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+def write_json(path: str | os.PathLike, obj: Any, sync: bool = True) -> None:
+    # no indent: json's C encoder only runs without one (a SAC state is ~10^5 values)
+    write_bytes(path, (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"), sync)
 
 
 def replace_file(path: str | os.PathLike, data: bytes) -> None:
@@ -178,14 +180,15 @@ def _freeze(key: Any) -> Any:
     return tuple(_freeze(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
-def save_state(directory: str | os.PathLike, name: str, state: Any) -> list[str]:
+def save_state(directory: str | os.PathLike, name: str, state: Any, sync: bool = False) -> list[str]:
     """Write ``state`` (dicts, lists, tuples, numbers, strings, tensors, numpy arrays and scalars) as
-    ``NAME.json`` + ``NAME.safetensors`` in ``directory``; returns the file names."""
+    ``NAME.json`` + ``NAME.safetensors`` in ``directory``; returns the file names. Not flushed to disk unless
+    ``sync``: :func:`write_checkpoint` syncs every file of a checkpoint once, before publishing it."""
     tensors: dict[str, torch.Tensor] = {}
     structure = _encode(state, tensors, name)
     directory = Path(directory)
-    write_bytes(directory / f"{name}.safetensors", _st_save(tensors))
-    write_json(directory / f"{name}.json", {"format": "lmpo-state", "version": VERSION, "state": structure})
+    write_bytes(directory / f"{name}.safetensors", _st_save(tensors), sync)
+    write_json(directory / f"{name}.json", {"format": "lmpo-state", "version": VERSION, "state": structure}, sync)
     return [f"{name}.json", f"{name}.safetensors"]
 
 

@@ -105,6 +105,14 @@ class RunningStats:
         if with_var:
             self.s2[key] += x * x
 
+    def state_dict(self) -> dict[str, dict]:
+        return {"s": dict(self.s), "s2": dict(self.s2), "n": dict(self.n)}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        self.s = defaultdict(float, {k: float(v) for k, v in state["s"].items()})
+        self.s2 = defaultdict(float, {k: float(v) for k, v in state["s2"].items()})
+        self.n = defaultdict(int, {k: int(v) for k, v in state["n"].items()})
+
     def means(self) -> dict[str, float]:
         out = {}
         for k, n in self.n.items():
@@ -156,6 +164,7 @@ class Trainer:
         # step/seconds describe the whole run, not the current process
         self.seconds_before = 0.0
         self._start: float | None = None
+        self._roll, self._upd = RunningStats(), RunningStats()
         self._metrics: JsonlAppender | None = None
         replace_file(self.run_dir / "config.json",
                      json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False).encode("utf-8"))
@@ -199,6 +208,7 @@ class Trainer:
             "obs": self.obs, "history": self.history,
             "train_seconds": time.time() - self._start if self._start is not None else self.seconds_before,
             "envs": self._envs_state(),
+            "running": {"roll": self._roll.state_dict(), "upd": self._upd.state_dict()},
         }
         if self._metrics is not None:
             self._metrics.sync()  # the rows this checkpoint counts reach the disk first
@@ -228,6 +238,8 @@ class Trainer:
             self.obs, self.history = state["obs"], state["history"]
             self.seconds_before = float(state["train_seconds"])
             self._load_envs_state(state["envs"])
+            self._roll.load_state_dict(state["running"]["roll"])
+            self._upd.load_state_dict(state["running"]["upd"])
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
             raise CheckpointError(f"checkpoint {path} does not fit this run ({type(e).__name__}: "
                                   f"{' '.join(str(e).split())[:200]}): it was written with another config "
@@ -324,7 +336,7 @@ class Trainer:
             print(line, flush=True)
             trace_f.write(line + "\n")
 
-        roll, upd = RunningStats(), RunningStats()
+        roll, upd = self._roll, self._upd  # checkpointed: a resume between two log rows continues the sums
         start = self._start = time.time() - self.seconds_before
         last_log = time.time()
         stop_reason = "total_env_steps"
@@ -345,6 +357,7 @@ class Trainer:
                 self.collect(roll, trace if trace_f else None)
                 if len(self.agent_buf) + len(self.demo_buf) < cfg.learning_starts:
                     continue
+                save_due = False
                 for _ in range(cfg.updates_per_iteration):
                     batch = sample_mixed(self.agent_buf, self.demo_buf, cfg.replay.transitions_per_batch,
                                          cfg.replay.agent_fraction, self.rng, cfg.device)
@@ -355,10 +368,13 @@ class Trainer:
                         quality = self._quality() if self._eval_due() else {}
                         row = self._log(roll, upd, start, last_log, writer, metrics_f, quality)
                         last_log = time.time()
-                        roll, upd = RunningStats(), RunningStats()
+                        roll, upd = self._roll, self._upd = RunningStats(), RunningStats()
                         self.history.append(row)
-                    if cfg.checkpoint_every_updates and self.agent.updates % cfg.checkpoint_every_updates == 0:
-                        self.save()
+                    save_due |= bool(cfg.checkpoint_every_updates) and \
+                        self.agent.updates % cfg.checkpoint_every_updates == 0
+                if save_due:  # at the end of the iteration, where a resumed run picks up exactly
+                    self.save()
+                    save_due = False
         finally:
             sigint.close()
             writer.flush()
