@@ -20,9 +20,12 @@ import json
 import os
 import random
 import signal
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
@@ -100,8 +103,9 @@ def _install_kill_points(kill_at: int | None, labels: list[str]) -> None:
 
 
 def run_child(argv: list[str], cwd: Path, kill_at: int | None = None, labels_file: Path | None = None,
-              timeout_s: float = 300.0) -> int | str:
-    """Run ``lmpo argv`` in a forked child; returns its exit status, or ``"killed"``."""
+              timeout_s: float = 300.0, prepare=None) -> int | str:
+    """Run ``lmpo argv`` in a forked child; returns its exit status, or ``"killed"``. ``prepare()`` runs in the
+    child first (to patch it)."""
     log = cwd / "child.log"
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -110,10 +114,15 @@ def run_child(argv: list[str], cwd: Path, kill_at: int | None = None, labels_fil
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
+            # pytest replaces sys.stdout/stderr by its own capture files: write to the log instead
+            sys.stdout = open(1, "w", buffering=1, closefd=False)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)
             os.chdir(cwd)
             torch.set_num_threads(1)
             labels: list[str] = []
             _install_kill_points(kill_at, labels)
+            if prepare is not None:
+                prepare()
             code = main(argv)
             if labels_file is not None:
                 labels_file.write_text(json.dumps(labels))
@@ -122,6 +131,8 @@ def run_child(argv: list[str], cwd: Path, kill_at: int | None = None, labels_fil
 
             traceback.print_exc()
         finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
             os._exit(code)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -153,9 +164,17 @@ def _choose_kills(labels: list[str], seed: int) -> list[int]:
     return sorted(picks)
 
 
-def _kill_and_resume(tmp: Path, fresh: list[str], resume: list[str], seed: int, final_state) -> dict:
-    """Run the job uninterrupted, then once per kill point: kill, resume until done, compare."""
-    warm = tmp / "warm-up"  # one run in this process first: every lazy import is done before the forks
+@dataclass
+class Job:
+    fresh: list[str]
+    resume: list[str]
+    ref: Path  # the uninterrupted run (its directory holds run/)
+    labels: list[str]  # the ticks of the uninterrupted run
+    weights: str  # the weights file of a checkpoint
+
+
+def _prepare_job(root: Path, fresh: list[str], resume: list[str], weights: str) -> Job:
+    warm = root / "warm-up"  # one run in this process first: every lazy import is done before the forks
     warm.mkdir()
     cwd = os.getcwd()
     os.chdir(warm)
@@ -163,12 +182,30 @@ def _kill_and_resume(tmp: Path, fresh: list[str], resume: list[str], seed: int, 
         assert main(fresh) == 0
     finally:
         os.chdir(cwd)
-    ref_dir = tmp / "ref"
-    ref_dir.mkdir()
-    labels_file = tmp / "labels.json"
-    assert run_child(fresh, ref_dir, labels_file=labels_file) == 0, (ref_dir / "child.log").read_text()[-3000:]
-    labels = json.loads(labels_file.read_text())
-    reference = final_state(ref_dir)
+    ref = root / "ref"
+    ref.mkdir()
+    labels_file = root / "labels.json"
+    assert run_child(fresh, ref, labels_file=labels_file) == 0, (ref / "child.log").read_text()[-3000:]
+    return Job(fresh, resume, ref, json.loads(labels_file.read_text()), weights)
+
+
+def _final_state(d: Path, job: Job) -> dict:
+    ck = _newest_checkpoint(d / "run")
+    return {"checkpoint": ck.name, "weights": load_file(ck / job.weights), "metrics": _metrics(d / "run")}
+
+
+def _same_run(got: dict, want: dict, where: str) -> None:
+    assert got["checkpoint"] == want["checkpoint"], where
+    assert got["weights"].keys() == want["weights"].keys(), where
+    for key in want["weights"]:
+        assert torch.equal(got["weights"][key], want["weights"][key]), f"{where}: {key} differs"
+    assert got["metrics"] == want["metrics"], f"{where}: metrics differ"
+
+
+def _kill_and_resume(tmp: Path, job: Job, seed: int) -> dict:
+    """Once per seeded kill point: kill the job there, resume until it completes, compare with the reference."""
+    fresh, resume, labels = job.fresh, job.resume, job.labels
+    reference = _final_state(job.ref, job)
     kills = _choose_kills(labels, seed)
     rng = random.Random(seed + 1)
     double = set(rng.sample(range(len(kills)), DOUBLE_KILLS))
@@ -196,12 +233,7 @@ def _kill_and_resume(tmp: Path, fresh: list[str], resume: list[str], seed: int, 
         else:
             raise AssertionError(f"try {n}: the run did not complete after resuming")
         report["tries"] += 1
-        got = final_state(d)
-        where = f"try {n} (kill at tick {k}: {labels[k - 1]})"
-        assert got["weights"].keys() == reference["weights"].keys(), where
-        for key in reference["weights"]:
-            assert torch.equal(got["weights"][key], reference["weights"][key]), f"{where}: {key} differs"
-        assert got["metrics"] == reference["metrics"], f"{where}: metrics differ"
+        _same_run(_final_state(d, job), reference, f"try {n} (kill at tick {k}: {labels[k - 1]})")
         report["reproduced"] += 1
     report["seconds_per_try"] = round((time.perf_counter() - t0) / max(1, report["tries"]), 2)
     return report
@@ -241,19 +273,37 @@ TRAIN_CONFIG = {
 }
 
 
-def test_trainer_kill_anywhere_then_resume_reproduces_the_run(tmp_path, monkeypatch):
-    monkeypatch.setitem(MODEL_PRESETS, "kill-tiny", ModelPreset(hidden_size=16, num_layers=1, num_heads=2,
-                                                                 intermediate_size=32, description="kill test"))
-    cfg = tmp_path / "train.yaml"
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """The trainer and SAC jobs, each run once uninterrupted (the reference) with its ticks counted."""
+    from lmpo.textenv import sample_text_path
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    mp = pytest.MonkeyPatch()
+    mp.setitem(MODEL_PRESETS, "kill-tiny", ModelPreset(hidden_size=16, num_layers=1, num_heads=2,
+                                                        intermediate_size=32, description="kill test"))
+    root = tmp_path_factory.mktemp("kill")
+    mp.setenv("LMPO_CACHE_DIR", str(root / "cache"))
+    cfg = root / "train.yaml"
     cfg.write_text(yaml.safe_dump(TRAIN_CONFIG))
+    (root / "trainer").mkdir()
+    (root / "sac").mkdir()
+    sac = ["sac", "train", "--run-dir", "run", "--corpus", str(sample_text_path()), *SAC_ARGS]
+    yield {
+        "trainer": _prepare_job(root / "trainer", ["train", str(cfg)], ["train", str(cfg), "--resume"],
+                                "model.safetensors"),
+        "sac": _prepare_job(root / "sac", sac, ["sac", "train", "--run-dir", "run", "--resume", "--quiet", "--no-eval"],
+                            "agent.safetensors"),
+    }
+    mp.undo()
+    torch.set_num_threads(threads)
 
-    def final_state(d: Path) -> dict:
-        ck = _newest_checkpoint(d / "run")
-        assert ck.name == "step_00000006"
-        return {"weights": load_file(ck / "model.safetensors"), "metrics": _metrics(d / "run")}
 
-    report = _kill_and_resume(tmp_path, ["train", str(cfg)], ["train", str(cfg), "--resume"], seed=12, final_state=final_state)
-    print(f"\ntrainer kill/resume: {report}")
+@pytest.mark.parametrize("name, seed", [("trainer", 12), ("sac", 4)])
+def test_kill_anywhere_then_resume_reproduces_the_run(jobs, name, seed, tmp_path):
+    report = _kill_and_resume(tmp_path, jobs[name], seed)
+    print(f"\n{name} kill/resume: {report}")
     assert report["reproduced"] == report["tries"] == sum(KILLS)
 
 
@@ -267,18 +317,33 @@ SAC_ARGS = ["--quiet", "--no-eval", "--heldout_fraction", "0.25", "--num_envs", 
             "--env.use_jieba_lexicon", "false"]
 
 
-def test_sac_kill_anywhere_then_resume_reproduces_the_run(tmp_path, monkeypatch):
-    from lmpo.textenv import sample_text_path
+def _ctrl_c_after(cls, method: str, calls: int):
+    """Patch ``cls.method`` (in the child) so that its ``calls``-th call sends this process a SIGINT first."""
+    def prepare():
+        real, seen = getattr(cls, method), []
 
-    monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
-    fresh = ["sac", "train", "--run-dir", "run", "--corpus", str(sample_text_path()), *SAC_ARGS]
-    resume = ["sac", "train", "--run-dir", "run", "--resume", "--quiet", "--no-eval"]
+        def wrapped(self, *a, **k):
+            seen.append(1)
+            if len(seen) == calls:
+                os.kill(os.getpid(), signal.SIGINT)
+            return real(self, *a, **k)
+        setattr(cls, method, wrapped)
+    return prepare
 
-    def final_state(d: Path) -> dict:
-        ck = _newest_checkpoint(d / "run")
-        weights = load_file(ck / "agent.safetensors")
-        return {"weights": weights, "metrics": _metrics(d / "run")}
 
-    report = _kill_and_resume(tmp_path, fresh, resume, seed=4, final_state=final_state)
-    print(f"\nSAC kill/resume: {report}")
-    assert report["reproduced"] == report["tries"] == sum(KILLS)
+@pytest.mark.parametrize("name", ["trainer", "sac"])
+def test_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_resumes_exactly(jobs, name, tmp_path):
+    import lmpo.sac.train as sac_train
+    import lmpo.trainer.loop as loop
+
+    job = jobs[name]
+    (cls, method, calls), said = {
+        "trainer": ((loop.Trainer, "_rl_step", 3), "after RL step 3 of 6"),
+        "sac": ((sac_train.Trainer, "collect", 14), "after 14 updates (28 env steps)"),
+    }[name]
+    assert run_child(job.fresh, tmp_path, prepare=_ctrl_c_after(cls, method, calls)) == 130
+    last = (tmp_path / "child.log").read_text().strip().splitlines()[-1]
+    assert f"stopped by Ctrl-C {said}" in last and "checkpoint written to run/checkpoints/step_" in last, last
+    assert last.split("Continue with: ")[1] == "lmpo " + " ".join([*job.fresh, "--resume"]), last
+    assert run_child([*job.fresh, "--resume"], tmp_path) == 0, (tmp_path / "child.log").read_text()[-2000:]
+    _same_run(_final_state(tmp_path, job), _final_state(job.ref, job), f"{name} after Ctrl-C")
