@@ -125,3 +125,23 @@ def test_sac_default_corpus_is_bundled_and_no_absolute_paths_in_src():
             if "/work/" in line or "/home/" in line:
                 offenders.append(f"{p.relative_to(ROOT)}:{n}")
     assert not offenders
+
+
+def test_sac_and_env_config_reference_is_documented_and_current():
+    import dataclasses
+
+    from lmpo.config import generated_block
+    from lmpo.sac.config import TrainConfig, render_config_reference
+    from lmpo.textenv import EnvConfig
+
+    def undocumented(cls):
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(f.default):
+                yield from undocumented(type(f.default))
+            elif not f.metadata.get("help"):
+                yield f"{cls.__name__}.{f.name}"
+
+    assert not list(undocumented(TrainConfig)) and not list(undocumented(EnvConfig))
+    doc = (ROOT / "docs" / "sac.md").read_text(encoding="utf-8")
+    assert generated_block(doc, "sac-config-reference") == render_config_reference(), \
+        "docs/sac.md is stale: run `python -m lmpo.sac.config docs/sac.md`"

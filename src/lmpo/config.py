@@ -356,14 +356,13 @@ def changed_keys(old: Mapping, new: Mapping, prefix: str = "") -> list[tuple[str
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
         name = f"{prefix}{key}"
         if isinstance(a, Mapping) and isinstance(b, Mapping) and (a or b) and _is_section(a, b):
-            out.extend(changed_keys(a, b, f"{name}."))
+            out.extend(changed_keys(a, b, f"{name}."))  # free-form dicts too: the message names the inner key
         elif _plain(a) != _plain(b):
             out.append((name, a, b))
     return out
 
 
 def _is_section(a: Mapping, b: Mapping) -> bool:
-    # free-form dict fields (task.options, objective.overrides) compare as one value; sections key by key
     return all(isinstance(k, str) for k in (*a, *b))
 
 
@@ -402,37 +401,57 @@ def _allowed(meta: Mapping[str, Any]) -> str:
     return range_text(meta)
 
 
+def generated_block(text: str, name: str) -> str:
+    """The text between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` (a generated part of a doc)."""
+    start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+    return text[text.index(start) + len(start): text.index(end)]
+
+
+def update_generated(path: str | os.PathLike, blocks: Mapping[str, str]) -> bool:
+    """Rewrite the generated blocks (name → body) of a Markdown file; returns whether it changed."""
+    text = Path(path).read_text(encoding="utf-8")
+    new = text
+    for name, body in blocks.items():
+        start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+        new = new[: new.index(start) + len(start)] + body + new[new.index(end):]
+    if new != text:
+        Path(path).write_text(new, encoding="utf-8")
+    return new != text
+
+
 def render_reference(cls: type, prefix: str = "") -> str:
     """Markdown tables of every field of the config class ``cls``, one table per section.
 
-    With ``prefix``, ``cls`` itself is the first table (its keys written ``prefix.key``); without, every
-    field of ``cls`` must be a section and each is a table named after the field.
+    When every field of ``cls`` is a section, each is a table named after its field; otherwise ``cls`` itself
+    is the first table (keys written ``prefix.key``, or bare without a prefix) followed by its sections.
     """
     lines: list[str] = []
 
     def section(c: type, pre: str) -> None:
-        lines.append(f"### `{pre}` — {(c.__doc__ or '').strip().splitlines()[0]}")
+        title = f"`{pre}`" if pre else "top-level keys"
+        lines.append(f"### {title} — {(c.__doc__ or '').strip().splitlines()[0]}")
         lines.append("")
         lines.append("| key | type | default | meaning |")
         lines.append("|---|---|---|---|")
         subs = []
         for f, tp in fields_of(c):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            key = f"{pre}.{f.name}" if pre else f.name
             if dataclasses.is_dataclass(default):
-                subs.append((type(default), f"{pre}.{f.name}"))
+                subs.append((type(default), key))
                 continue
             meaning = f.metadata.get("help", "")
             allowed = _allowed(f.metadata)
             if allowed:
                 meaning = f"{meaning} Allowed: {allowed}."
-            cells = [f"`{pre}.{f.name}`", _type_name(tp), _fmt_default(default), meaning]
+            cells = [f"`{key}`", _type_name(tp), _fmt_default(default), meaning]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         lines.append("")
         for sub_cls, sub_prefix in subs:
             section(sub_cls, sub_prefix)
 
-    if prefix:
-        section(cls, prefix)
+    if prefix or not all(dataclasses.is_dataclass(f.default) for f, _ in fields_of(cls)):
+        section(cls, prefix)  # keys written prefix.key (or bare, without a prefix), then each section
     else:  # a config whose fields are all sections (the trainer's): one table tree per section
         for f, _ in fields_of(cls):
             section(type(f.default), f.name)

@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmpo.config import ConfigError, check_fields, deep_merge, from_dict, parse_overrides, read_yaml, to_dict
+from lmpo.config import (
+    ConfigError,
+    check_fields,
+    deep_merge,
+    from_dict,
+    parse_overrides,
+    read_yaml,
+    render_reference,
+    to_dict,
+)
 from lmpo.config import option as _f
 from lmpo.textenv.bundled import DEFAULT_CORPUS, resolve_corpus
 
@@ -71,7 +80,7 @@ class SACConfig:
     cql_exact_max_actions: int = _f(256, "auto picks exact when |Σ| ≤ this.", ge=1)
     cql_samples: int = _f(64, "S: sampled actions per state of the sampled CQL term.", ge=1)
     bc_weight: float = _f(0.1, "λ_BC; 0 = the \"no BC\" ablation.", ge=0)
-    bc_rows: str = _f("demo", "Rows the BC loss reads: \"demo\" (teacher steps, the seed's rule) or \"all\" "
+    bc_rows: str = _f("demo", "Rows the BC loss reads: \"demo\" (teacher steps, the usual rule) or \"all\" "
                       "(DAgger labelling: agent rows too, each labelled with the reference character c_t of its "
                       "step when the mask allows it).", choices=("demo", "all"))
     grad_clip: float = _f(0.5, "Global gradient-norm clip of each network.", gt=0)
@@ -147,7 +156,7 @@ class TrainConfig:
     eval_generation_chars: int = _f(32, "Characters per free-running continuation.", ge=1)
     eval_rollout_episodes: int = _f(16, "Agent-only held-out episodes for the illegal-action and "
                                     "early-termination rates.", ge=0)
-    trace_steps: int = _f(0, "Print the seed-§15 trace for the first N environment steps.", ge=0)
+    trace_steps: int = _f(0, "Print the per-step trace (source, action, history, rewards) of the first N environment steps.", ge=0)
     net: NetworkConfig = _f(NetworkConfig(), "Network section.")
     sac: SACConfig = _f(SACConfig(), "SAC update section.")
     replay: ReplayConfig = _f(ReplayConfig(), "Replay section.")
@@ -285,3 +294,20 @@ def parse_cli_overrides(tokens: list[str]) -> dict[str, Any]:
     """``["--sac.top_p", "0.99", "--seed", "3"]`` → {"sac": {"top_p": 0.99}, "seed": 3}; typed again by the
     fields in :func:`apply_overrides` (:func:`lmpo.config.parse_overrides`)."""
     return parse_overrides(tokens)
+
+
+def render_config_reference() -> str:
+    """Markdown tables of every key of ``lmpo sac train`` and of the ``env`` section (docs/sac.md)."""
+    from lmpo.textenv.env import EnvConfig
+
+    return render_reference(TrainConfig) + "\n" + render_reference(EnvConfig, "env")
+
+
+if __name__ == "__main__":  # python -m lmpo.sac.config docs/sac.md
+    import sys
+
+    from lmpo.config import update_generated
+
+    for p in sys.argv[1:]:
+        changed = update_generated(p, {"sac-config-reference": render_config_reference()})
+        print(f"{p}: {'updated' if changed else 'up to date'}")

@@ -449,7 +449,7 @@ def resume_checkpoint(run_dir: str | Path) -> Path:
 
 
 #: what a SAC run directory holds (``--overwrite`` deletes these and nothing else; the last two are the
-#: pickled checkpoint files of lmpo versions before 0.2, never read)
+#: pickled checkpoint files of earlier lmpo versions, never read)
 RUN_ENTRIES = ("config.json", "metrics.jsonl", "tb", "checkpoints", "eval.json", "summary.json", "trace.log",
                "checkpoint.pt", "envs.pkl")
 

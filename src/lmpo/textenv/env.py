@@ -37,7 +37,10 @@ SPLITS = ("train", "heldout", "all")
 
 @dataclass(frozen=True)
 class EnvConfig:
-    """Settings of ``CharTextEnv`` (defaults: SPEC §5.1 / seed 004 §9)."""
+    """Settings of the character environment ``CharTextEnv``.
+
+    Defaults: SPEC §5.1 / seed 004 §9.
+    """
 
     # -- episode ---------------------------------------------------------------------------------------
     window_chars: int = option(32, "m: history characters in the observation window (and the reference history "

@@ -31,6 +31,7 @@ from lmpo.config import (
     render_reference,
     save_yaml,
     to_dict,
+    update_generated,
 )
 from lmpo.config import option as _f
 from lmpo.rlvcr.config import RLVCRConfig
@@ -457,14 +458,6 @@ def render_config_reference() -> str:
     return render_reference(TrainConfig)
 
 
-DOC_START = "<!-- config-reference:start -->\n"
-DOC_END = "<!-- config-reference:end -->"
-
-
-METRICS_START = "<!-- metrics:start -->\n"
-METRICS_END = "<!-- metrics:end -->"
-
-
 def render_metrics_reference() -> str:
     """Markdown table of every metric key the trainer logs (from ``lmpo.trainer.metrics.METRIC_DOCS``)."""
     from lmpo.trainer.metrics import METRIC_DOCS
@@ -473,21 +466,10 @@ def render_metrics_reference() -> str:
     return "\n".join(rows) + "\n"
 
 
-def _replace_between(text: str, start_marker: str, end_marker: str, body: str) -> str:
-    start, end = text.index(start_marker) + len(start_marker), text.index(end_marker)
-    return text[:start] + body + text[end:]
-
-
 def update_reference_doc(path: str | os.PathLike) -> bool:
     """Rewrite the generated parts of ``path`` (config reference, metric table); returns whether it changed."""
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    new = _replace_between(text, DOC_START, DOC_END, render_config_reference())
-    new = _replace_between(new, METRICS_START, METRICS_END, render_metrics_reference())
-    if new != text:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(new)
-    return new != text
+    return update_generated(path, {"config-reference": render_config_reference(),
+                                   "metrics": render_metrics_reference()})
 
 
 if __name__ == "__main__":  # python -m lmpo.trainer.config docs/trainer.md
