@@ -120,6 +120,23 @@ def stop_on_sigint(log: Callable[[str], None]) -> Iterator[StopRequest]:
         signal.signal(signal.SIGINT, previous)
 
 
+def read_json_object(path: str | os.PathLike, what: str, fix: str) -> dict:
+    """A JSON object (mapping) from a run directory's file; a damaged file is one message naming it.
+
+    ``what``: what the file should be (``"a JSON config"``); ``fix``: the sentence that says what to do.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path} is not {what} ({type(e).__name__}: {e}); the run directory is damaged. {fix}") \
+            from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} holds a JSON {type(data).__name__}, not {what}; the run directory is damaged. "
+                         f"{fix}")
+    return data
+
+
 # ----------------------------------------------------------------------------------------------------
 # Metrics files
 # ----------------------------------------------------------------------------------------------------

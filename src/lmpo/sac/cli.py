@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from lmpo.errors import InputError
+from lmpo.runs import read_json_object
 from lmpo.sac.config import (
     apply_overrides,
     config_from_dict,
@@ -156,10 +157,7 @@ def _check_summaries(run_dirs: list[str]) -> None:
         path = Path(d) / "summary.json"
         if not path.is_file():
             raise InputError(f"{d}: no summary.json (the run did not finish); train it to the end or leave it out.")
-        try:
-            data = json.loads(path.read_bytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise InputError(f"{path} is not a JSON summary ({type(e).__name__}: {e}); the run directory is "
-                             "damaged. Re-create it with `lmpo sac train --resume --eval-only`.") from None
-        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        data = read_json_object(path, "a JSON summary",
+                                "Re-create it with `lmpo sac train --resume --eval-only --run-dir RUN_DIR`.")
+        if not isinstance(data.get("config"), dict):
             raise InputError(f"{path} is not a summary written by `lmpo sac train` (no config mapping).")

@@ -11,7 +11,6 @@ e.g. ``--sac.top_p 0.99 --replay.agent_fraction 0.5 --seed 3``.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,15 +278,9 @@ def run_config_dict(run_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: {str(run_dir)!r} is not a run directory of `lmpo sac train` "
                           "(or the run never started). Pass the directory the run wrote.")
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path} is not a JSON config ({type(e).__name__}: {e}); the run directory is damaged. "
-                          "Restore the file, or start a new run.") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not a config mapping; the run directory "
-                          "is damaged.")
-    return data
+    from lmpo.runs import read_json_object
+
+    return read_json_object(path, "a JSON config", "Restore the file, or start a new run.")
 
 
 def parse_cli_overrides(tokens: list[str]) -> dict[str, Any]:
