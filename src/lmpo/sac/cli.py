@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from lmpo.errors import InputError
+from lmpo.errors import InputError, RunError
 from lmpo.runs import read_json_object
 from lmpo.sac.config import (
     apply_overrides,
@@ -73,9 +73,12 @@ def _train(args: argparse.Namespace) -> int:
         cfg.validate()
     else:
         cfg = load_config(args.config, overrides, preset=args.preset)
-    summary = train(cfg, run_dir, resume=args.resume, trace_steps=args.trace, progress=not args.quiet,
-                    evaluate=not args.no_eval, eval_only=args.eval_only, overwrite=args.overwrite,
-                    allow_config_change=args.allow_config_change)
+    try:
+        summary = train(cfg, run_dir, resume=args.resume, trace_steps=args.trace, progress=not args.quiet,
+                        evaluate=not args.no_eval, eval_only=args.eval_only, overwrite=args.overwrite,
+                        allow_config_change=args.allow_config_change)
+    except FloatingPointError as e:  # the agent stopped a run that kept producing non-finite losses
+        raise RunError(f"{e}. Checkpoints already written in {run_dir}/checkpoints are intact.") from None
     ev = summary.get("eval")
     print(f"[sac] {summary['updates']} updates, {summary['env_steps']} env steps in "
           f"{summary['train_seconds']:.0f}s ({summary['stop_reason']}); run dir {run_dir}")
