@@ -65,7 +65,11 @@ def prepare_run_dir(run_dir: str | os.PathLike, entries: Iterable[str], *, resum
                 shutil.rmtree(p)
             else:
                 p.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"run directory {str(run_dir)!r} cannot be created ({e.strerror or e}); choose another "
+                         f"{dir_option}.") from None
     remove_stale(run_dir)
 
 

@@ -90,6 +90,11 @@ def _sac_run_without_checkpoint(d: Path) -> None:
     (d / "sacrun" / "config.json").write_text(json.dumps(TrainConfig().to_dict()))
 
 
+def failing_reward(completions, **kwargs):
+    """A user reward function with a bug (named in a config as ``test_bad_inputs:failing_reward``)."""
+    raise ValueError("this reward cannot score a completion")
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -169,6 +174,10 @@ CASES: list[Case] = [
     Case("reward-weights", (*T, "--rewards.functions", "[exact_match]", "--rewards.weights", "[1, 2]"),
          "more weights than reward functions", setup=_base),
     Case("reward-on-error", (*T, "--rewards.on_error", "ignore"), "an unknown `on_error` policy", setup=_base),
+    Case("reward-raises", (*T, "--rewards.functions", "[test_bad_inputs:failing_reward]"),
+         "a user's reward function that raises",
+         exit=1, setup=_base),
+    Case("threads", (*T, "--loop.num_threads", "1e9"), "an absurd thread count", setup=_base),
     Case("rlvcr-levels", (*T, "--rlvcr.levels", "1"), "one thinking level", setup=_base),
     Case("rlvcr-budgets", (*T, "--rlvcr.budgets", "[8, 4, 16, 32]"), "thinking budgets not increasing", setup=_base),
     # ---- lmpo train: run directories and --resume
@@ -183,6 +192,8 @@ CASES: list[Case] = [
     Case("resume-broken-checkpoint", (*T, "--resume"), "`--resume` when the only checkpoint is damaged",
          setup=_broken_checkpoint),
     Case("resume-bad-path", (*T, "--resume", "elsewhere"), "`--resume PATH` that is no checkpoint", setup=_base),
+    Case("run-dir-not-creatable", (*T, "--logging.run_dir", "base.yaml/run"), "a run directory inside a file",
+         setup=_base),
     Case("run-dir-is-file", (*T, "--logging.run_dir", "base.yaml"), "a file as the run directory", setup=_base),
     # ---- lmpo plot
     Case("plot-no-metrics", ("plot", "empty"), "a directory without metrics.jsonl", setup=_mkdir("empty")),
@@ -199,6 +210,7 @@ CASES: list[Case] = [
     Case("sac-budget", (*S, "--time_budget_s", "-1"), "a negative time budget"),
     Case("sac-env-range", (*S, "--env.window_chars", "0"), "an empty observation window"),
     Case("sac-env-unknown", (*S, "--env.windw_chars", "8"), "an environment key with a typo"),
+    Case("sac-blacklist-missing", (*S, "--env.blacklist_path", "missing.txt"), "a blacklist file that does not exist"),
     Case("sac-corpus-missing", (*S, "--corpus", "missing.txt"), "a corpus that does not exist"),
     Case("sac-corpus-not-utf8", (*S, "--corpus", "gbk.txt"), "a corpus that is not UTF-8",
          setup=_write("gbk.txt", "子曰学而时习之\n".encode("gbk"))),

@@ -125,7 +125,7 @@ class TrainConfig:
     seed: int = _f(0, "Seed of the networks, the replay sampling, the environments and the teacher schedule.",
                    ge=0)
     device: str = _f("cpu", "cpu | cuda | cuda:N (bit-exact resume on cpu).")
-    threads: int = _f(0, "torch intra-op threads (0 = leave torch's default).", ge=0)
+    threads: int = _f(0, "torch intra-op threads (0 = leave torch's default).", ge=0, le=1024)
     corpus: str = _f(DEFAULT_CORPUS, "Text corpus: a .txt / .json file or a directory, or the name of a corpus "
                      "bundled with lmpo (default: the Analects, lunyu.simplified.json).")
     heldout_fraction: float = _f(0.2, "Share of chapters held out for evaluation.", gt=0, lt=1)
@@ -167,7 +167,10 @@ class TrainConfig:
         self.replay.validate()
         _check_device(self.device)
         resolve_corpus(self.corpus)
-        self.env_config()
+        env = self.env_config()
+        if env.blacklist_path is not None and not Path(env.blacklist_path).is_file():
+            raise ConfigError(f"`env.blacklist_path` = {env.blacklist_path!r} is not a file; give a text file of "
+                              "characters to forbid, or leave it unset.")
 
     def env_config(self):
         """The :class:`lmpo.textenv.EnvConfig` that ``env`` describes (keys and values checked)."""

@@ -160,7 +160,7 @@ class LoopConfig:
     max_nonfinite_steps: int = _f(5, "Stop after this many consecutive steps with a non-finite loss or "
                                   "gradient (each is skipped and counted).", ge=1)
     device: str = _f("auto", "auto | cpu | cuda | mps.", choices=("auto", "cpu", "cuda", "mps"))
-    num_threads: int = _f(0, "torch CPU threads (0 = torch's default).", ge=0)
+    num_threads: int = _f(0, "torch CPU threads (0 = torch's default).", ge=0, le=1024)
 
 
 @dataclass(frozen=True)
