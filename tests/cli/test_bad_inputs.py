@@ -209,6 +209,7 @@ CASES: list[Case] = [
     Case("sac-batch", (*S, "--replay.transitions_per_batch", "1"), "a batch of one transition"),
     Case("sac-budget", (*S, "--time_budget_s", "-1"), "a negative time budget"),
     Case("sac-env-range", (*S, "--env.window_chars", "0"), "an empty observation window"),
+    Case("sac-window-too-long", (*S, "--env.window_chars", "100000"), "a window longer than every chapter"),
     Case("sac-env-unknown", (*S, "--env.windw_chars", "8"), "an environment key with a typo"),
     Case("sac-blacklist-missing", (*S, "--env.blacklist_path", "missing.txt"), "a blacklist file that does not exist"),
     Case("sac-corpus-missing", (*S, "--corpus", "missing.txt"), "a corpus that does not exist"),

@@ -12,6 +12,7 @@ import numpy as np
 from gymnasium import spaces
 
 from lmpo.config import ConfigError, check_fields, option
+from lmpo.errors import InputError
 from lmpo.textenv.alphabet import Alphabet
 from lmpo.textenv.compliance import Compliance
 from lmpo.textenv.corpus import Corpus, load_corpus, load_sample_corpus
@@ -224,7 +225,7 @@ class CharTextEnv(gym.Env):
             raise TypeError(f"CharTextEnv: chapters must be strings, got {bad[0]}; pass texts or a Corpus")
         chapters = list(chapters)
         if not chapters or not any(chapters):
-            raise ValueError(f"CharTextEnv: no chapters with text ({source}); bring a non-empty corpus")
+            raise InputError(f"CharTextEnv: no chapters with text ({source}); bring a non-empty corpus")
         if alphabet is None:
             alphabet = Alphabet.from_texts(chapters, cfg.min_count)
         self.alphabet = alphabet
@@ -236,7 +237,7 @@ class CharTextEnv(gym.Env):
         lengths = np.array([len(c) for c in self.chapters])
         self._valid_starts = np.maximum(lengths - m, 0)
         if self._valid_starts.sum() == 0:
-            raise ValueError(
+            raise InputError(
                 f"CharTextEnv: window_chars={m} is longer than every chapter of {source} (longest: "
                 f"{int(lengths.max())} characters; an episode needs m + 1); lower window_chars or bring longer chapters"
             )
@@ -249,7 +250,7 @@ class CharTextEnv(gym.Env):
         )
         # the whitelist holds the class-acceptable characters (the blacklist alone falls back to it)
         if int(self.compliance.whitelist_mask[alphabet.num_special :].sum()) == 0:
-            raise ValueError(
+            raise InputError(
                 f"CharTextEnv: no legal characters in the alphabet of {source} (every character is a control, "
                 "format, private-use or unassigned code point); check the corpus encoding"
             )
