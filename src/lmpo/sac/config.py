@@ -155,7 +155,8 @@ class TrainConfig:
     eval_generation_chars: int = _f(32, "Characters per free-running continuation.", ge=1)
     eval_rollout_episodes: int = _f(16, "Agent-only held-out episodes for the illegal-action and "
                                     "early-termination rates.", ge=0)
-    trace_steps: int = _f(0, "Print the per-step trace (source, action, history, rewards) of the first N environment steps.", ge=0)
+    trace_steps: int = _f(0, "Print the per-step trace (source, action, history, rewards) of the first N "
+                          "environment steps.", ge=0)
     net: NetworkConfig = _f(NetworkConfig(), "Network section.")
     sac: SACConfig = _f(SACConfig(), "SAC update section.")
     replay: ReplayConfig = _f(ReplayConfig(), "Replay section.")

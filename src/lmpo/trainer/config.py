@@ -68,7 +68,7 @@ class ModelConfig:
     name: str = _f("tiny", "A built-in preset of `lmpo.models.MODEL_PRESETS` (built in code, offline) or a "
                    "Hugging Face model name / local path for `AutoModelForCausalLM`.")
     init_seed: int = _f(0, "Seed of the random initialisation of a built-in preset.", ge=0)
-    dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.", choices=("float32", "bfloat16", "float16"))
+    dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
     ref_path: str | None = _f(None, "Reference model for the KL term; default: a frozen copy of the initial "
                               "policy (after the supervised warm-up). Only loaded when the objective needs it.")
     lora: LoraConfig = _f(LoraConfig(), "LoRA adapters (section `model.lora`).")
@@ -95,7 +95,8 @@ class RolloutConfig:
     completions_per_prompt: int = _f(8, "G: completions sampled per prompt (a group). GRPO-style group "
                                      "advantages need G >= 2.", ge=1)
     max_new_tokens: int = _f(16, "Maximum completion length in tokens.", ge=1)
-    temperature: float = _f(1.0, "Sampling temperature (> 0).", gt=0, hint="Use a small value such as 0.1 for near-greedy.")
+    temperature: float = _f(1.0, "Sampling temperature.", gt=0,
+                            hint="Use a small value such as 0.1 for near-greedy.")
     top_p: float = _f(1.0, "Nucleus sampling mass (1 = off).", gt=0, le=1, hint="Use 1 to switch it off.")
     top_k: int = _f(0, "Top-k sampling (0 = off).", ge=0, hint="Use 0 to switch it off.")
     ignore_eos: bool = _f(False, "Keep generating after EOS to exactly max_new_tokens (benchmarks use "
@@ -111,7 +112,8 @@ class RewardsConfig:
     weights: tuple[float, ...] = _f((), "One weight per function (empty = all 1).")
     kwargs: dict = _f({}, "Keyword options per function name, e.g. `{length_penalty: {target_chars: 8}}`.")
     on_error: str = _f("raise", "A reward function that raises: `raise` (error naming the function and the "
-                       "sample) or `skip` (reward 0 for that sample, counted in `reward/errors`).", choices=("raise", "skip"))
+                       "sample) or `skip` (reward 0 for that sample, counted in `reward/errors`).",
+                       choices=("raise", "skip"))
     success_threshold: float = _f(1.0, "A completion counts as correct (`reward/accuracy`, "
                                   "`eval/accuracy`) when the task's accuracy reward is >= this.")
 
@@ -136,7 +138,7 @@ class OptimConfig:
     betas: tuple[float, float] = _f((0.9, 0.999), "AdamW betas.", ge=0, lt=1)
     eps: float = _f(1e-8, "AdamW epsilon.", gt=0)
     weight_decay: float = _f(0.0, "Decoupled weight decay.", ge=0)
-    max_grad_norm: float = _f(1.0, "Clip the global gradient norm to this (0 = no clipping).", ge=0, hint="Use 0 for no clipping.")
+    max_grad_norm: float = _f(1.0, "Clip the global gradient norm to this (0 = no clipping).", ge=0)
     warmup_steps: int = _f(0, "Linear warm-up length in optimizer steps.", ge=0)
     schedule: str = _f("constant", "After warm-up: constant | linear | cosine (decay to min_lr_ratio·lr over "
                        "the run's optimizer steps).", choices=("constant", "linear", "cosine"))
@@ -173,7 +175,7 @@ class SFTConfig:
     max_examples: int = _f(0, "Draw warm-up examples from only the first N training examples (0 = all).", ge=0)
     stop_at_accuracy: float = _f(0.0, "Stop the warm-up early once greedy accuracy on `check_examples` TRAINING "
                                  "prompts reaches this (0 = always run `steps`); makes the RL start comparable "
-                                 "across seeds. The held-out split is never looked at.", ge=0, le=1, hint="Use 0 for no early stop.")
+                                 "across seeds. The held-out split is never looked at.", ge=0, le=1)
     check_every_steps: int = _f(50, "How often the early-stop accuracy is measured (warm-up steps).", ge=1)
     check_examples: int = _f(200, "Training prompts used for the early-stop accuracy.", ge=1)
 
