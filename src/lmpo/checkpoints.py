@@ -202,7 +202,7 @@ def load_state(directory: str | os.PathLike, name: str) -> Any:
         if not isinstance(doc, dict) or doc.get("format") != "lmpo-state":
             raise ValueError("not an lmpo state file")
         return _decode(doc["state"], tensors, name)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as e:
         raise CheckpointError(f"{jpath} (with {tpath.name}) cannot be read as lmpo state: {type(e).__name__}: "
                               f"{_short(e)}. The checkpoint is damaged or was not written by lmpo; resume from "
                               "another checkpoint or start the run again with --overwrite.") from None
@@ -329,7 +329,7 @@ def verify_checkpoint(path: str | os.PathLike) -> dict:
         step = int(manifest["step"])
         if manifest.get("format") != FORMAT or not isinstance(files, dict):
             raise ValueError("not an lmpo checkpoint manifest")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} cannot be read ({_short(e)}). {fix}") from None
     expected_step = step_of(path)
     if expected_step is not None and expected_step != step:

@@ -318,7 +318,7 @@ def read_yaml(path: str | os.PathLike, what: str = "config file") -> dict:
             from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, RecursionError) as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = " ".join(str(getattr(e, "problem", None) or e).split())

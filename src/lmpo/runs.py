@@ -132,7 +132,7 @@ def read_json_object(path: str | os.PathLike, what: str, fix: str) -> dict:
     path = Path(path)
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
         raise InputError(f"{path} is not {what} ({type(e).__name__}: {e}); the run directory is damaged. {fix}") \
             from None
     if not isinstance(data, dict):
@@ -170,7 +170,7 @@ def read_jsonl_lines(path: str | os.PathLike, on_torn: Callable[[str], None] | N
             continue
         try:
             record = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (ValueError, RecursionError) as e:
             raise InputError(f"{path}: line {n} is not a JSON record ({type(e).__name__}: {e}). The file is "
                              "damaged; restore it from a copy or delete that line.") from None
         if not isinstance(record, dict):
