@@ -4,12 +4,19 @@ Each subcommand lives beside the code it drives; this file only routes. A comman
 ``name -> "module:register"`` where ``register(subparsers, name)`` adds an ``argparse`` sub-parser whose
 ``func`` default runs it. Commands are imported lazily so that ``lmpo --help`` stays fast and a missing
 optional dependency only affects its own command.
+
+Every command reports failures in one style (:func:`main`): one paragraph on stderr naming the input, its
+value and the fix, exit status 2 for bad input (:class:`lmpo.errors.InputError`), 1 for a run that failed
+(:class:`lmpo.errors.RunError` or an unexpected error), 130 for Ctrl-C, and no traceback unless ``--debug``
+(anywhere on the command line) or ``LMPO_DEBUG=1``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import shlex
 import sys
 
 #: top-level commands: name -> "module:register function"
@@ -56,14 +63,68 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: commands whose runs continue with ``--resume``
+RESUMABLE_COMMANDS = ("lmpo train", "lmpo sac train")
+
+
+def _command_name(argv: list[str]) -> str:
+    words = [a for a in argv if not a.startswith("-")][:2]
+    if words[:1] == ["sac"]:
+        return "lmpo " + " ".join(words)
+    return "lmpo " + words[0] if words else "lmpo"
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that continues a stopped run: the same one with ``--resume`` (not ``--overwrite``)."""
+    kept = [a for a in argv if a not in ("--overwrite", "--resume", "--debug")]
+    return "lmpo " + shlex.join(kept + ["--resume"])
+
+
+def _one_paragraph(text: str) -> str:
+    return " ".join(text.split())
+
+
 def main(argv: list[str] | None = None) -> int:
+    from lmpo.errors import Interrupted, LmpoError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("LMPO_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    name = _command_name(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
         return 2
-    return int(func(args) or 0)
+    try:
+        return int(func(args) or 0)
+    except Interrupted as e:
+        if debug:
+            raise
+        resumable = e.checkpoint is not None and name in RESUMABLE_COMMANDS
+        hint = f" Continue with: {resume_command(argv)}" if resumable else ""
+        print(f"{name}: {_one_paragraph(str(e))}{hint}", file=sys.stderr)
+        return e.exit_code
+    except LmpoError as e:
+        if debug:
+            raise
+        print(f"{name}: {_one_paragraph(str(e))}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        hint = (f" Continue from the run's last checkpoint, if it has one, with: {resume_command(argv)}"
+                if name in RESUMABLE_COMMANDS else "")
+        print(f"{name}: interrupted.{hint}", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the one place that turns any failure into one paragraph
+        if debug:
+            raise
+        print(f"{name}: failed with an unexpected {type(e).__name__}: {_one_paragraph(str(e))[:500]} "
+              "(this is a bug or an unchecked input; rerun with --debug for the traceback and report it).",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

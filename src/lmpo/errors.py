@@ -37,3 +37,15 @@ class RunError(LmpoError, RuntimeError):
 class UnsupportedError(InputError, NotImplementedError):
     """A host (TRL, verl, …) cannot give an objective what it needs, or runs with a setting the objective cannot
     honour. The message lists each problem with what to do instead. Exit status 2."""
+
+class Interrupted(LmpoError):
+    """The user stopped a run (Ctrl-C / SIGINT). ``checkpoint`` is what it wrote to resume from (or None).
+
+    Exit status 130, the shell's convention for a run stopped by SIGINT.
+    """
+
+    exit_code = 130
+
+    def __init__(self, message: str, checkpoint=None):
+        super().__init__(message)
+        self.checkpoint = checkpoint

@@ -60,3 +60,13 @@ class EchoEnv(gym.Env):
         self.t += 1
         self._draw()
         return self._obs(), reward, False, self.t >= self.T, info
+
+    def state_dict(self) -> dict:
+        """What a SAC checkpoint stores of the env (plain data, as CharTextEnv.state_dict)."""
+        return {"np_random": self.np_random.bit_generator.state, "t": self.t, "window": self.window.copy(),
+                "target": self.target, "legal": self.legal.copy(), "teacher": self._teacher}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.np_random.bit_generator.state = state["np_random"]
+        self.t, self.target, self._teacher = int(state["t"]), int(state["target"]), bool(state["teacher"])
+        self.window, self.legal = state["window"].copy(), state["legal"].copy()

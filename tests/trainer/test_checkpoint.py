@@ -7,6 +7,8 @@ import torch
 from trainer_helpers import small_model
 
 import lmpo.trainer.checkpoint as ckpt
+from lmpo.checkpoints import MANIFEST, remove_stale
+from lmpo.errors import InputError
 
 
 def _state(step: int) -> dict:
@@ -63,7 +65,7 @@ def test_stale_temp_dir_is_ignored(tmp_path):
     assert ckpt.latest_checkpoint(tmp_path).name == "step_00000001"
     assert ckpt.resolve_resume("auto", tmp_path).name == "step_00000001"
     assert ckpt.resolve_resume(str(tmp_path), tmp_path / "elsewhere").name == "step_00000001"
-    with pytest.raises(FileNotFoundError, match="not a checkpoint directory"):
+    with pytest.raises(InputError, match="not a checkpoint directory"):
         ckpt.resolve_resume(str(tmp_path / "nothing"), tmp_path)
 
 
@@ -75,3 +77,38 @@ def test_keep_last_prunes_oldest(tmp_path):
     # re-writing an existing step replaces it in place
     ckpt.save_checkpoint(tmp_path, 4, model, _state(4), keep_last=2)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
+
+
+def test_manifest_refuses_partial_mixed_and_altered_checkpoints_and_resume_falls_back(tmp_path):
+    model, _ = small_model(seed=0)
+    for step in (1, 2, 3):
+        ckpt.save_checkpoint(tmp_path, step, model, _state(step))
+    one, two, three = ckpt.list_checkpoints(tmp_path)
+    # partial: a file the manifest lists is gone
+    (three / ckpt.MODEL_FILE).unlink()
+    with pytest.raises(ckpt.CheckpointError, match=r"step_00000003: file model.safetensors .* is missing"):
+        ckpt.load_checkpoint(three, model)
+    # mixed: the state of another checkpoint copied in
+    (two / ckpt.STATE_FILE).write_bytes((one / ckpt.STATE_FILE).read_bytes())
+    with pytest.raises(ckpt.CheckpointError, match=r"state.json does not match its manifest"):
+        ckpt.load_checkpoint(two, model)
+    # resume falls back to the newest complete checkpoint and says which ones it skipped
+    skipped = []
+    assert ckpt.resolve_resume("auto", tmp_path, log=skipped.append) == one
+    assert [m.split(":")[0] for m in skipped] == ["skipping step_00000003", "skipping step_00000002"]
+    # a manifest moved between checkpoints names the wrong step
+    (one / MANIFEST).write_bytes((two / MANIFEST).read_bytes())
+    with pytest.raises(ckpt.CheckpointError, match="manifest is for step 2, not 1"):
+        ckpt.load_checkpoint(one, model)
+    with pytest.raises(ckpt.CheckpointError, match="none of the 3 checkpoints .* is complete"):
+        ckpt.resolve_resume("auto", tmp_path)
+
+
+def test_files_get_one_permission_and_stale_temp_dirs_are_removed(tmp_path):
+    model, _ = small_model(seed=0)
+    path = ckpt.save_checkpoint(tmp_path, 1, model, _state(1))
+    modes = {p.name: p.stat().st_mode & 0o777 for p in path.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # safetensors writes 0600 on its own; state files 0644
+    stale = ckpt.checkpoint_dir(tmp_path) / ".tmp_step_00000002_99999"
+    stale.mkdir()
+    assert remove_stale(tmp_path) == [stale] and not stale.exists()

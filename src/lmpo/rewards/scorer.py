@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from lmpo.errors import RunError
 from lmpo.rewards.builtin import REWARDS
 
 
@@ -201,7 +202,7 @@ class RewardScorer:
                     if index >= 0
                     else "the batch (no single sample reproduces it)"
                 )
-                raise RuntimeError(
+                raise RunError(
                     f"reward function {name!r} raised {type(cause).__name__}: {cause} on {where}. Fix the "
                     "function, or set on_error='skip' to record NaN for it and continue."
                 ) from e

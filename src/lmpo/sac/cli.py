@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-from lmpo.sac.config import config_from_dict, load_config, parse_cli_overrides
+from lmpo.errors import InputError, RunError
+from lmpo.runs import read_json_object
+from lmpo.sac.config import (
+    apply_overrides,
+    config_from_dict,
+    load_config,
+    parse_cli_overrides,
+    run_config_dict,
+)
 
 
 def _swallow_overrides(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +44,13 @@ def register_train(subparsers: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--config", help="YAML config file (default: the built-in CPU preset)")
     p.add_argument("--preset", default="cpu", choices=["cpu", "gpu"], help="preset under the config file")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/sac-<time>)")
-    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in RUN_DIR from its newest complete checkpoint (its stored config, plus "
+                        "any overrides given)")
+    p.add_argument("--overwrite", action="store_true", help="delete the run already in RUN_DIR and start again")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept config changes beyond the stopping, logging, evaluation and "
+                        "checkpoint keys")
     p.add_argument("--trace", type=int, default=None, metavar="N", help="print the trace of the first N steps")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
     p.add_argument("--eval-only", action="store_true",
@@ -50,13 +63,22 @@ def register_train(subparsers: argparse._SubParsersAction, name: str) -> None:
 def _train(args: argparse.Namespace) -> int:
     from lmpo.sac.train import train
 
+    if args.resume and not args.run_dir:
+        raise InputError("--resume needs --run-dir RUN_DIR: the directory of the run to continue.")
     run_dir = args.run_dir or f"runs/sac-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.resume and args.config is None and not args.overrides and (Path(run_dir) / "config.json").exists():
-        cfg = config_from_dict(json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8")))
+    overrides = parse_cli_overrides(args.overrides)
+    if args.resume and args.config is None and (Path(run_dir) / "config.json").exists():
+        # the run's own config, with the overrides of this command line on top
+        cfg = apply_overrides(config_from_dict(run_config_dict(run_dir)), overrides)
+        cfg.validate()
     else:
-        cfg = load_config(args.config, parse_cli_overrides(args.overrides), preset=args.preset)
-    summary = train(cfg, run_dir, resume=args.resume, trace_steps=args.trace, progress=not args.quiet,
-                    evaluate=not args.no_eval, eval_only=args.eval_only)
+        cfg = load_config(args.config, overrides, preset=args.preset)
+    try:
+        summary = train(cfg, run_dir, resume=args.resume, trace_steps=args.trace, progress=not args.quiet,
+                        evaluate=not args.no_eval, eval_only=args.eval_only, overwrite=args.overwrite,
+                        allow_config_change=args.allow_config_change)
+    except FloatingPointError as e:  # the agent stopped a run that kept producing non-finite losses
+        raise RunError(f"{e}. Checkpoints already written in {run_dir}/checkpoints are intact.") from None
     ev = summary.get("eval")
     print(f"[sac] {summary['updates']} updates, {summary['env_steps']} env steps in "
           f"{summary['train_seconds']:.0f}s ({summary['stop_reason']}); run dir {run_dir}")
@@ -69,7 +91,7 @@ def _train(args: argparse.Namespace) -> int:
 def register_sample(subparsers: argparse._SubParsersAction, name: str) -> None:
     p = subparsers.add_parser(name, help="generate text from a trained SAC run",
                               description="Continue PROMPT character by character with a trained policy.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (or its checkpoint.pt)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (or one of its checkpoints/step_* directories)")
     p.add_argument("--prompt", required=True, help="text to continue")
     p.add_argument("--max-new-chars", type=int, default=64, help="characters to generate")
     p.add_argument("--greedy", action="store_true", help="argmax instead of sampling from π")
@@ -103,25 +125,42 @@ def register_gate(subparsers: argparse._SubParsersAction, name: str) -> None:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from lmpo.sac.gate import run_gate, train_gate_runs
+    from lmpo.sac.gate import ABLATIONS, run_gate, train_gate_runs
 
     run_dirs = list(args.run_dirs)
     if args.train:
         if not args.out:
-            print("lmpo sac gate --train needs --out DIR", file=sys.stderr)
-            return 2
-        seeds = [int(s) for s in args.seeds.split(",") if s]
+            raise InputError("--train needs --out DIR: the directory its runs and reports go to.")
+        try:
+            seeds = [int(s) for s in args.seeds.split(",") if s]
+        except ValueError:
+            raise InputError(f"--seeds {args.seeds!r} must be comma-separated integers, e.g. 0,1,2.") from None
         abl = [] if args.ablations == "none" else [a for a in args.ablations.split(",") if a]
+        unknown = [a for a in abl if a not in ABLATIONS]
+        if unknown or not seeds:
+            raise InputError(f"--ablations {args.ablations!r} / --seeds {args.seeds!r}: give at least one seed and "
+                             f"ablations among {', '.join(ABLATIONS)} (or 'none').")
         run_dirs += [str(d) for d in train_gate_runs(args.config, args.out, seeds, abl, args.parallel,
                                                      list(args.overrides))]
     elif args.overrides:
-        print(f"unexpected arguments {args.overrides}: overrides only apply with --train", file=sys.stderr)
-        return 2
+        raise InputError(f"unexpected arguments {' '.join(args.overrides)}: config overrides only apply with --train.")
     if not run_dirs:
-        print("lmpo sac gate: no finished runs to judge (give RUN_DIRs or --train)", file=sys.stderr)
-        return 2
+        raise InputError("no finished runs to judge; give RUN_DIRs or --train --out DIR.")
+    _check_summaries(run_dirs)
     out = args.out or str(Path(run_dirs[0]).parent / "gate")
     result = run_gate(run_dirs, out)
     print(f"[gate] wrote {out}/gate.json and {out}/gate.md")
     print(json.dumps({"overall": result["overall"]}))
     return 0 if result["overall"] == "PASS" else 1
+
+
+def _check_summaries(run_dirs: list[str]) -> None:
+    """Every run the gate judges has a readable summary.json (plain JSON), or one message names the file."""
+    for d in run_dirs:
+        path = Path(d) / "summary.json"
+        if not path.is_file():
+            raise InputError(f"{d}: no summary.json (the run did not finish); train it to the end or leave it out.")
+        data = read_json_object(path, "a JSON summary",
+                                "Re-create it with `lmpo sac train --resume --eval-only --run-dir RUN_DIR`.")
+        if not isinstance(data.get("config"), dict):
+            raise InputError(f"{path} is not a summary written by `lmpo sac train` (no config mapping).")

@@ -1,5 +1,9 @@
 """Configuration of the SAC agent and its training run: frozen dataclasses, YAML files, ``--key value``.
 
+Built on the one config base (:mod:`lmpo.config`): every field carries its help text and its allowed range
+in its metadata, so unknown keys are answered with the closest valid name, values are typed, and
+``--sac.tau -0.5`` or ``--seed abc`` stop with a message naming the key, the value and the fix.
+
 Defaults are seed 004 §9 except where the CPU preset says otherwise (``CPU_PRESET``); ``GPU_PRESET`` is the
 seed's full-size setting (batch 2048).  Nested keys are written ``section.field`` on the command line,
 e.g. ``--sac.top_p 0.99 --replay.agent_fraction 0.5 --seed 3``.
@@ -7,176 +11,193 @@ e.g. ``--sac.top_p 0.99 --replay.agent_fraction 0.5 --seed 3``.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from dataclasses import dataclass, field, fields, replace
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from lmpo.config import (
+    ConfigError,
+    check_fields,
+    deep_merge,
+    from_dict,
+    parse_overrides,
+    read_yaml,
+    render_reference,
+    to_dict,
+)
+from lmpo.config import option as _f
+from lmpo.textenv.bundled import DEFAULT_CORPUS, resolve_corpus
 
-from lmpo.overrides import parse_overrides
-
-DEFAULT_CORPUS = "/work/shared/data/lunyu.simplified.json"
+#: the keys ``--resume`` lets a run change: when it stops, how it logs, evaluates and checkpoints
+RESUMABLE_KEYS = ("total_env_steps", "max_updates", "time_budget_s", "log_every_updates", "eval_every_updates",
+                  "checkpoint_every_updates", "checkpoint_keep_last", "eval_max_positions", "eval_generations",
+                  "eval_generation_chars", "eval_rollout_episodes", "trace_steps", "threads")
 
 
 @dataclass(frozen=True)
 class NetworkConfig:
-    embed_dim: int = 128
-    """d: character-embedding width of both encoders."""
-    gru_hidden: int = 256
-    """H: GRU width (context vector c)."""
-    gru_layers: int = 1
-    policy_hidden: int = 256
-    """hidden width of the policy head MLP."""
-    q_hidden: int = 256
-    """hidden width of each Q head."""
-    action_embed_dim: int = 128
-    """width of Emb_act(a) in Q(o, a) = MLP([c; Emb_act(a)])."""
-    dropout: float = 0.0
-    """dropout on embeddings and context (policy and critic); helps held-out prediction on small corpora."""
+    """Encoders and heads of the policy and the twin critic."""
+
+    embed_dim: int = _f(128, "d: character-embedding width of both encoders.", ge=1)
+    gru_hidden: int = _f(256, "H: GRU width (context vector c).", ge=1)
+    gru_layers: int = _f(1, "GRU layers.", ge=1)
+    policy_hidden: int = _f(256, "Hidden width of the policy head MLP.", ge=1)
+    q_hidden: int = _f(256, "Hidden width of each Q head.", ge=1)
+    action_embed_dim: int = _f(128, "Width of Emb_act(a) in Q(o, a) = MLP([c; Emb_act(a)]).", ge=1)
+    dropout: float = _f(0.0, "Dropout on embeddings and context (policy and critic); helps held-out prediction "
+                        "on small corpora.", ge=0, lt=1)
 
 
 @dataclass(frozen=True)
 class SACConfig:
-    gamma: float = 0.995
-    tau: float = 0.005
-    """Polyak rate of the target critics."""
-    lr_policy: float = 3e-4
-    lr_q: float = 3e-4
-    lr_alpha: float = 1e-4
-    """η in log α ← log α + η (H_tgt − H)."""
-    alpha_init: float = 0.05
-    alpha_min: float = 1e-4
-    alpha_max: float = 2.0
-    autotune_alpha: bool = True
-    """False = fixed α (the "fixed α" ablation)."""
-    entropy_kappa: float = 0.9
-    """κ in H_tgt = κ log |A(s)|."""
-    use_top_p: bool = True
-    """False = expectations over the full legal set (the "no top-p" ablation)."""
-    top_p: float = 0.98
-    top_p_k_max: int = 64
-    """K_max: largest candidate set (raised by the coverage controller)."""
-    top_p_k_limit: int = 512
-    """ceiling the controller may raise K_max to."""
-    top_p_coverage_target: float = 0.95
-    top_p_auto_raise: bool = True
-    policy_set: str = "top_p"
-    """policy loss over "top_p" (same set as the backup) or "full" (all legal actions)."""
-    huber_delta: float = 1.0
-    use_cql: bool = True
-    cql_weight: float = 0.5
-    cql_mode: str = "auto"
-    """"exact" (all legal actions), "sampled" (uniform samples, log(|A|/S) correction), "auto"."""
-    cql_exact_max_actions: int = 256
-    """auto picks exact when |Σ| ≤ this."""
-    cql_samples: int = 64
-    bc_weight: float = 0.1
-    """λ_BC; 0 = the "no BC" ablation."""
-    bc_rows: str = "demo"
-    """rows the BC loss reads: "demo" (teacher steps, the seed's rule) or "all" (DAgger labelling: agent rows
-    too, each labelled with the reference character c_t of its step when the mask allows it)."""
-    grad_clip: float = 0.5
-    max_nonfinite_in_row: int = 50
-    """stop the run after this many consecutive skipped (non-finite) updates."""
+    """The SAC update: discount, target critics, temperature, top-p backups, CQL and BC."""
+
+    gamma: float = _f(0.995, "Discount γ.", gt=0, lt=1)
+    tau: float = _f(0.005, "Polyak rate of the target critics.", gt=0, le=1)
+    lr_policy: float = _f(3e-4, "Adam learning rate of the policy.", gt=0)
+    lr_q: float = _f(3e-4, "Adam learning rate of the critics.", gt=0)
+    lr_alpha: float = _f(1e-4, "η in log α ← log α + η (H_tgt − H).", gt=0)
+    alpha_init: float = _f(0.05, "Initial temperature α.", gt=0)
+    alpha_min: float = _f(1e-4, "Lower bound of α.", gt=0)
+    alpha_max: float = _f(2.0, "Upper bound of α.", gt=0)
+    autotune_alpha: bool = _f(True, "False = fixed α (the \"fixed α\" ablation).")
+    entropy_kappa: float = _f(0.9, "κ in H_tgt = κ log |A(s)|.", ge=0, le=1)
+    use_top_p: bool = _f(True, "False = expectations over the full legal set (the \"no top-p\" ablation).")
+    top_p: float = _f(0.98, "Probability mass of the top-p candidate set of the backup.", gt=0, le=1)
+    top_p_k_max: int = _f(64, "K_max: largest candidate set (raised by the coverage controller).", ge=1)
+    top_p_k_limit: int = _f(512, "Ceiling the controller may raise K_max to.", ge=1)
+    top_p_coverage_target: float = _f(0.95, "Mean coverage below which the controller raises K_max.", gt=0, le=1)
+    top_p_auto_raise: bool = _f(True, "Let the coverage controller raise K_max.")
+    policy_set: str = _f("top_p", "Policy loss over \"top_p\" (same set as the backup) or \"full\" (all legal "
+                         "actions).", choices=("top_p", "full"))
+    huber_delta: float = _f(1.0, "δ of the Huber critic loss.", gt=0)
+    use_cql: bool = _f(True, "Conservative Q-learning regulariser on.")
+    cql_weight: float = _f(0.5, "λ_CQL.", ge=0)
+    cql_mode: str = _f("auto", "\"exact\" (all legal actions), \"sampled\" (uniform samples, log(|A|/S) "
+                       "correction), \"auto\".", choices=("auto", "exact", "sampled"))
+    cql_exact_max_actions: int = _f(256, "auto picks exact when |Σ| ≤ this.", ge=1)
+    cql_samples: int = _f(64, "S: sampled actions per state of the sampled CQL term.", ge=1)
+    bc_weight: float = _f(0.1, "λ_BC; 0 = the \"no BC\" ablation.", ge=0)
+    bc_rows: str = _f("demo", "Rows the BC loss reads: \"demo\" (teacher steps, the usual rule) or \"all\" "
+                      "(DAgger labelling: agent rows too, each labelled with the reference character c_t of its "
+                      "step when the mask allows it).", choices=("demo", "all"))
+    grad_clip: float = _f(0.5, "Global gradient-norm clip of each network.", gt=0)
+    max_nonfinite_in_row: int = _f(50, "Stop the run after this many consecutive skipped (non-finite) updates.",
+                                   ge=1)
 
     def validate(self) -> None:
-        if self.policy_set not in ("top_p", "full"):
-            raise ValueError(f"sac.policy_set={self.policy_set!r}: use 'top_p' or 'full'")
-        if self.bc_rows not in ("demo", "all"):
-            raise ValueError(f"sac.bc_rows={self.bc_rows!r}: use 'demo' or 'all'")
-        if self.cql_mode not in ("auto", "exact", "sampled"):
-            raise ValueError(f"sac.cql_mode={self.cql_mode!r}: use 'auto', 'exact' or 'sampled'")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"sac.top_p={self.top_p}: must be in (0, 1]")
-        if not 0.0 < self.gamma < 1.0:
-            raise ValueError(f"sac.gamma={self.gamma}: must be in (0, 1)")
+        check_fields(self, "sac")
         if not self.alpha_min <= self.alpha_init <= self.alpha_max:
-            raise ValueError(
-                f"sac.alpha_init={self.alpha_init}: must lie in [alpha_min, alpha_max] = "
-                f"[{self.alpha_min}, {self.alpha_max}]"
+            raise ConfigError(
+                f"`sac.alpha_init` = {self.alpha_init}: must lie in [alpha_min, alpha_max] = "
+                f"[{self.alpha_min}, {self.alpha_max}]; move it inside or widen the bounds."
             )
+        if self.top_p_k_max > self.top_p_k_limit:
+            raise ConfigError(f"`sac.top_p_k_max` = {self.top_p_k_max} is above `sac.top_p_k_limit` = "
+                              f"{self.top_p_k_limit}; raise the limit or lower K_max.")
 
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    agent_capacity: int = 200_000
-    demo_capacity: int = 200_000
-    agent_fraction: float = 0.75
-    """ρ: share of agent transitions in a batch (the rest from the demo buffer)."""
-    transitions_per_batch: int = 256
-    teacher_ratio_start: float = 1.0
-    teacher_ratio_end: float = 0.1
-    teacher_anneal_env_steps: int = 200_000
-    """DAgger: teacher ratio goes linearly from start to end over this many env steps."""
-    teacher_conflict: str = "relabel"
-    """a teacher action the mask forbids: "relabel" (nearest legal code point) or "reject" (agent acts)."""
+    """Agent and demo replay buffers, their mixing and the DAgger teacher schedule."""
+
+    agent_capacity: int = _f(200_000, "Transitions the agent buffer holds.", ge=1)
+    demo_capacity: int = _f(200_000, "Transitions the demo (teacher) buffer holds.", ge=1)
+    agent_fraction: float = _f(0.75, "ρ: share of agent transitions in a batch (the rest from the demo buffer).",
+                               ge=0, le=1)
+    transitions_per_batch: int = _f(256, "Transitions per gradient update.", ge=2)
+    teacher_ratio_start: float = _f(1.0, "DAgger teacher ratio at the start.", ge=0, le=1)
+    teacher_ratio_end: float = _f(0.1, "DAgger teacher ratio after the anneal.", ge=0, le=1)
+    teacher_anneal_env_steps: int = _f(200_000, "DAgger: teacher ratio goes linearly from start to end over this "
+                                       "many env steps.", ge=0)
+    teacher_conflict: str = _f("relabel", "A teacher action the mask forbids: \"relabel\" (nearest legal code "
+                               "point) or \"reject\" (agent acts).", choices=("relabel", "reject"))
 
     def validate(self) -> None:
-        if not 0.0 <= self.agent_fraction <= 1.0:
-            raise ValueError(f"replay.agent_fraction={self.agent_fraction}: must be in [0, 1]")
-        if self.teacher_conflict not in ("relabel", "reject"):
-            raise ValueError(f"replay.teacher_conflict={self.teacher_conflict!r}: use 'relabel' or 'reject'")
-        if self.transitions_per_batch < 2:
-            raise ValueError(f"replay.transitions_per_batch={self.transitions_per_batch}: must be ≥ 2")
+        check_fields(self, "replay")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    seed: int = 0
-    device: str = "cpu"
-    threads: int = 0
-    """torch intra-op threads (0 = leave torch's default)."""
-    corpus: str = DEFAULT_CORPUS
-    heldout_fraction: float = 0.2
-    split_seed: int = 0
-    env: dict[str, Any] = field(default_factory=dict)
-    """keyword overrides of lmpo.textenv.EnvConfig (e.g. window length, episode length)."""
-    num_envs: int = 8
-    """environments stepped in lock-step (one batched policy forward per step)."""
-    total_env_steps: int = 50_000
-    time_budget_s: float = 0.0
-    """stop training after this many seconds (0 = no limit), counted over the whole run including the time
-    before a ``--resume``; the run still evaluates and checkpoints.  Raise it to resume a run it stopped."""
-    max_updates: int = 0
-    """stop training after this many gradient updates (0 = no limit); the gate uses it to compare the main
-    runs and the ablations at equal updates rather than equal wall time."""
-    learning_starts: int = 1_000
-    """transitions collected before the first update."""
-    updates_per_iteration: int = 1
-    """gradient updates after each lock-step of all environments."""
-    log_every_updates: int = 50
-    eval_every_updates: int = 0
-    """teacher-forced held-out top-1/top-3 every N updates, logged as ``quality/heldout_top1`` and
-    ``quality/heldout_top3`` (0 = only at the end)."""
-    checkpoint_every_updates: int = 500
-    eval_max_positions: int = 4000
-    """teacher-forced held-out positions scored at evaluation (0 = all)."""
-    eval_generations: int = 24
-    """free-running continuations generated for 4-gram coverage / chrF / BLEU."""
-    eval_generation_chars: int = 32
-    eval_rollout_episodes: int = 16
-    """agent-only held-out episodes for the illegal-action and early-termination rates."""
-    trace_steps: int = 0
-    """print the seed-§15 trace for the first N environment steps."""
-    net: NetworkConfig = field(default_factory=NetworkConfig)
-    sac: SACConfig = field(default_factory=SACConfig)
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """A SAC training run on the character-level text environment."""
+
+    seed: int = _f(0, "Seed of the networks, the replay sampling, the environments and the teacher schedule.",
+                   ge=0)
+    device: str = _f("cpu", "cpu | cuda | cuda:N (bit-exact resume on cpu).")
+    threads: int = _f(0, "torch intra-op threads (0 = leave torch's default).", ge=0, le=1024)
+    corpus: str = _f(DEFAULT_CORPUS, "Text corpus: a .txt / .json file or a directory, or the name of a corpus "
+                     "bundled with lmpo (default: the Analects, lunyu.simplified.json).")
+    heldout_fraction: float = _f(0.2, "Share of chapters held out for evaluation.", gt=0, lt=1)
+    split_seed: int = _f(0, "Seed of the train / held-out chapter split.", ge=0)
+    env: dict[str, Any] = _f({}, "Keyword overrides of lmpo.textenv.EnvConfig (e.g. window length, episode "
+                             "length); checked against its fields.")
+    num_envs: int = _f(8, "Environments stepped in lock-step (one batched policy forward per step).", ge=1)
+    total_env_steps: int = _f(50_000, "Stop after this many environment steps (all environments together).",
+                              ge=0)
+    time_budget_s: float = _f(0.0, "Stop training after this many seconds (0 = no limit), counted over the whole "
+                              "run including the time before a ``--resume``; the run still evaluates and "
+                              "checkpoints.  Raise it to resume a run it stopped.", ge=0)
+    max_updates: int = _f(0, "Stop training after this many gradient updates (0 = no limit); the gate uses it to "
+                          "compare the main runs and the ablations at equal updates rather than equal wall time.",
+                          ge=0)
+    learning_starts: int = _f(1_000, "Transitions collected before the first update.", ge=0)
+    updates_per_iteration: int = _f(1, "Gradient updates after each lock-step of all environments.", ge=1)
+    log_every_updates: int = _f(50, "Write a metrics row every N updates.", ge=1)
+    eval_every_updates: int = _f(0, "Teacher-forced held-out top-1/top-3 every N updates, logged as "
+                                 "``quality/heldout_top1`` and ``quality/heldout_top3`` (0 = only at the end).",
+                                 ge=0)
+    checkpoint_every_updates: int = _f(500, "Write a checkpoint every N updates (0 = only at the end).", ge=0)
+    checkpoint_keep_last: int = _f(2, "Keep the newest N checkpoints (at least 1).", ge=1)
+    eval_max_positions: int = _f(4000, "Teacher-forced held-out positions scored at evaluation (0 = all).", ge=0)
+    eval_generations: int = _f(24, "Free-running continuations generated for 4-gram coverage / chrF / BLEU.",
+                               ge=0)
+    eval_generation_chars: int = _f(32, "Characters per free-running continuation.", ge=1)
+    eval_rollout_episodes: int = _f(16, "Agent-only held-out episodes for the illegal-action and "
+                                    "early-termination rates.", ge=0)
+    trace_steps: int = _f(0, "Print the per-step trace (source, action, history, rewards) of the first N "
+                          "environment steps.", ge=0)
+    net: NetworkConfig = _f(NetworkConfig(), "Network section.")
+    sac: SACConfig = _f(SACConfig(), "SAC update section.")
+    replay: ReplayConfig = _f(ReplayConfig(), "Replay section.")
 
     def validate(self) -> None:
+        """Ranges from the fields' metadata, then the checks that need code (device, corpus, env keys)."""
+        check_fields(self)
         self.sac.validate()
         self.replay.validate()
-        if self.num_envs < 1:
-            raise ValueError(f"num_envs={self.num_envs}: must be ≥ 1")
-        for name in ("max_updates", "eval_every_updates", "checkpoint_every_updates"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)}: must be ≥ 0 (0 switches it off)")
-        if not 0.0 < self.heldout_fraction < 1.0:
-            raise ValueError(f"heldout_fraction={self.heldout_fraction}: must be in (0, 1)")
+        _check_device(self.device)
+        resolve_corpus(self.corpus)
+        env = self.env_config()
+        if env.blacklist_path is not None and not Path(env.blacklist_path).is_file():
+            raise ConfigError(f"`env.blacklist_path` = {env.blacklist_path!r} is not a file; give a text file of "
+                              "characters to forbid, or leave it unset.")
+
+    def env_config(self):
+        """The :class:`lmpo.textenv.EnvConfig` that ``env`` describes (keys and values checked)."""
+        from lmpo.textenv.env import EnvConfig
+
+        return from_dict(EnvConfig, self.env, "env")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return to_dict(self)
+
+
+def _check_device(device: str) -> None:
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", device):
+        raise ConfigError(f"`device` = {device!r} is not a torch device this trainer supports; use cpu, cuda "
+                          "or cuda:N.")
+
+
+def check_device_available(device: str) -> None:
+    """Refuse a CUDA device on a machine without one (checked when a run starts, so that GPU configs still
+    load and validate anywhere)."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"`device` = {device!r} but no CUDA device is available to torch "
+                              f"{torch.__version__}; use cpu (or the cpu preset: --preset cpu).")
 
 
 #: seed 004 §9 full-size settings (a GPU run)
@@ -210,75 +231,36 @@ CPU_PRESET: dict[str, Any] = {
 PRESETS = {"cpu": CPU_PRESET, "gpu": GPU_PRESET}
 
 
-def _coerce(value: Any, current: Any, key: str) -> Any:
-    if isinstance(current, bool):
-        if isinstance(value, bool):
-            return value
-        if str(value).lower() in ("1", "true", "yes", "on"):
-            return True
-        if str(value).lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{key}={value!r}: expected a boolean (true/false)")
-    if isinstance(current, int) and not isinstance(current, bool):
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            f = float(value)
-            if f != int(f):
-                raise ValueError(f"{key}={value!r}: expected an integer") from None
-            return int(f)
-    if isinstance(current, float):
-        return float(value)
-    if isinstance(current, dict):
-        if isinstance(value, str):
-            value = json.loads(value)
-        return dict(value)
-    return value if not isinstance(current, str) else str(value)
-
-
-def apply_overrides(cfg: Any, overrides: dict[str, Any], prefix: str = "") -> Any:
-    """Return ``cfg`` with nested ``overrides`` ({"sac": {"top_p": 0.99}} or {"sac.top_p": 0.99}) applied."""
-    nested: dict[str, Any] = {}
+def _nest(overrides: dict[str, Any]) -> dict[str, Any]:
+    """{"sac.top_p": 0.99} → {"sac": {"top_p": 0.99}} (dotted keys as well as nested dicts)."""
+    out: dict[str, Any] = {}
     for key, value in overrides.items():
-        head, _, rest = key.partition(".")
+        head, _, rest = str(key).partition(".")
         if rest:
-            nested.setdefault(head, {})[rest] = value
-        elif isinstance(value, dict) and head != "env":
-            nested.setdefault(head, {}).update(value)
+            value = _nest({rest: value})
+        if isinstance(value, dict) and isinstance(out.get(head), dict):
+            out[head] = deep_merge(out[head], value)
         else:
-            nested[head] = value
-    names = {f.name: f for f in fields(cfg)}
-    changes: dict[str, Any] = {}
-    for key, value in nested.items():
-        full = f"{prefix}{key}"
-        if key not in names:
-            raise ValueError(f"unknown config key {full!r}; known keys: {', '.join(sorted(names))}")
-        current = getattr(cfg, key)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, dict):
-                raise ValueError(f"{full} is a section; set its fields as {full}.FIELD VALUE")
-            changes[key] = apply_overrides(current, value, prefix=f"{full}.")
-        elif key == "env":
-            env = dict(current)
-            env.update(value if isinstance(value, dict) else _coerce(value, {}, full))
-            changes[key] = env
-        else:
-            changes[key] = _coerce(value, current, full)
-    return replace(cfg, **changes)
+            out[head] = value
+    return out
+
+
+def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """Return ``cfg`` with nested ``overrides`` ({"sac": {"top_p": 0.99}} or {"sac.top_p": 0.99}) applied.
+
+    ``env`` is a free-form section: its keys are merged into the run's ``env`` dict (and checked against
+    ``EnvConfig`` by :meth:`TrainConfig.validate`).
+    """
+    return from_dict(TrainConfig, deep_merge(to_dict(cfg), _nest(overrides)))
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
                 preset: str = "cpu") -> TrainConfig:
     """Preset → YAML file (may name ``preset:``) → overrides, then validated."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config file {path}: expected a mapping at top level")
-        data = loaded
+    data: dict[str, Any] = read_yaml(path) if path is not None else {}
     preset = data.pop("preset", preset)
     if preset not in PRESETS:
-        raise ValueError(f"preset={preset!r}: use one of {sorted(PRESETS)}")
+        raise ConfigError(f"`preset` = {preset!r} is not one of {', '.join(PRESETS)}.")
     cfg = apply_overrides(TrainConfig(), PRESETS[preset])
     cfg = apply_overrides(cfg, data)
     if overrides:
@@ -289,12 +271,40 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     """Inverse of :meth:`TrainConfig.to_dict` (used to reload a run's saved config)."""
-    cfg = apply_overrides(TrainConfig(), data)
+    cfg = from_dict(TrainConfig, data)
     cfg.validate()
     return cfg
 
 
+def run_config_dict(run_dir: str | Path) -> dict[str, Any]:
+    """The resolved config a run stored in ``RUN_DIR/config.json`` (plain JSON; refused cleanly when damaged)."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist: {str(run_dir)!r} is not a run directory of `lmpo sac train` "
+                          "(or the run never started). Pass the directory the run wrote.")
+    from lmpo.runs import read_json_object
+
+    return read_json_object(path, "a JSON config", "Restore the file, or start a new run.")
+
+
 def parse_cli_overrides(tokens: list[str]) -> dict[str, Any]:
     """``["--sac.top_p", "0.99", "--seed", "3"]`` → {"sac": {"top_p": 0.99}, "seed": 3}; typed again by the
-    fields in :func:`apply_overrides` (:func:`lmpo.overrides.parse_overrides`)."""
+    fields in :func:`apply_overrides` (:func:`lmpo.config.parse_overrides`)."""
     return parse_overrides(tokens)
+
+
+def render_config_reference() -> str:
+    """Markdown tables of every key of ``lmpo sac train`` and of the ``env`` section (docs/sac.md)."""
+    from lmpo.textenv.env import EnvConfig
+
+    return render_reference(TrainConfig) + "\n" + render_reference(EnvConfig, "env")
+
+
+if __name__ == "__main__":  # python -m lmpo.sac.config docs/sac.md
+    import sys
+
+    from lmpo.config import update_generated
+
+    for p in sys.argv[1:]:
+        changed = update_generated(p, {"sac-config-reference": render_config_reference()})
+        print(f"{p}: {'updated' if changed else 'up to date'}")

@@ -2,35 +2,63 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from lmpo.checkpoints import (
+    CheckpointError,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    load_state,
+    step_of,
+    verify_checkpoint,
+)
+from lmpo.errors import InputError
 from lmpo.sac.agent import SACAgent
-from lmpo.sac.config import config_from_dict
+from lmpo.sac.config import config_from_dict, run_config_dict
 
 
 def load_agent(run_dir: str | Path):
-    """Rebuild the agent, alphabet and compliance rules of a run from its ``config.json`` + checkpoint."""
-    from lmpo.textenv import Alphabet, Compliance, EnvConfig, load_corpus
+    """Rebuild the agent, alphabet and compliance rules of a run from its ``config.json`` + newest checkpoint.
+
+    ``run_dir`` may also be one checkpoint (``RUN_DIR/checkpoints/step_XXXXXXXX``). Only JSON and safetensors
+    are read; the checkpoint is verified against its manifest first.
+    """
+    from lmpo.textenv import Alphabet, Compliance, load_corpus
+    from lmpo.textenv.bundled import resolve_corpus
 
     run_dir = Path(run_dir)
-    if run_dir.is_file():
-        run_dir = run_dir.parent
-    if not (run_dir / "checkpoint.pt").exists():
-        raise FileNotFoundError(f"{run_dir}: no checkpoint.pt; pass the run directory written by `lmpo sac train`")
-    cfg = config_from_dict(json.loads((run_dir / "config.json").read_text(encoding="utf-8")))
-    corpus = load_corpus(cfg.corpus)
+    if not run_dir.exists():
+        raise InputError(f"RUN_DIR {str(run_dir)!r} does not exist; pass the --run-dir of a `lmpo sac train` run.")
+    checkpoint = None
+    if step_of(run_dir) is not None:
+        checkpoint, run_dir = run_dir, run_dir.parent.parent
+    cfg = config_from_dict(run_config_dict(run_dir))
+    if checkpoint is None:
+        checkpoint = latest_valid_checkpoint(run_dir)
+        if checkpoint is None:
+            found = list_checkpoints(run_dir)
+            if found:
+                verify_checkpoint(found[-1])  # raises, naming what is wrong with the newest
+            raise InputError(f"{str(run_dir)!r} has no checkpoint to sample from yet (the run stopped before its "
+                             "first one); continue it with `lmpo sac train --resume --run-dir RUN_DIR`, or pass "
+                             "another run.")
+    verify_checkpoint(checkpoint)
+    corpus = load_corpus(resolve_corpus(cfg.corpus))
     train_ch, _ = corpus.split(heldout_fraction=cfg.heldout_fraction, seed=cfg.split_seed)
     alphabet = Alphabet.from_texts(train_ch)
-    env_cfg = EnvConfig(**cfg.env)
+    env_cfg = cfg.env_config()
     compliance = Compliance(alphabet, env_cfg.max_run_chars, frozenset("".join(env_cfg.blacklist)),
                             env_cfg.blacklist_path, env_cfg.whitelist_size)
     agent = SACAgent(len(alphabet), alphabet.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device="cpu")
-    state = torch.load(run_dir / "checkpoint.pt", weights_only=False, map_location="cpu")
-    agent.load_state_dict(state["agent"])
+    try:
+        agent.load_state_dict(load_state(checkpoint, "agent"))
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{checkpoint}: the agent state does not fit the run's config ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]}).") from None
     return agent, alphabet, compliance, env_cfg.window_chars
 
 

@@ -1,17 +1,18 @@
 """The SAC training loop (CleanRL-style, top to bottom): act → step (DAgger teacher override) → store
 (agent / demo buffer) → ρ-mixed batch → :meth:`SACAgent.update` → metrics, checkpoints, evaluation.
 
-Run directory layout: ``config.json`` (resolved config), ``metrics.jsonl`` (one line per log interval),
-``tb/`` (TensorBoard), ``checkpoint.pt`` (+ ``envs.pkl``), ``eval.json`` (held-out quality),
-``summary.json`` (what the gate reads), ``plots/`` (training curves), ``trace.log`` (with ``--trace N``).
+Run directory layout: ``config.json`` (resolved config), ``metrics.jsonl`` (one line per log interval,
+append-only), ``tb/`` (TensorBoard), ``checkpoints/step_XXXXXXXX/`` (by update count: ``agent.*`` the
+networks, optimisers and temperature, ``state.*`` replay buffers, RNGs, counters and the environments' state,
+as safetensors + JSON with a ``manifest.json``; see :mod:`lmpo.checkpoints`), ``eval.json`` (held-out
+quality), ``summary.json`` (what the gate reads), ``plots/`` (training curves), ``trace.log`` (with ``--trace N``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import os
-import pickle
 import random
 import sys
 import time
@@ -24,8 +25,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmpo.checkpoints import (
+    CheckpointError,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    load_state,
+    replace_file,
+    save_state,
+    verify_checkpoint,
+    write_checkpoint,
+)
+from lmpo.errors import InputError, Interrupted
+from lmpo.runs import JsonlAppender, check_resume_config, prepare_run_dir, stop_on_sigint, truncate_jsonl
 from lmpo.sac.agent import SACAgent
-from lmpo.sac.config import TrainConfig
+from lmpo.sac.config import RESUMABLE_KEYS, TrainConfig, check_device_available, run_config_dict
 from lmpo.sac.replay import ReplayBuffer, nearest_legal, sample_mixed, teacher_ratio
 
 
@@ -49,12 +62,13 @@ class EnvBundle:
 
 def make_text_envs(cfg: TrainConfig) -> EnvBundle:
     """Build ``num_envs`` :class:`lmpo.textenv.CharTextEnv` on the train chapters of ``cfg.corpus``."""
-    from lmpo.textenv import Alphabet, CharTextEnv, EnvConfig, load_corpus
+    from lmpo.textenv import Alphabet, CharTextEnv, load_corpus
+    from lmpo.textenv.bundled import resolve_corpus
 
-    corpus = load_corpus(cfg.corpus)
+    corpus = load_corpus(resolve_corpus(cfg.corpus))
     train_ch, heldout_ch = corpus.split(heldout_fraction=cfg.heldout_fraction, seed=cfg.split_seed)
     alphabet = Alphabet.from_texts(train_ch)
-    env_cfg = EnvConfig(**cfg.env)
+    env_cfg = cfg.env_config()
     first = CharTextEnv(train_ch, alphabet, env_cfg)
     # the lexicon and the (pre-trained) InfoNCE encoder are shared: built once, not once per environment
     envs = [first] + [CharTextEnv(train_ch, alphabet, env_cfg, lexicon=first.lexicon, encoder=first.encoder)
@@ -91,6 +105,14 @@ class RunningStats:
         if with_var:
             self.s2[key] += x * x
 
+    def state_dict(self) -> dict[str, dict]:
+        return {"s": dict(self.s), "s2": dict(self.s2), "n": dict(self.n)}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        self.s = defaultdict(float, {k: float(v) for k, v in state["s"].items()})
+        self.s2 = defaultdict(float, {k: float(v) for k, v in state["s2"].items()})
+        self.n = defaultdict(int, {k: int(v) for k, v in state["n"].items()})
+
     def means(self) -> dict[str, float]:
         out = {}
         for k, n in self.n.items():
@@ -117,6 +139,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, bundle: EnvBundle | None = None,
                  trace_steps: int | None = None, progress: bool = True) -> None:
         cfg.validate()
+        check_device_available(cfg.device)
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.threads > 0:
@@ -141,45 +164,88 @@ class Trainer:
         # step/seconds describe the whole run, not the current process
         self.seconds_before = 0.0
         self._start: float | None = None
-        (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False))
+        self._roll, self._upd = RunningStats(), RunningStats()
+        self._metrics: JsonlAppender | None = None
+        replace_file(self.run_dir / "config.json",
+                     json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False).encode("utf-8"))
 
     # ------------------------------------------------------------------ checkpoint
-    def save(self) -> None:
+    def _envs_state(self) -> dict[str, Any]:
+        """The environments' state as plain data; a shared InfoNCE encoder is stored once."""
+        envs = self.bundle.envs
+        if not all(hasattr(env, "state_dict") for env in envs):
+            raise TypeError(f"{type(envs[0]).__name__} has no state_dict(); a SAC checkpoint needs the "
+                            "environments' state as data (see CharTextEnv.state_dict)")
+        encoders: list[Any] = []
+        for env in envs:
+            enc = getattr(env, "encoder", None)
+            if enc is not None and all(enc is not e for e in encoders):
+                encoders.append(enc)
+        return {"encoders": [e.state_dict() for e in encoders], "envs": [env.state_dict() for env in envs]}
+
+    def _load_envs_state(self, state: dict[str, Any]) -> None:
+        envs = self.bundle.envs
+        if len(state["envs"]) != len(envs):
+            raise ValueError(f"the checkpoint holds {len(state['envs'])} environments, this run has {len(envs)}")
+        encoders: list[Any] = []
+        for env in envs:
+            enc = getattr(env, "encoder", None)
+            if enc is not None and all(enc is not e for e in encoders):
+                encoders.append(enc)
+        for enc, saved in zip(encoders, state["encoders"], strict=True):
+            enc.load_state_dict(saved)
+        for env, saved in zip(envs, state["envs"]):
+            env.load_state_dict(saved)
+
+    def save(self) -> Path:
+        """Write checkpoint ``checkpoints/step_<updates>`` atomically (see :mod:`lmpo.checkpoints`)."""
+        agent_state = self.agent.state_dict()
         state = {
-            "agent": self.agent.state_dict(),
             "agent_buf": self.agent_buf.state_dict(), "demo_buf": self.demo_buf.state_dict(),
             "rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
             "py_rng": random.getstate(), "np_global": np.random.get_state(),
             "env_steps": self.env_steps, "episodes": self.episodes, "counters": dict(self.counters),
             "obs": self.obs, "history": self.history,
             "train_seconds": time.time() - self._start if self._start is not None else self.seconds_before,
+            "envs": self._envs_state(),
+            "running": {"roll": self._roll.state_dict(), "upd": self._upd.state_dict()},
         }
-        tmp = self.run_dir / "checkpoint.pt.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, self.run_dir / "checkpoint.pt")
-        tmp_env = self.run_dir / "envs.pkl.tmp"
-        with open(tmp_env, "wb") as f:  # environment state (history, reward normalisers, InfoNCE nets)
-            pickle.dump(self.bundle.envs, f)
-        os.replace(tmp_env, self.run_dir / "envs.pkl")
+        if self._metrics is not None:
+            self._metrics.sync()  # the rows this checkpoint counts reach the disk first
 
-    def load(self) -> None:
-        # the checkpoint holds numpy RNG states and buffers, so it is not weights_only; load only your own runs
-        state = torch.load(self.run_dir / "checkpoint.pt", weights_only=False)
-        self.agent.load_state_dict(state["agent"])
-        self.agent_buf.load_state_dict(state["agent_buf"])
-        self.demo_buf.load_state_dict(state["demo_buf"])
-        self.rng.bit_generator.state = state["rng"]
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["py_rng"])
-        np.random.set_state(state["np_global"])
-        self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
-        self.counters = defaultdict(int, state["counters"])
-        self.obs, self.history = state["obs"], state["history"]
-        # checkpoints written before the field existed: the last logged time is the closest record
-        last_seconds = self.history[-1].get("step/seconds", 0.0) if self.history else 0.0
-        self.seconds_before = float(state.get("train_seconds", last_seconds))
-        with open(self.run_dir / "envs.pkl", "rb") as f:
-            self.bundle.envs = pickle.load(f)
+        def write(tmp: Path) -> None:
+            save_state(tmp, "agent", agent_state)
+            save_state(tmp, "state", state)
+
+        return write_checkpoint(self.run_dir, self.agent.updates, write, keep_last=self.cfg.checkpoint_keep_last)
+
+    def load(self, path: str | Path | None = None) -> Path:
+        """Restore the run from checkpoint ``path`` (default: the newest complete one of the run directory)
+        and cut ``metrics.jsonl`` back to the rows that checkpoint had seen. Returns the checkpoint used."""
+        path = Path(path) if path is not None else resume_checkpoint(self.run_dir)
+        verify_checkpoint(path)
+        agent_state, state = load_state(path, "agent"), load_state(path, "state")
+        try:
+            self.agent.load_state_dict(agent_state)
+            self.agent_buf.load_state_dict(state["agent_buf"])
+            self.demo_buf.load_state_dict(state["demo_buf"])
+            self.rng.bit_generator.state = state["rng"]
+            torch.set_rng_state(state["torch_rng"])
+            random.setstate(state["py_rng"])
+            np.random.set_state(state["np_global"])
+            self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
+            self.counters = defaultdict(int, state["counters"])
+            self.obs, self.history = state["obs"], state["history"]
+            self.seconds_before = float(state["train_seconds"])
+            self._load_envs_state(state["envs"])
+            self._roll.load_state_dict(state["running"]["roll"])
+            self._upd.load_state_dict(state["running"]["upd"])
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {path} does not fit this run ({type(e).__name__}: "
+                                  f"{' '.join(str(e).split())[:200]}): it was written with another config "
+                                  "(network sizes, corpus, environments). Resume with the run's own config.") from None
+        truncate_jsonl(self.run_dir / "metrics.jsonl", len(self.history))
+        return path
 
     # ------------------------------------------------------------------ one lock-step of all environments
     def collect(self, roll: RunningStats, trace) -> None:
@@ -263,19 +329,24 @@ class Trainer:
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(self.run_dir / "tb"))
-        metrics_f = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        metrics_f = self._metrics = JsonlAppender(self.run_dir / "metrics.jsonl", rows=len(self.history))
         trace_f = open(self.run_dir / "trace.log", "a", encoding="utf-8") if self.trace_steps else None
 
         def trace(line: str) -> None:
             print(line, flush=True)
             trace_f.write(line + "\n")
 
-        roll, upd = RunningStats(), RunningStats()
+        roll, upd = self._roll, self._upd  # checkpointed: a resume between two log rows continues the sums
         start = self._start = time.time() - self.seconds_before
         last_log = time.time()
         stop_reason = "total_env_steps"
+        sigint = contextlib.ExitStack()  # a first Ctrl-C stops the loop at its next iteration, with a checkpoint
+        stop = sigint.enter_context(stop_on_sigint(lambda m: print(f"[sac] {m}", file=sys.stderr, flush=True)))
         try:
             while self.env_steps < cfg.total_env_steps:
+                if stop.requested:
+                    stop_reason = "interrupted"
+                    break
                 if cfg.time_budget_s and time.time() - start > cfg.time_budget_s:
                     stop_reason = "time_budget_s"
                     break
@@ -286,6 +357,7 @@ class Trainer:
                 self.collect(roll, trace if trace_f else None)
                 if len(self.agent_buf) + len(self.demo_buf) < cfg.learning_starts:
                     continue
+                save_due = False
                 for _ in range(cfg.updates_per_iteration):
                     batch = sample_mixed(self.agent_buf, self.demo_buf, cfg.replay.transitions_per_batch,
                                          cfg.replay.agent_fraction, self.rng, cfg.device)
@@ -296,18 +368,25 @@ class Trainer:
                         quality = self._quality() if self._eval_due() else {}
                         row = self._log(roll, upd, start, last_log, writer, metrics_f, quality)
                         last_log = time.time()
-                        roll, upd = RunningStats(), RunningStats()
+                        roll, upd = self._roll, self._upd = RunningStats(), RunningStats()
                         self.history.append(row)
-                    if cfg.checkpoint_every_updates and self.agent.updates % cfg.checkpoint_every_updates == 0:
-                        self.save()
+                    save_due |= bool(cfg.checkpoint_every_updates) and \
+                        self.agent.updates % cfg.checkpoint_every_updates == 0
+                if save_due:  # at the end of the iteration, where a resumed run picks up exactly
+                    self.save()
+                    save_due = False
         finally:
+            sigint.close()
             writer.flush()
             writer.close()
             metrics_f.close()
             if trace_f:
                 trace_f.close()
         self.seconds_before, self._start = time.time() - start, None
-        self.save()
+        path = self.save()
+        if stop_reason == "interrupted":
+            raise Interrupted(f"stopped by Ctrl-C after {self.agent.updates} updates ({self.env_steps} env steps); "
+                              f"checkpoint written to {path}.", checkpoint=path)
         return {"stop_reason": stop_reason, "train_seconds": self.seconds_before}
 
     def _eval_due(self) -> bool:
@@ -342,8 +421,7 @@ class Trainer:
         for k, v in row.items():
             if isinstance(v, (int, float)) and math.isfinite(v):
                 writer.add_scalar(k, v, self.agent.updates)
-        metrics_f.write(json.dumps(row) + "\n")
-        metrics_f.flush()
+        metrics_f.append(row)
         if self.progress:
             print(
                 f"[sac] upd {self.agent.updates:6d} env {self.env_steps:7d} "
@@ -358,20 +436,47 @@ class Trainer:
         return row
 
 
+def resume_checkpoint(run_dir: str | Path) -> Path:
+    """The newest complete checkpoint of a run; an error naming the problem when there is none."""
+    path = latest_valid_checkpoint(run_dir, log=lambda m: print(f"[sac] {m}", file=sys.stderr))
+    if path is not None:
+        return path
+    found = list_checkpoints(run_dir)
+    if found:
+        verify_checkpoint(found[-1])  # raises, naming what is wrong with the newest
+    raise InputError(f"--resume: {str(run_dir)!r} has no checkpoint (the run stopped before its first one; see "
+                     "checkpoint_every_updates). Start it again with --overwrite.")
+
+
+#: what a SAC run directory holds (``--overwrite`` deletes these and nothing else; the last two are the
+#: pickled checkpoint files of earlier lmpo versions, never read)
+RUN_ENTRIES = ("config.json", "metrics.jsonl", "tb", "checkpoints", "eval.json", "summary.json", "trace.log",
+               "checkpoint.pt", "envs.pkl")
+
+
 def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = None, resume: bool = False,
           trace_steps: int | None = None, progress: bool = True, evaluate: bool = True,
-          max_updates: int | None = None, eval_only: bool = False) -> dict[str, Any]:
+          max_updates: int | None = None, eval_only: bool = False, overwrite: bool = False,
+          allow_config_change: bool = False) -> dict[str, Any]:
     """Train (or resume) a run in ``run_dir``; evaluate on held-out chapters; write ``summary.json``.
 
-    ``eval_only`` (with ``resume``): load the checkpoint and only evaluate and summarise.
+    A directory that already holds a run needs ``resume`` (continue from its newest complete checkpoint,
+    with the stored config compared against ``cfg``: only ``RESUMABLE_KEYS`` may differ unless
+    ``allow_config_change``) or ``overwrite``. ``eval_only`` (with ``resume``): load the checkpoint and only
+    evaluate and summarise. A Ctrl-C writes a checkpoint and raises :class:`lmpo.errors.Interrupted`.
     """
     if eval_only and not resume:
-        raise ValueError("eval_only needs resume=True (it evaluates the run's checkpoint)")
-    trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
+        raise InputError("--eval-only evaluates a run's checkpoint: it needs --resume (and the run's --run-dir).")
+    prepare_run_dir(run_dir, RUN_ENTRIES, resume=resume, overwrite=overwrite, dir_option="--run-dir")
+    checkpoint = None
     if resume:
-        if not (Path(run_dir) / "checkpoint.pt").exists():
-            raise FileNotFoundError(f"--resume: no checkpoint.pt in {run_dir}; start the run without --resume")
-        trainer.load()
+        if (Path(run_dir) / "config.json").is_file():
+            check_resume_config(run_config_dict(run_dir), cfg.to_dict(), RESUMABLE_KEYS,
+                                allow_change=allow_config_change, stored_path=Path(run_dir) / "config.json")
+        checkpoint = resume_checkpoint(run_dir)  # before the environments are built: fail fast
+    trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
+    if checkpoint is not None:
+        trainer.load(checkpoint)
     if eval_only:
         last = trainer.history[-1] if trainer.history else {}
         info = {"stop_reason": "evaluated from checkpoint (--eval-only)",
@@ -396,8 +501,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
         from lmpo.sac.evaluate import evaluate_run
 
         summary["eval"] = evaluate_run(trainer.agent, trainer.bundle, cfg)
-        (Path(run_dir) / "eval.json").write_text(json.dumps(summary["eval"], indent=2, ensure_ascii=False))
-    (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+        replace_file(Path(run_dir) / "eval.json", json.dumps(summary["eval"], indent=2, ensure_ascii=False).encode())
+    replace_file(Path(run_dir) / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False).encode())
     if trainer.history:  # RUN_DIR/plots/*.png, as `lmpo plot RUN_DIR` draws them
         from lmpo.trainer.plot import plot_runs
 

@@ -31,19 +31,28 @@ def read_rows(path: str) -> list[dict[str, Any]]:
             f"{' / '.join(FILE_FORMATS)} file with one prompt and one answer per row"
         )
     ext = os.path.splitext(path)[1].lower()
+    if ext in (".jsonl", ".json"):
+        raw = open(path, "rb").read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"task file {path!r} is not UTF-8 text (byte offset {e.start}: "
+                             f"{raw[e.start:e.start + 4]!r}); re-encode it as UTF-8, e.g. "
+                             "`iconv -f GB18030 -t UTF-8`") from None
     if ext == ".jsonl":
         rows = []
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{path}: line {line_no} is not valid JSON ({e})") from e
+        for line_no, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}: line {line_no} is not valid JSON ({e})") from e
         return rows
     if ext == ".json":
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
         if isinstance(data, dict):
             # {"data": [...]} / {"train": [...]} wrappers, or a column dict {"prompt": [...], "answer": [...]}
             lists = {k: v for k, v in data.items() if isinstance(v, list)}

@@ -35,12 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
+from lmpo.errors import InputError
+
 HEADING_MAX_CHARS = 40
 _SENTENCE_END = tuple("。！？；…”」』.!?;")
 _MD_HEADING = re.compile(r"^#{1,6}\s+(.*\S)\s*$")
 
 
-class CorpusError(ValueError):
+class CorpusError(InputError):
     """A corpus file cannot be used; the message names the file, the problem and the fix."""
 
 

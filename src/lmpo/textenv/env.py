@@ -11,6 +11,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from lmpo.config import ConfigError, check_fields, option
+from lmpo.errors import InputError
 from lmpo.textenv.alphabet import Alphabet
 from lmpo.textenv.compliance import Compliance
 from lmpo.textenv.corpus import Corpus, load_corpus, load_sample_corpus
@@ -30,108 +32,100 @@ REWARD_KEYS = (
 )
 
 
+START_MODES = ("random", "chapter_start")
+SPLITS = ("train", "heldout", "all")
+
+
 @dataclass(frozen=True)
 class EnvConfig:
-    """Settings of ``CharTextEnv`` (defaults: SPEC §5.1 / seed 004 §9)."""
+    """Settings of the character environment ``CharTextEnv``.
+
+    Defaults: SPEC §5.1 / seed 004 §9.
+    """
 
     # -- episode ---------------------------------------------------------------------------------------
-    window_chars: int = 32
-    """m: history characters in the observation window (and the reference history an episode starts with)."""
-    max_steps: int = 64
-    """T: steps before the episode is truncated."""
-    start: str = "random"
-    """'random': uniform over every (chapter, position) with a full m-character history; 'chapter_start':
-    a random chapter at position m."""
-    illegal_done: bool = True
-    """an action outside the legal mask ends the episode (terminated) with reward −λ_ill only."""
+    window_chars: int = option(32, "m: history characters in the observation window (and the reference history "
+                               "an episode starts with).", ge=1)
+    max_steps: int = option(64, "T: steps before the episode is truncated.", ge=1)
+    start: str = option("random", "'random': uniform over every (chapter, position) with a full m-character "
+                        "history; 'chapter_start': a random chapter at position m.", choices=START_MODES)
+    illegal_done: bool = option(True, "An action outside the legal mask ends the episode (terminated) with reward "
+                                "−λ_ill only.")
     # -- corpus (used when the env loads ``text`` itself) -----------------------------------------------
-    split: str = "train"
-    """which chapters the env plays when it loads ``text``: 'train', 'heldout' or 'all'."""
-    heldout_fraction: float = 0.2
-    split_seed: int = 0
-    min_count: int = 1
-    """alphabet: minimum training count of a character."""
-    separator: str | None = None
-    """chapter separator for text files (None: blank-line headings; see ``lmpo.textenv.corpus``)."""
+    split: str = option("train", "Which chapters the env plays when it loads ``text``: 'train', 'heldout' or "
+                        "'all'.", choices=SPLITS)
+    heldout_fraction: float = option(0.2, "Share of chapters held out when the env loads ``text``.", ge=0, lt=1)
+    split_seed: int = option(0, "Seed of the train / held-out chapter split.", ge=0)
+    min_count: int = option(1, "Alphabet: minimum training count of a character.", ge=1)
+    separator: str | None = option(None, "Chapter separator for text files (None: blank-line headings; see "
+                                   "``lmpo.textenv.corpus``).")
     # -- compliance -----------------------------------------------------------------------------------
-    max_run_chars: int = 3
-    blacklist: tuple[str, ...] = ()
-    blacklist_path: str | None = None
-    whitelist_size: int = 64
+    max_run_chars: int = option(3, "Longest run of one repeated character the mask allows.", ge=1)
+    blacklist: tuple[str, ...] = option((), "Characters that are never legal actions.")
+    blacklist_path: str | None = option(None, "File of blacklisted characters (re-read by ``reload_blacklist``).")
+    whitelist_size: int = option(64, "Most frequent training characters that stay legal when every other "
+                                 "character is masked.", ge=0)
     # -- rewards --------------------------------------------------------------------------------------
-    use_coverage: bool = True
-    use_infonce: bool = True
-    use_bigram_bonus: bool = True
-    use_garble: bool = True
-    use_illegal_penalty: bool = True
-    use_normalisation: bool = True
-    """EMA standardisation of cov and nce (off: raw values enter the base reward)."""
-    ngram_n: int = 3
-    """n of the coverage n-grams (and of the InfoNCE key n-gram)."""
-    coverage_window_chars: int = 64
-    """W: the agent's last W characters are compared with the aligned reference window."""
-    lambda_cov: float = 1.0
-    lambda_nce: float = 0.5
-    lambda_gar: float = 0.1
-    lambda_ill: float = 2.0
-    lambda_bigram: float = 1.0
-    bigram_match_bonus: float = 0.5
-    """bonus when the bigram is not in the lexicon but the action equals the target c_t."""
-    garble_min_count: int = 2
-    """characters with a training count below this (and not punctuation) are garble."""
-    norm_beta: float = 1e-3
-    norm_eps: float = 1e-8
-    potential_coef: float = 0.0
-    """κ of the bounded potential Φ(s) = κ·cov(s) ∈ [0, κ]; 0 turns shaping off."""
-    potential_gamma: float = 0.995
+    use_coverage: bool = option(True, "Reward 1: n-gram coverage of the aligned reference window.")
+    use_infonce: bool = option(True, "Reward 2: InfoNCE agreement of the history with the next reference n-gram.")
+    use_bigram_bonus: bool = option(True, "Lexical bigram bonus (λ_bigram).")
+    use_garble: bool = option(True, "Penalty for rare (garble) characters (λ_gar).")
+    use_illegal_penalty: bool = option(True, "Penalty for an illegal action (λ_ill).")
+    use_normalisation: bool = option(True, "EMA standardisation of cov and nce (off: raw values enter the base "
+                                     "reward).")
+    ngram_n: int = option(3, "n of the coverage n-grams (and of the InfoNCE key n-gram).", ge=1, le=6)
+    coverage_window_chars: int = option(64, "W: the agent's last W characters are compared with the aligned "
+                                        "reference window.", ge=1)
+    lambda_cov: float = option(1.0, "Weight of the coverage reward.")
+    lambda_nce: float = option(0.5, "Weight of the InfoNCE reward.")
+    lambda_gar: float = option(0.1, "Weight of the garble penalty.", ge=0)
+    lambda_ill: float = option(2.0, "Weight of the illegal-action penalty.", ge=0)
+    lambda_bigram: float = option(1.0, "Bonus when (previous reference character, action) is a lexicon bigram.")
+    bigram_match_bonus: float = option(0.5, "Bonus when the bigram is not in the lexicon but the action equals "
+                                       "the target c_t.")
+    garble_min_count: int = option(2, "Characters with a training count below this (and not punctuation) are "
+                                   "garble.", ge=0)
+    norm_beta: float = option(1e-3, "β of the EMA standardisation.", gt=0, le=1)
+    norm_eps: float = option(1e-8, "ε of the EMA standardisation.", gt=0)
+    potential_coef: float = option(0.0, "κ of the bounded potential Φ(s) = κ·cov(s) ∈ [0, κ]; 0 turns shaping "
+                                   "off.", ge=0)
+    potential_gamma: float = option(0.995, "γ of the potential shaping γΦ(s') − Φ(s).", gt=0, le=1)
     # -- InfoNCE encoder ------------------------------------------------------------------------------
-    nce_context_chars: int = 8
-    nce_hidden_dim: int = 64
-    nce_embed_dim: int = 32
-    nce_tau: float = 0.07
-    nce_momentum: float = 0.99
-    nce_queue_size: int = 64
-    nce_lr: float = 3e-3
-    nce_pairs_per_step: int = 128
-    nce_pretrain_steps: int = 300
-    """InfoNCE training steps on the env's chapters at construction (0: call ``train_encoder`` yourself)."""
-    nce_seed: int = 0
+    nce_context_chars: int = option(8, "L: characters of the agent's window fed to the query encoder.", ge=1)
+    nce_hidden_dim: int = option(64, "h: InfoNCE embedding / hidden width.", ge=1)
+    nce_embed_dim: int = option(32, "d: InfoNCE output (cosine) space width.", ge=1)
+    nce_tau: float = option(0.07, "τ: temperature of the cosine logits.", gt=0)
+    nce_momentum: float = option(0.99, "m: EMA momentum of the target encoder.", ge=0, lt=1)
+    nce_queue_size: int = option(64, "K: negative keys in the queue.", ge=1)
+    nce_lr: float = option(3e-3, "Adam learning rate of the InfoNCE encoder.", gt=0)
+    nce_pairs_per_step: int = option(128, "Reference (context, next n-gram) pairs per InfoNCE training step.", ge=1)
+    nce_pretrain_steps: int = option(300, "InfoNCE training steps on the env's chapters at construction (0: call "
+                                     "``train_encoder`` yourself).", ge=0)
+    nce_seed: int = option(0, "Seed of the InfoNCE encoder's initialisation and pair sampling.", ge=0)
     # -- lexicon --------------------------------------------------------------------------------------
-    use_jieba_lexicon: bool = True
-    """L includes jieba's two-character words and names (else only the reference bigrams)."""
-    augment_lexicon_with_reference: bool = True
-    """add every bigram of the env's chapters to L (SPEC); then the true next character always earns
-    λ_bigram and the 0.5 fallback only applies to a lexicon without that bigram."""
-    lexicon_dir: str | None = None
-    """lexicon cache directory (default ``$LMPO_CACHE_DIR/lexicon`` or the user cache directory)."""
+    use_jieba_lexicon: bool = option(True, "L includes jieba's two-character words and names (else only the "
+                                     "reference bigrams).")
+    augment_lexicon_with_reference: bool = option(True, "Add every bigram of the env's chapters to L; then the "
+                                                  "true next character always earns λ_bigram and the 0.5 fallback "
+                                                  "only applies to a lexicon without that bigram.")
+    lexicon_dir: str | None = option(None, "Lexicon cache directory (default ``$LMPO_CACHE_DIR/lexicon`` or the "
+                                     "user cache directory).")
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
             if not cond:
-                raise ValueError(f"EnvConfig: {msg}")
+                raise ConfigError(f"EnvConfig: {msg}")
 
-        need(self.window_chars >= 1, f"window_chars={self.window_chars} must be >= 1")
-        need(self.max_steps >= 1, f"max_steps={self.max_steps} must be >= 1")
-        need(
-            self.start in ("random", "chapter_start"),
-            f"start={self.start!r} must be 'random' or 'chapter_start'",
-        )
-        need(
-            self.split in ("train", "heldout", "all"),
-            f"split={self.split!r} must be 'train', 'heldout' or 'all'",
-        )
-        need(self.ngram_n in (1, 2, 3, 4, 5, 6), f"ngram_n={self.ngram_n} must be in 1..6 (SPEC: 3 or 4)")
-        need(
-            self.coverage_window_chars >= self.ngram_n,
-            f"coverage_window_chars={self.coverage_window_chars} must be >= ngram_n={self.ngram_n}",
-        )
-        need(0.0 < self.norm_beta <= 1.0, f"norm_beta={self.norm_beta} must be in (0, 1]")
-        need(0.0 < self.potential_gamma <= 1.0, f"potential_gamma={self.potential_gamma} must be in (0, 1]")
-        need(self.potential_coef >= 0.0, f"potential_coef={self.potential_coef} must be >= 0")
-        need(self.nce_pretrain_steps >= 0, f"nce_pretrain_steps={self.nce_pretrain_steps} must be >= 0")
+        need(self.start in START_MODES, f"start={self.start!r} must be 'random' or 'chapter_start'")
+        need(self.split in SPLITS, f"split={self.split!r} must be 'train', 'heldout' or 'all'")
         need(
             isinstance(self.blacklist, (tuple, list, frozenset, set, str)),
             f"blacklist must be a tuple of characters, got {type(self.blacklist).__name__}",
+        )
+        check_fields(self, "env")
+        need(
+            self.coverage_window_chars >= self.ngram_n,
+            f"coverage_window_chars={self.coverage_window_chars} must be >= ngram_n={self.ngram_n}",
         )
 
 
@@ -231,7 +225,7 @@ class CharTextEnv(gym.Env):
             raise TypeError(f"CharTextEnv: chapters must be strings, got {bad[0]}; pass texts or a Corpus")
         chapters = list(chapters)
         if not chapters or not any(chapters):
-            raise ValueError(f"CharTextEnv: no chapters with text ({source}); bring a non-empty corpus")
+            raise InputError(f"CharTextEnv: no chapters with text ({source}); bring a non-empty corpus")
         if alphabet is None:
             alphabet = Alphabet.from_texts(chapters, cfg.min_count)
         self.alphabet = alphabet
@@ -243,7 +237,7 @@ class CharTextEnv(gym.Env):
         lengths = np.array([len(c) for c in self.chapters])
         self._valid_starts = np.maximum(lengths - m, 0)
         if self._valid_starts.sum() == 0:
-            raise ValueError(
+            raise InputError(
                 f"CharTextEnv: window_chars={m} is longer than every chapter of {source} (longest: "
                 f"{int(lengths.max())} characters; an episode needs m + 1); lower window_chars or bring longer chapters"
             )
@@ -256,7 +250,7 @@ class CharTextEnv(gym.Env):
         )
         # the whitelist holds the class-acceptable characters (the blacklist alone falls back to it)
         if int(self.compliance.whitelist_mask[alphabet.num_special :].sum()) == 0:
-            raise ValueError(
+            raise InputError(
                 f"CharTextEnv: no legal characters in the alphabet of {source} (every character is a control, "
                 "format, private-use or unassigned code point); check the corpus encoding"
             )
@@ -550,6 +544,50 @@ class CharTextEnv(gym.Env):
                 return f'reset | history="…{self.alphabet.decode(self._y[-8:] if self._y else [])}"'
             return format_trace(self._last_info, reward=None)
         return None
+
+    # -- checkpointing --------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The env's mutable state as plain data: RNG, episode, coverage counters, normalisers, InfoNCE queue.
+
+        The chapters, alphabet, lexicon and InfoNCE encoder are not included: :meth:`load_state_dict` expects
+        an env built the same way (same chapters, alphabet, config; the shared encoder restored first with
+        ``InfoNCEModel.load_state_dict``), after which stepping continues exactly as in the original.
+        """
+        episode = None
+        if self._y is not None:
+            episode = {"chapter": self._ci, "position": self._p, "t": self._t, "y": list(self._y), "h0": self._h0,
+                       "phi": self._phi, "last_info": self._last_info, "coverage": self._coverage.state_dict()}
+        return {
+            "np_random": None if self._np_random is None else self._np_random.bit_generator.state,
+            "np_random_seed": self._np_random_seed, "teacher": self._teacher, "done": self._done,
+            "episode": episode, "norm_cov": self.norm_cov.state_dict(), "norm_nce": self.norm_nce.state_dict(),
+            "scorer": None if self._scorer is None else self._scorer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["np_random"] is not None:
+            if self._np_random is None:
+                self._np_random = np.random.Generator(np.random.PCG64())
+            self._np_random.bit_generator.state = state["np_random"]
+            self._np_random_seed = state["np_random_seed"]
+        self._teacher, self._done = bool(state["teacher"]), bool(state["done"])
+        self.norm_cov.load_state_dict(state["norm_cov"])
+        self.norm_nce.load_state_dict(state["norm_nce"])
+        ep = state["episode"]
+        if ep is None:
+            self._y = None
+        else:
+            ci = int(ep["chapter"])
+            if not 0 <= ci < len(self.chapters):
+                raise ValueError(f"saved episode is in chapter {ci} but this env has {len(self.chapters)}")
+            self._ci, self._p, self._t, self._h0 = ci, int(ep["position"]), int(ep["t"]), int(ep["h0"])
+            self._ref_cur = self._chapter_ref(ci)
+            self._y = [int(v) for v in ep["y"]]
+            self._phi, self._last_info = float(ep["phi"]), ep["last_info"]
+            self._coverage.load_state_dict(ep["coverage"], self._chapter_ref_keys(ci))
+            self._update_mask()
+        if self._scorer is not None and state["scorer"] is not None:
+            self._scorer.load_state_dict(state["scorer"])
 
     def normaliser_stats(self) -> dict[str, float]:
         """``norm/{cov,nce}_{mean,std}`` for logging (SPEC §5.3)."""

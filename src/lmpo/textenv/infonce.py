@@ -242,6 +242,24 @@ class InfoNCEModel:
             torch.set_num_threads(threads)
         return stats
 
+    def state_dict(self) -> dict:
+        """Weights, optimiser moments, RNG and queue as plain data (tensors, arrays, numbers)."""
+        return {"online": self.online.state_dict(), "target": self.target.state_dict(),
+                "adam": {"m": list(self.opt.m), "v": list(self.opt.v), "t": self.opt.t},
+                "rng": self.rng.bit_generator.state, "queue": self.queue, "queue_ids": self.queue_ids,
+                "version": self.version, "steps_trained": self.steps_trained}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        with torch.no_grad():
+            for mine, saved in zip(self.opt.m + self.opt.v, list(state["adam"]["m"]) + list(state["adam"]["v"])):
+                mine.copy_(saved)
+        self.opt.t = int(state["adam"]["t"])
+        self.rng.bit_generator.state = state["rng"]
+        self.queue, self.queue_ids = state["queue"].clone(), state["queue_ids"].clone()
+        self.version, self.steps_trained = int(state["version"]), int(state["steps_trained"])
+
     def export(self) -> dict[str, np.ndarray]:
         """numpy copies of the online query weights and the target key weights (for scoring)."""
         on, tg = self.online, self.target
@@ -303,6 +321,18 @@ class InfoNCEScorer:
         self.queue = self._queue0.copy()
         self.queue_ids = self._queue0_ids.copy()
         self._ptr = 0
+
+    def state_dict(self) -> dict:
+        """The negative queue of the current episode and the encoder version it was exported from."""
+        return {"version": self._version, "queue0": self._queue0, "queue0_ids": self._queue0_ids,
+                "queue": self.queue, "queue_ids": self.queue_ids, "ptr": self._ptr}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore after the model's own state (weights are re-exported from it)."""
+        self._refresh()
+        self._queue0, self._queue0_ids = state["queue0"].copy(), state["queue0_ids"].copy()
+        self.queue, self.queue_ids = state["queue"].copy(), state["queue_ids"].copy()
+        self._ptr, self._version = int(state["ptr"]), int(state["version"])
 
     def sync(self) -> None:
         """Re-export weights and drop cached keys if the model trained since the last export."""

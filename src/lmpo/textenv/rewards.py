@@ -127,6 +127,18 @@ class NgramCoverage:
         size = len(self.agent)
         return self.hits / size if size else 0.0
 
+    def state_dict(self) -> dict:
+        """The counters of the current episode (``ref_keys`` is the chapter's, rebuilt by the caller)."""
+        return {"offset": self.offset, "h0": self.h0, "agent": dict(self.agent), "ref": dict(self.ref),
+                "hits": self.hits, "agent_keys": dict(self._agent_keys)}
+
+    def load_state_dict(self, state: dict, ref_keys: Sequence[int]) -> None:
+        self.start(ref_keys, int(state["offset"]), int(state["h0"]))
+        self.agent = {int(k): int(v) for k, v in state["agent"].items()}
+        self.ref = {int(k): int(v) for k, v in state["ref"].items()}
+        self.hits = int(state["hits"])
+        self._agent_keys = {int(k): int(v) for k, v in state["agent_keys"].items()}
+
 
 class EmaStandardizer:
     """EMA standardisation (the seed's "PopArt/EMA"): running mean and variance, then a z-score.

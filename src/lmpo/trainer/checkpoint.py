@@ -1,63 +1,53 @@
-"""Atomic, ``weights_only``-loadable checkpoints.
+"""The trainer's checkpoints: atomic directories checked against a manifest (:mod:`lmpo.checkpoints`).
 
 Layout of one checkpoint (``RUN_DIR/checkpoints/step_00000012/``)::
 
     model.safetensors   policy parameters and buffers (safetensors; tied weights handled)
     ref.safetensors     the frozen reference model, when the run has one (so that resume needs no re-init)
-    state.pt            optimizer, schedule, RNG states, controller states, data position, counters
-                        (``torch.save``; read back with ``torch.load(weights_only=True)``)
+    state.json          optimizer, schedule, RNG states, controller states, data position, counters …
+    state.safetensors   … and the tensors among them (plain data: nothing is unpickled on load)
+    manifest.json       step, and the size and SHA-256 of every file above
 
-A checkpoint is written into a hidden temporary directory beside its final place and renamed into
-place only once every file is complete and flushed, so a crash or kill mid-write leaves the previous
-checkpoints untouched and never exposes a half-written one. ``latest_checkpoint`` only considers
-``step_*`` directories, which exist only after the rename.
+The directory appears only once every file is complete and on disk (temporary directory + rename), and a
+checkpoint whose files do not match its manifest is refused; ``--resume`` then falls back to the newest
+complete one. More files may be added to a checkpoint by its writer: the manifest covers whatever the
+directory holds.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
+from lmpo.checkpoints import (
+    CheckpointError,
+    checkpoint_dir,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    load_state,
+    save_state,
+    verify_checkpoint,
+    write_checkpoint,
+)
+from lmpo.errors import InputError
+
+__all__ = ["MODEL_FILE", "REF_FILE", "STATE_FILE", "CheckpointError", "checkpoint_dir", "latest_checkpoint",
+           "list_checkpoints", "load_checkpoint", "resolve_resume", "save_checkpoint"]
+
 MODEL_FILE = "model.safetensors"
 REF_FILE = "ref.safetensors"
-STATE_FILE = "state.pt"
+STATE_NAME = "state"
+STATE_FILE = f"{STATE_NAME}.json"
 
 
-def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    root = checkpoint_dir(run_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)]
-    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))  # type: ignore[union-attr]
-
-
-def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    ckpts = list_checkpoints(run_dir)
-    return ckpts[-1] if ckpts else None
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def latest_checkpoint(run_dir: str | os.PathLike, log: Callable[[str], None] | None = None) -> Path | None:
+    """The newest complete checkpoint of a run (None when there is none)."""
+    return latest_valid_checkpoint(run_dir, log)
 
 
 def _write_files(tmp: Path, model: torch.nn.Module, state: dict, ref_model: torch.nn.Module | None) -> None:
@@ -65,66 +55,72 @@ def _write_files(tmp: Path, model: torch.nn.Module, state: dict, ref_model: torc
     save_model(model, str(tmp / MODEL_FILE))
     if ref_model is not None:
         save_model(ref_model, str(tmp / REF_FILE))
-    with open(tmp / STATE_FILE, "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    save_state(tmp, STATE_NAME, state)
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, model: torch.nn.Module, state: dict,
                     ref_model: torch.nn.Module | None = None, keep_last: int = 0) -> Path:
     """Write checkpoint ``step`` atomically and prune to the newest ``keep_last`` (0 = keep all)."""
-    root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:08d}"
-    tmp = root / f".tmp_step_{step:08d}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    return write_checkpoint(run_dir, step, lambda tmp: _write_files(tmp, model, state, ref_model), keep_last)
+
+
+def _load_weights(model: torch.nn.Module, path: Path) -> None:
     try:
-        _write_files(tmp, model, state, ref_model)
-        _fsync_dir(tmp)
-        if final.exists():  # re-writing a step (e.g. after resume): swap, never leave a gap without it
-            trash = root / f".old_step_{step:08d}_{os.getpid()}"
-            os.replace(final, trash)
-            os.replace(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if keep_last > 0:
-        for old in list_checkpoints(run_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+        load_model(model, str(path))
+    except SafetensorError as e:
+        raise CheckpointError(f"{path} is not a valid safetensors file ({e}); the checkpoint is damaged. Resume "
+                              "from another checkpoint or start the run again with --overwrite.") from None
+    except RuntimeError as e:
+        raise CheckpointError(f"{path} does not fit the model ({' '.join(str(e).split())[:300]}): the checkpoint "
+                              "belongs to another model (model.name, model.lora). Resume with the run's own "
+                              "config, or start a new run.") from None
 
 
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                     ref_model: torch.nn.Module | None = None) -> dict:
-    """Load weights into ``model`` (and ``ref_model``) in place; return the state dict (weights_only)."""
+    """Verify ``path`` against its manifest, load weights into ``model`` (and ``ref_model``) in place, and
+    return the state dict. Raises :class:`CheckpointError` for a partial, mixed or altered checkpoint."""
     path = Path(path)
-    if not (path / STATE_FILE).exists() or not (path / MODEL_FILE).exists():
-        raise FileNotFoundError(f"{path} is not a complete lmpo checkpoint (needs {MODEL_FILE} and {STATE_FILE})")
-    load_model(model, str(path / MODEL_FILE))
+    verify_checkpoint(path)
+    if not (path / MODEL_FILE).is_file() or not (path / STATE_FILE).is_file():
+        raise CheckpointError(f"{path} is not a trainer checkpoint (needs {MODEL_FILE} and {STATE_FILE}).")
+    _load_weights(model, path / MODEL_FILE)
     if ref_model is not None and (path / REF_FILE).exists():
-        load_model(ref_model, str(path / REF_FILE))
-    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        _load_weights(ref_model, path / REF_FILE)
+    state = load_state(path, STATE_NAME)
+    if not isinstance(state, dict) or "step" not in state:
+        raise CheckpointError(f"{path / STATE_FILE} holds no trainer state (no step); the checkpoint was not "
+                              "written by `lmpo train`.")
+    return state
 
 
-def resolve_resume(resume: str | None, run_dir: str | os.PathLike) -> Path | None:
-    """``--resume`` value → checkpoint path. ``auto``: the latest in run_dir (or None when there is none)."""
+def resolve_resume(resume: str | os.PathLike | bool | None, run_dir: str | os.PathLike,
+                   log: Callable[[str], None] | None = None) -> Path | None:
+    """``--resume`` value → a verified checkpoint path (None when not resuming).
+
+    ``auto`` / ``latest`` / True: the newest complete checkpoint of ``run_dir``; a run directory: its newest
+    complete checkpoint; a ``step_*`` directory: that checkpoint, verified. A run with no complete checkpoint
+    is an error (never a silent fresh start).
+    """
     if resume is None or resume is False:
         return None
-    if resume in ("auto", "latest", True):
-        return latest_checkpoint(run_dir)
-    p = Path(resume)
-    if (p / STATE_FILE).exists():
-        return p
-    if checkpoint_dir(p).is_dir():  # a run directory
-        latest = latest_checkpoint(p)
+    target = Path(run_dir) if resume in ("auto", "latest", True) else Path(resume)
+    if (target / STATE_FILE).exists() or (target / MODEL_FILE).exists():
+        verify_checkpoint(target)
+        return target
+    if checkpoint_dir(target).is_dir() or (target / "config.yaml").exists():
+        latest = latest_valid_checkpoint(target, log)
         if latest is not None:
             return latest
-    raise FileNotFoundError(f"--resume {resume!r}: not a checkpoint directory nor a run directory with "
-                            "checkpoints; pass RUN_DIR/checkpoints/step_XXXXXXXX or `auto`.")
+        found = list_checkpoints(target)
+        if found:
+            try:
+                verify_checkpoint(found[-1])
+            except CheckpointError as e:
+                raise CheckpointError(f"--resume: none of the {len(found)} checkpoints in {checkpoint_dir(target)} "
+                                      f"is complete (the newest: {e})") from None
+        raise InputError(f"--resume: {str(target)!r} has no checkpoint yet (the run stopped before its first one; "
+                         "see checkpoint.every_steps). Start it again with --overwrite instead of --resume.")
+    raise InputError(f"--resume {str(resume)!r}: not a checkpoint directory nor a run directory with checkpoints; "
+                     "pass RUN_DIR/checkpoints/step_XXXXXXXX, a run directory, or no value (the run's own "
+                     "directory).")

@@ -53,7 +53,12 @@ def register_train(subparsers: argparse._SubParsersAction, name: str) -> None:
     )
     p.add_argument("config", nargs="?", default=None, help="YAML config file (omit to use the defaults)")
     p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="PATH",
-                   help="continue from the latest checkpoint of the run directory (no value) or from PATH")
+                   help="continue from the newest complete checkpoint of the run directory (no value) or from "
+                        "PATH (a checkpoint or run directory; without CONFIG, the run's stored config is used)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete the run already in logging.run_dir and start again")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept config changes beyond loop.steps, logging, eval and checkpoint keys")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=_run_train)
     _accept_overrides(p)
@@ -62,24 +67,20 @@ def register_train(subparsers: argparse._SubParsersAction, name: str) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     import yaml
 
-    from lmpo.trainer.config import ConfigError, config_to_dict, load_config, validate_config
+    from lmpo.trainer.config import config_to_dict, load_config, validate_config
 
-    try:
-        cfg = load_config(args.config, overrides=list(args.overrides))
-        validate_config(cfg)
-    except ConfigError as e:
-        print(f"lmpo train: config error: {e}", file=sys.stderr)
-        return 2
+    config = args.config
+    if config is None and args.resume not in (None, "auto"):
+        config = _stored_config(args.resume)
+    cfg = load_config(config, overrides=list(args.overrides))
+    validate_config(cfg)
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return 0
-    from lmpo.trainer.loop import NonFiniteError, Trainer
+    from lmpo.trainer.loop import Trainer
 
-    try:
-        result = Trainer(cfg).train(resume=args.resume)
-    except NonFiniteError as e:
-        print(f"lmpo train: stopped: {e}", file=sys.stderr)
-        return 3
+    result = Trainer(cfg).train(resume=args.resume, overwrite=args.overwrite,
+                                allow_config_change=args.allow_config_change)
     before = (result.eval_before or {}).get("eval/accuracy")
     after = (result.eval_after or {}).get("eval/accuracy")
     if after is not None:
@@ -91,6 +92,17 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stored_config(resume: str) -> str | None:
+    """The config.yaml of the run that ``--resume PATH`` names (a run or one of its checkpoints), if any."""
+    from pathlib import Path
+
+    p = Path(resume)
+    for candidate in (p, p.parent.parent):
+        if (candidate / "config.yaml").is_file():
+            return str(candidate / "config.yaml")
+    return None
+
+
 def register_demo(subparsers: argparse._SubParsersAction, name: str) -> None:
     p = subparsers.add_parser(
         name, help="offline demo: tiny model, SFT warm-up then GRPO-family RL on addition (CPU, < 5 min)",
@@ -98,7 +110,8 @@ def register_demo(subparsers: argparse._SubParsersAction, name: str) -> None:
                     "greedy accuracy before and after RL. Extra `--section.key value` overrides apply to "
                     "configs/demo.yaml's settings (the embedded copy).",
     )
-    p.add_argument("--run-dir", default="runs/demo", help="run directory (default: runs/demo)")
+    p.add_argument("--run-dir", default="runs/demo",
+                   help="run directory (default: runs/demo; a run already there is replaced)")
     p.add_argument("--seed", type=int, default=None, help="seed of data, sampling and initialisation")
     p.add_argument("--preset", default=None, help="objective preset (default: the demo's); one of " + _presets_help())
     p.set_defaults(func=_run_demo)
@@ -106,14 +119,9 @@ def register_demo(subparsers: argparse._SubParsersAction, name: str) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from lmpo.trainer.config import ConfigError
     from lmpo.trainer.demo import run_demo
 
-    try:
-        run_demo(run_dir=args.run_dir, seed=args.seed, preset=args.preset, overrides=list(args.overrides))
-    except ConfigError as e:
-        print(f"lmpo demo: config error: {e}", file=sys.stderr)
-        return 2
+    run_demo(run_dir=args.run_dir, seed=args.seed, preset=args.preset, overrides=list(args.overrides))
     return 0
 
 
@@ -129,14 +137,9 @@ def register_plot(subparsers: argparse._SubParsersAction, name: str) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from lmpo.errors import InputError
     from lmpo.trainer.plot import plot_runs
 
-    try:
-        paths = plot_runs(args.run_dirs, args.out)
-    except InputError as e:
-        print(f"lmpo plot: {e}", file=sys.stderr)
-        return 2
+    paths = plot_runs(args.run_dirs, args.out)
     for p in paths:
         print(p)
     return 0

@@ -13,31 +13,33 @@ the field, the offending value and how to fix it.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import importlib
 import os
-import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from lmpo.errors import InputError
-from lmpo.overrides import parse_overrides as _parse_overrides
+from lmpo.config import (
+    ConfigError,
+    check_fields,
+    deep_merge,
+    from_dict,
+    load,
+    parse_overrides,
+    render_reference,
+    save_yaml,
+    to_dict,
+    update_generated,
+)
+from lmpo.config import option as _f
 from lmpo.rlvcr.config import RLVCRConfig
 
+__all__ = ["ConfigError", "TrainConfig", "config_from_dict", "config_to_dict", "load_config", "parse_overrides",
+           "render_config_reference", "replace", "save_config", "update_reference_doc", "validate_config"]
 
-class ConfigError(InputError):
-    """A configuration value is invalid. The message names the field, the value and the fix."""
-
-
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field with its documentation; mutable defaults go through a factory."""
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
+#: kept for callers of the former private helper
+_deep_merge = deep_merge
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -50,9 +52,9 @@ class LoraConfig:
     """Optional LoRA adapters through PEFT; only the adapter weights are trained."""
 
     enabled: bool = _f(False, "Wrap the policy in PEFT LoRA adapters (needs `peft`).")
-    r: int = _f(8, "LoRA rank.")
-    alpha: int = _f(16, "LoRA scaling numerator (`lora_alpha`); the update is scaled by alpha / r.")
-    dropout: float = _f(0.0, "Dropout on the LoRA branch (keep 0 for bit-exact resume).")
+    r: int = _f(8, "LoRA rank.", ge=1)
+    alpha: int = _f(16, "LoRA scaling numerator (`lora_alpha`); the update is scaled by alpha / r.", ge=1)
+    dropout: float = _f(0.0, "Dropout on the LoRA branch (keep 0 for bit-exact resume).", ge=0, lt=1)
     target_modules: tuple[str, ...] = _f(
         ("q_proj", "k_proj", "v_proj", "o_proj"), "Module names (suffixes) that get adapters."
     )
@@ -64,8 +66,8 @@ class ModelConfig:
 
     name: str = _f("tiny", "A built-in preset of `lmpo.models.MODEL_PRESETS` (built in code, offline) or a "
                    "Hugging Face model name / local path for `AutoModelForCausalLM`.")
-    init_seed: int = _f(0, "Seed of the random initialisation of a built-in preset.")
-    dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
+    init_seed: int = _f(0, "Seed of the random initialisation of a built-in preset.", ge=0)
+    dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
     ref_path: str | None = _f(None, "Reference model for the KL term; default: a frozen copy of the initial "
                               "policy (after the supervised warm-up). Only loaded when the objective needs it.")
     lora: LoraConfig = _f(LoraConfig(), "LoRA adapters (section `model.lora`).")
@@ -82,7 +84,7 @@ class TaskConfig:
     prompt_field: str = _f("prompt", "Column holding the prompt (file / hf tasks).")
     answer_field: str = _f("answer", "Column holding the reference answer (file / hf tasks).")
     options: dict = _f({}, "Keyword options of the task constructor (e.g. `{min_digits: 1, max_digits: 3}` for addition).")
-    eval_examples: int = _f(200, "Number of held-out examples used by evaluation (examples, not batches).")
+    eval_examples: int = _f(200, "Number of held-out examples used by evaluation (examples, not batches).", ge=1)
     prompt_format: str = _f("auto", "`auto`: conversational prompts (lists of role/content messages, TRL's "
                             "conversational format) go through the tokenizer's chat template with "
                             "`add_generation_prompt`, string prompts are used as they are; `chat`: string prompts "
@@ -96,11 +98,12 @@ class RolloutConfig:
     """Sampling of completions (batched HF generate with KV cache, left padding, EOS stop)."""
 
     completions_per_prompt: int = _f(8, "G: completions sampled per prompt (a group). GRPO-style group "
-                                     "advantages need G >= 2.")
-    max_new_tokens: int = _f(16, "Maximum completion length in tokens.")
-    temperature: float = _f(1.0, "Sampling temperature (> 0).")
-    top_p: float = _f(1.0, "Nucleus sampling mass (1 = off).")
-    top_k: int = _f(0, "Top-k sampling (0 = off).")
+                                     "advantages need G >= 2.", ge=1)
+    max_new_tokens: int = _f(16, "Maximum completion length in tokens.", ge=1)
+    temperature: float = _f(1.0, "Sampling temperature.", gt=0,
+                            hint="Use a small value such as 0.1 for near-greedy.")
+    top_p: float = _f(1.0, "Nucleus sampling mass (1 = off).", gt=0, le=1, hint="Use 1 to switch it off.")
+    top_k: int = _f(0, "Top-k sampling (0 = off).", ge=0, hint="Use 0 to switch it off.")
     ignore_eos: bool = _f(False, "Keep generating after EOS to exactly max_new_tokens (benchmarks use "
                           "this to force equal lengths).")
 
@@ -113,10 +116,10 @@ class RewardModelConfig:
                     "reward is its first logit on prompt + completion (conversations rendered by its own chat "
                     "template).")
     name: str | None = _f(None, "Name in metrics (`reward/<name>/mean`); default: the model directory's name.")
-    seqs_per_batch: int = _f(64, "Sequences per reward-model forward pass.")
+    seqs_per_batch: int = _f(64, "Sequences per reward-model forward pass.", ge=1)
     chat_template: str | None = _f(None, "Jinja template (text or file path) for conversational data, instead of "
                                    "the reward tokenizer's own.")
-    dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
+    dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
 
     @property
     def metric_name(self) -> str:
@@ -133,7 +136,8 @@ class RewardsConfig:
     weights: tuple[float, ...] = _f((), "One weight per function (empty = all 1).")
     kwargs: dict = _f({}, "Keyword options per function name, e.g. `{length_penalty: {target_chars: 8}}`.")
     on_error: str = _f("raise", "A reward function that raises: `raise` (error naming the function and the "
-                       "sample) or `skip` (reward 0 for that sample, counted in `reward/errors`).")
+                       "sample) or `skip` (reward 0 for that sample, counted in `reward/errors`).",
+                       choices=("raise", "skip"))
     success_threshold: float = _f(1.0, "A completion counts as correct (`reward/accuracy`, "
                                   "`eval/accuracy`) when the task's accuracy reward is >= this.")
 
@@ -154,68 +158,68 @@ class ObjectiveConfig:
 class OptimConfig:
     """AdamW and the learning-rate schedule."""
 
-    lr: float = _f(1e-5, "Peak learning rate.")
-    betas: tuple[float, float] = _f((0.9, 0.999), "AdamW betas.")
-    eps: float = _f(1e-8, "AdamW epsilon.")
-    weight_decay: float = _f(0.0, "Decoupled weight decay.")
-    max_grad_norm: float = _f(1.0, "Clip the global gradient norm to this (0 = no clipping).")
-    warmup_steps: int = _f(0, "Linear warm-up length in optimizer steps.")
+    lr: float = _f(1e-5, "Peak learning rate.", gt=0)
+    betas: tuple[float, float] = _f((0.9, 0.999), "AdamW betas.", ge=0, lt=1)
+    eps: float = _f(1e-8, "AdamW epsilon.", gt=0)
+    weight_decay: float = _f(0.0, "Decoupled weight decay.", ge=0)
+    max_grad_norm: float = _f(1.0, "Clip the global gradient norm to this (0 = no clipping).", ge=0)
+    warmup_steps: int = _f(0, "Linear warm-up length in optimizer steps.", ge=0)
     schedule: str = _f("constant", "After warm-up: constant | linear | cosine (decay to min_lr_ratio·lr over "
-                       "the run's optimizer steps).")
-    min_lr_ratio: float = _f(0.0, "Final learning rate of linear / cosine as a fraction of lr.")
+                       "the run's optimizer steps).", choices=("constant", "linear", "cosine"))
+    min_lr_ratio: float = _f(0.0, "Final learning rate of linear / cosine as a fraction of lr.", ge=0, le=1)
 
 
 @dataclass(frozen=True)
 class LoopConfig:
     """The RL loop: how much data per step and how it is split."""
 
-    steps: int = _f(100, "Number of RL steps (each: one rollout batch, then epochs × minibatches updates).")
-    prompts_per_step: int = _f(16, "Prompts sampled per step; sequences per step = prompts_per_step × G.")
-    epochs_per_step: int = _f(1, "Passes over each step's rollout batch (> 1 makes updates off-policy).")
+    steps: int = _f(100, "Number of RL steps (each: one rollout batch, then epochs × minibatches updates).", ge=0)
+    prompts_per_step: int = _f(16, "Prompts sampled per step; sequences per step = prompts_per_step × G.", ge=1)
+    epochs_per_step: int = _f(1, "Passes over each step's rollout batch (> 1 makes updates off-policy).", ge=1)
     minibatches_per_step: int = _f(1, "Optimizer steps per epoch; the rollout batch is split into this many "
-                                   "minibatches (> 1 makes updates off-policy).")
+                                   "minibatches (> 1 makes updates off-policy).", ge=1)
     seqs_per_microbatch: int = _f(64, "Sequences per forward/backward pass (gradient accumulation inside a "
-                                  "minibatch, with exact global normalisation).")
+                                  "minibatch, with exact global normalisation).", ge=1)
     share_prompt_prefix: bool = _f(True, "Training forward: run each prompt once per group and reuse its KV cache "
                                    "(with gradient) for its G completions; the same log-probs for less compute.")
-    seed: int = _f(0, "Seed of data order, sampling and clip_cov selection.")
+    seed: int = _f(0, "Seed of data order, sampling and clip_cov selection.", ge=0)
     max_nonfinite_steps: int = _f(5, "Stop after this many consecutive steps with a non-finite loss or "
-                                  "gradient (each is skipped and counted).")
-    device: str = _f("auto", "auto | cpu | cuda | mps.")
-    num_threads: int = _f(0, "torch CPU threads (0 = torch's default).")
+                                  "gradient (each is skipped and counted).", ge=1)
+    device: str = _f("auto", "auto | cpu | cuda | mps.", choices=("auto", "cpu", "cuda", "mps"))
+    num_threads: int = _f(0, "torch CPU threads (0 = torch's default).", ge=0, le=1024)
 
 
 @dataclass(frozen=True)
 class SFTConfig:
     """Optional supervised warm-up on the task's reference answers before RL."""
 
-    steps: int = _f(0, "Supervised optimizer steps (0 = no warm-up).")
-    lr: float = _f(1e-3, "Learning rate of the warm-up (constant, AdamW).")
-    seqs_per_step: int = _f(32, "Prompt+answer sequences per warm-up step.")
-    max_examples: int = _f(0, "Draw warm-up examples from only the first N training examples (0 = all).")
+    steps: int = _f(0, "Supervised optimizer steps (0 = no warm-up).", ge=0)
+    lr: float = _f(1e-3, "Learning rate of the warm-up (constant, AdamW).", gt=0)
+    seqs_per_step: int = _f(32, "Prompt+answer sequences per warm-up step.", ge=1)
+    max_examples: int = _f(0, "Draw warm-up examples from only the first N training examples (0 = all).", ge=0)
     stop_at_accuracy: float = _f(0.0, "Stop the warm-up early once greedy accuracy on `check_examples` TRAINING "
                                  "prompts reaches this (0 = always run `steps`); makes the RL start comparable "
-                                 "across seeds. The held-out split is never looked at.")
-    check_every_steps: int = _f(50, "How often the early-stop accuracy is measured (warm-up steps).")
-    check_examples: int = _f(200, "Training prompts used for the early-stop accuracy.")
+                                 "across seeds. The held-out split is never looked at.", ge=0, le=1)
+    check_every_steps: int = _f(50, "How often the early-stop accuracy is measured (warm-up steps).", ge=1)
+    check_examples: int = _f(200, "Training prompts used for the early-stop accuracy.", ge=1)
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     """Greedy evaluation on the held-out split."""
 
-    every_steps: int = _f(0, "Evaluate every N RL steps (0 = only before and after training).")
+    every_steps: int = _f(0, "Evaluate every N RL steps (0 = only before and after training).", ge=0)
     at_start: bool = _f(True, "Evaluate before the first RL step (after the warm-up).")
-    seqs_per_batch: int = _f(256, "Prompts per greedy generation batch.")
-    max_new_tokens: int | None = _f(None, "Completion length at evaluation (default: rollout.max_new_tokens).")
+    seqs_per_batch: int = _f(256, "Prompts per greedy generation batch.", ge=1)
+    max_new_tokens: int | None = _f(None, "Completion length at evaluation (default: rollout.max_new_tokens).", ge=1)
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Checkpoints in RUN_DIR/checkpoints/step_XXXXXXXX (atomic: temp dir + rename)."""
 
-    every_steps: int = _f(0, "Write a checkpoint every N RL steps (0 = only at the end).")
-    keep_last: int = _f(2, "Keep the newest N checkpoints (0 = keep all).")
+    every_steps: int = _f(0, "Write a checkpoint every N RL steps (0 = only at the end).", ge=0)
+    keep_last: int = _f(2, "Keep the newest N checkpoints (0 = keep all).", ge=0)
     at_end: bool = _f(True, "Write a checkpoint after the last step.")
 
 
@@ -230,7 +234,8 @@ class LoggingConfig:
     wandb: bool = _f(False, "Log to Weights & Biases (needs `wandb` installed).")
     wandb_project: str = _f("lmpo", "W&B project name.")
     print_every_steps: int | None = _f(None, "One-line metric summary every N RL steps (null = none under a "
-                                       "progress bar, else a round interval giving about 20 lines; 0 = never).")
+                                       "progress bar, else a round interval giving about 20 lines; 0 = never).",
+                                       ge=0)
     plots: bool = _f(True, "Write the training curves to RUN_DIR/plots/*.png at the end of the run (`lmpo plot`).")
 
 
@@ -293,168 +298,28 @@ class TrainConfig:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _is_dataclass_type(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Convert a YAML value to the annotated type, or raise ConfigError naming the field."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        last: ConfigError | None = None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, where)
-            except ConfigError as e:
-                last = e
-        assert last is not None
-        raise last
-    if _is_dataclass_type(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"`{where}` must be a mapping (a YAML section), got {value!r}.")
-        return _from_dict(tp, value, where)
-    if origin is tuple:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"`{where}` = {value!r} must be a list.")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise ConfigError(f"`{where}` = {value!r} must be a list of {len(args)} values.")
-        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if tp is dict or origin is dict:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise ConfigError(f"`{where}` = {value!r} must be a mapping.")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-        raise ConfigError(f"`{where}` = {value!r} must be true or false.")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"`{where}` = {value!r} must be an integer.")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"`{where}` = {value!r} must be an integer.")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"`{where}` = {value!r} must be a number.")
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"`{where}` = {value!r} must be a string.")
-    if tp is type(None):
-        if value is None:
-            return None
-        raise ConfigError(f"`{where}` = {value!r} must be null.")
-    return value
-
-
-def _unknown_key_error(cls: type, key: str, where: str) -> ConfigError:
-    names = [f.name for f in dataclasses.fields(cls)]
-    close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
-    hint = f" Did you mean {' or '.join(f'`{c}`' for c in close)}?" if close else ""
-    path = f"{where}.{key}" if where else key
-    return ConfigError(f"unknown config key `{path}`.{hint} Valid keys here: {', '.join(names)}.")
-
-
-def _from_dict(cls: type, data: dict, where: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    valid = {f.name for f in dataclasses.fields(cls)}
-    for key, value in data.items():
-        if key not in valid:
-            raise _unknown_key_error(cls, str(key), where)
-        sub = f"{where}.{key}" if where else key
-        kwargs[key] = _coerce(value, hints[key], sub)
-    return cls(**kwargs)
-
-
 def config_from_dict(data: dict | None) -> TrainConfig:
     """Build a TrainConfig from a nested dict (unknown keys raise ConfigError with close matches)."""
-    return _from_dict(TrainConfig, data or {}, "")
+    return from_dict(TrainConfig, data or {}, "")
 
 
 def config_to_dict(cfg: Any) -> dict:
     """Nested plain dict (tuples as lists) suitable for YAML."""
-    out = {}
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(v):
-            v = config_to_dict(v)
-        elif isinstance(v, tuple):
-            v = [config_to_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
-        elif isinstance(v, dict):
-            v = dict(v)
-        out[f.name] = v
-    return out
-
-
-def parse_overrides(argv: list[str]) -> dict:
-    """``["--objective.preset", "dapo", "--optim.lr=1e-4"]`` → nested dict (:func:`lmpo.overrides.parse_overrides`)."""
-    return _parse_overrides(argv, error=ConfigError)
-
-
-def _deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
+    return to_dict(cfg)
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:
     """YAML file (optional) + overrides (``--a.b value`` list or nested dict) → TrainConfig."""
-    data: dict = {}
-    if path is not None:
-        if not os.path.exists(path):
-            raise ConfigError(f"config file {str(path)!r} does not exist; pass the path of a YAML file "
-                              "(see configs/).")
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a YAML mapping of sections.")
-    if overrides:
-        over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
-        data = _deep_merge(data, over)
-    return config_from_dict(data)
+    return load(TrainConfig, path, overrides)
 
 
 def replace(cfg: TrainConfig, **sections: dict) -> TrainConfig:
     """``replace(cfg, loop={"steps": 3})``: a copy with some fields of some sections changed."""
-    return config_from_dict(_deep_merge(config_to_dict(cfg), sections))
+    return config_from_dict(deep_merge(config_to_dict(cfg), sections))
 
 
 def save_config(cfg: TrainConfig, path: str | os.PathLike) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(config_to_dict(cfg), fh, sort_keys=False)
+    save_yaml(cfg, path)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -470,11 +335,6 @@ def _check_choice(where: str, value: Any, choices: typing.Iterable[str]) -> None
         close = difflib.get_close_matches(str(value), choices, n=2, cutoff=0.5)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise ConfigError(f"`{where}` = {value!r} is not one of {', '.join(choices)}.{hint}")
-
-
-def _check_positive(where: str, value: float, fix: str = "") -> None:
-    if not value > 0:
-        raise ConfigError(f"`{where}` = {value!r} must be > 0.{(' ' + fix) if fix else ''}")
 
 
 def _check_import_path(where: str, spec: str) -> None:
@@ -504,18 +364,59 @@ def _check_reward_model(where: str, rm: RewardModelConfig) -> None:
     if os.path.isdir(rm.model) and not os.path.isfile(os.path.join(rm.model, "config.json")):
         raise ConfigError(f"`{where}.model` = {rm.model!r} has no config.json; give a directory written by "
                           "`save_pretrained` of an AutoModelForSequenceClassification.")
-    _check_positive(f"{where}.seqs_per_batch", rm.seqs_per_batch)
-    _check_choice(f"{where}.dtype", rm.dtype, ["float32", "bfloat16", "float16"])
     if "/" in rm.metric_name:
         raise ConfigError(f"`{where}.name` = {rm.metric_name!r} contains '/', which would nest metric keys; "
                           "give a name without one.")
 
 
+def _check_model_source(where: str, name: str) -> None:
+    """A model that is not a built-in preset: a local directory must hold a Hugging Face model."""
+    from lmpo.models import MODEL_PRESETS
+
+    if name in MODEL_PRESETS:
+        return
+    presets = ", ".join(sorted(MODEL_PRESETS))
+    if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            what = "is empty" if not os.listdir(name) else "has no config.json"
+            raise ConfigError(f"`{where}` = {name!r} is a directory but {what}, so it is not a saved Hugging Face "
+                              "model. Point it at the directory that holds config.json and the weights, or use a "
+                              f"built-in preset ({presets}).")
+        return
+    if os.path.exists(name):
+        raise ConfigError(f"`{where}` = {name!r} is a file; give the model's directory (with config.json and the "
+                          f"weights), a Hugging Face hub id, or a built-in preset ({presets}).")
+    from lmpo.models.loading import looks_like_hub_id
+
+    if looks_like_hub_id(name):
+        return  # a Hugging Face hub id: whether it can be fetched is only known when it is loaded
+    raise ConfigError(f"`{where}` = {name!r} is not a built-in preset ({presets}), no such directory exists "
+                      f"(working directory: {os.getcwd()}) and it is not a hub id `org/name`. Fix the path, or "
+                      "use a hub id such as `Qwen/Qwen2.5-0.5B-Instruct`.")
+
+
+def _check_device(where: str, device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"`{where}` = 'cuda' but no CUDA device is available to torch {torch.__version__}; "
+                          "use `cpu` (or `auto`, which picks CUDA when there is one).")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) is not None
+                                and torch.backends.mps.is_available()):
+        raise ConfigError(f"`{where}` = 'mps' but the Apple MPS backend is not available here; use `cpu` or "
+                          "`auto`.")
+
+
 def validate_config(cfg: TrainConfig) -> None:
-    """Check every field that can be checked without building a model. Raises ConfigError."""
+    """Check every field that can be checked without building a model. Raises ConfigError.
+
+    Ranges, choices and finiteness come from the fields' metadata (:func:`lmpo.config.check_fields`);
+    what follows are the checks that need several fields, a registry or the file system.
+    """
     from lmpo.objectives import PRESETS, Objective
     from lmpo.objectives.advantages import ADVANTAGE_ESTIMATORS
 
+    check_fields(cfg)
     ob = cfg.objective
     _check_choice("objective.preset", ob.preset, sorted(PRESETS))
     try:
@@ -532,35 +433,16 @@ def validate_config(cfg: TrainConfig) -> None:
             "rollout.completions_per_prompt >= 2 (e.g. 8).")
     _ = objective
 
-    ro = cfg.rollout
-    _check_positive("rollout.max_new_tokens", ro.max_new_tokens)
-    _check_positive("rollout.temperature", ro.temperature, "Use a small value such as 0.1 for near-greedy.")
-    if not 0 < ro.top_p <= 1:
-        raise ConfigError(f"`rollout.top_p` = {ro.top_p!r} must be in (0, 1]; use 1 to switch it off.")
-    if ro.top_k < 0:
-        raise ConfigError(f"`rollout.top_k` = {ro.top_k!r} must be >= 0; use 0 to switch it off.")
-
     lp = cfg.loop
-    for name in ("prompts_per_step", "epochs_per_step", "minibatches_per_step", "seqs_per_microbatch",
-                 "max_nonfinite_steps"):
-        _check_positive(f"loop.{name}", getattr(lp, name))
-    if lp.steps < 0:
-        raise ConfigError(f"`loop.steps` = {lp.steps!r} must be >= 0.")
     if cfg.seqs_per_step % lp.minibatches_per_step:
         raise ConfigError(
             f"`loop.minibatches_per_step` = {lp.minibatches_per_step} does not divide the "
             f"{cfg.seqs_per_step} sequences per step (prompts_per_step × completions_per_prompt); choose a "
             "divisor.")
-    _check_choice("loop.device", lp.device, ["auto", "cpu", "cuda", "mps"])
-
-    op = cfg.optim
-    _check_positive("optim.lr", op.lr)
-    _check_choice("optim.schedule", op.schedule, ["constant", "linear", "cosine"])
-    if op.warmup_steps < 0:
-        raise ConfigError(f"`optim.warmup_steps` = {op.warmup_steps!r} must be >= 0.")
-    if op.max_grad_norm < 0:
-        raise ConfigError(f"`optim.max_grad_norm` = {op.max_grad_norm!r} must be >= 0 (0 = no clipping).")
-    _check_choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
+    _check_device("loop.device", lp.device)
+    _check_model_source("model.name", cfg.model.name)
+    if cfg.model.ref_path:
+        _check_model_source("model.ref_path", cfg.model.ref_path)
 
     # task / data
     from lmpo.tasks import TASKS
@@ -575,6 +457,9 @@ def validate_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"`task.path` = {tk.path!r} does not exist; give the path of a local "
                               ".json / .jsonl / .parquet file (relative paths are relative to the working "
                               "directory).")
+        if os.path.isdir(tk.path):
+            raise ConfigError(f"`task.path` = {tk.path!r} is a directory; give the path of one .json / .jsonl / "
+                              ".parquet file inside it.")
     from lmpo.tasks import PROMPT_FORMATS
 
     _check_choice("task.prompt_format", tk.prompt_format, PROMPT_FORMATS)
@@ -584,7 +469,6 @@ def validate_config(cfg: TrainConfig) -> None:
                           "existing file; give the template text or the path of a .jinja file.")
     if tk.name == "hf" and not tk.hf_name:
         raise ConfigError("`task.hf_name` is empty but `task.name` is 'hf'; set it to a `datasets` name.")
-    _check_positive("task.eval_examples", tk.eval_examples)
 
     # rewards
     from lmpo.rewards import REWARDS
@@ -608,7 +492,6 @@ def validate_config(cfg: TrainConfig) -> None:
     if rw.weights and len(rw.weights) != len(rw.functions):
         raise ConfigError(f"`rewards.weights` has {len(rw.weights)} values for {len(rw.functions)} functions; "
                           "give one weight per function or none.")
-    _check_choice("rewards.on_error", rw.on_error, ["raise", "skip"])
 
     if cfg.model.lora.enabled:
         try:
@@ -622,19 +505,6 @@ def validate_config(cfg: TrainConfig) -> None:
         except ImportError as e:
             raise ConfigError("`logging.wandb` = true needs the `wandb` package; install it or set "
                               "logging.wandb: false.") from e
-    for name in ("every_steps", "keep_last"):
-        if getattr(cfg.checkpoint, name) < 0:
-            raise ConfigError(f"`checkpoint.{name}` = {getattr(cfg.checkpoint, name)!r} must be >= 0.")
-    if cfg.sft.steps < 0:
-        raise ConfigError(f"`sft.steps` = {cfg.sft.steps!r} must be >= 0.")
-    if cfg.sft.steps:
-        _check_positive("sft.seqs_per_step", cfg.sft.seqs_per_step)
-        _check_positive("sft.lr", cfg.sft.lr)
-        _check_positive("sft.check_every_steps", cfg.sft.check_every_steps)
-        _check_positive("sft.check_examples", cfg.sft.check_examples)
-        if not 0 <= cfg.sft.stop_at_accuracy <= 1:
-            raise ConfigError(f"`sft.stop_at_accuracy` = {cfg.sft.stop_at_accuracy!r} must be in [0, 1] "
-                              "(0 = no early stop).")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -642,58 +512,9 @@ def validate_config(cfg: TrainConfig) -> None:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _type_name(tp: Any) -> str:
-    s = str(tp) if not isinstance(tp, type) else tp.__name__
-    return s.replace("typing.", "").replace("NoneType", "None").replace(f"{__name__}.", "")
-
-
-def _fmt_default(v: Any) -> str:
-    if dataclasses.is_dataclass(v):
-        return "(section)"
-    if isinstance(v, tuple):
-        v = list(v)
-    return "`" + yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip() + "`"
-
-
 def render_config_reference() -> str:
     """Markdown tables of every section and field of TrainConfig (the config reference in docs/trainer.md)."""
-    lines: list[str] = []
-
-    def section(cls: type, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        lines.append(f"### `{prefix}` — {(cls.__doc__ or '').strip().splitlines()[0]}")
-        lines.append("")
-        lines.append("| key | type | default | meaning |")
-        lines.append("|---|---|---|---|")
-        subs = []
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            if dataclasses.is_dataclass(default):
-                subs.append((type(default), f"{prefix}.{f.name}"))
-                continue
-            # entries of a list that may be sections themselves (reward models in rewards.functions)
-            for arg in typing.get_args(typing.get_args(hints[f.name])[0]) if typing.get_origin(hints[f.name]) is tuple \
-                    else ():
-                if _is_dataclass_type(arg):
-                    subs.append((arg, f"{prefix}.{f.name}[]"))
-            cells = [f"`{prefix}.{f.name}`", _type_name(hints[f.name]), _fmt_default(default),
-                     f.metadata.get("help", "")]
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-        lines.append("")
-        for sub_cls, sub_prefix in subs:
-            section(sub_cls, sub_prefix)
-
-    for f in dataclasses.fields(TrainConfig):
-        section(type(f.default), f.name)
-    return "\n".join(lines).rstrip() + "\n"
-
-
-DOC_START = "<!-- config-reference:start -->\n"
-DOC_END = "<!-- config-reference:end -->"
-
-
-METRICS_START = "<!-- metrics:start -->\n"
-METRICS_END = "<!-- metrics:end -->"
+    return render_reference(TrainConfig)
 
 
 def render_metrics_reference() -> str:
@@ -704,21 +525,10 @@ def render_metrics_reference() -> str:
     return "\n".join(rows) + "\n"
 
 
-def _replace_between(text: str, start_marker: str, end_marker: str, body: str) -> str:
-    start, end = text.index(start_marker) + len(start_marker), text.index(end_marker)
-    return text[:start] + body + text[end:]
-
-
 def update_reference_doc(path: str | os.PathLike) -> bool:
     """Rewrite the generated parts of ``path`` (config reference, metric table); returns whether it changed."""
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    new = _replace_between(text, DOC_START, DOC_END, render_config_reference())
-    new = _replace_between(new, METRICS_START, METRICS_END, render_metrics_reference())
-    if new != text:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(new)
-    return new != text
+    return update_generated(path, {"config-reference": render_config_reference(),
+                                   "metrics": render_metrics_reference()})
 
 
 if __name__ == "__main__":  # python -m lmpo.trainer.config docs/trainer.md

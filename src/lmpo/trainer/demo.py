@@ -13,8 +13,9 @@ import time
 
 import torch
 
+from lmpo.config import deep_merge as _deep_merge
 from lmpo.rewards import completion_text
-from lmpo.trainer.config import _deep_merge, config_from_dict, parse_overrides
+from lmpo.trainer.config import config_from_dict, parse_overrides
 
 #: the demo run (kept equal to configs/demo.yaml by a test)
 DEMO_CONFIG: dict = {
@@ -86,7 +87,7 @@ def run_demo(run_dir: str | None = None, seed: int | None = None, preset: str | 
           f"{cfg.loop.steps} RL steps with preset {cfg.objective.preset!r} "
           f"({cfg.loop.prompts_per_step} prompts x {cfg.rollout.completions_per_prompt} completions per step)",
           flush=True)
-    result = Trainer(cfg).train()
+    result = Trainer(cfg).train(overwrite=True)  # the demo replaces its own earlier run
     plots = result.plots
     seconds = time.perf_counter() - t0
     before = (result.eval_before or {}).get("eval/accuracy", float("nan"))

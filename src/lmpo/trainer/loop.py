@@ -30,18 +30,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 
+from lmpo.checkpoints import replace_file
+from lmpo.config import read_yaml
+from lmpo.errors import InputError, Interrupted, RunError
 from lmpo.objectives import Objective, ObjectiveDriver
 from lmpo.objectives.driver import merge_stats
+from lmpo.runs import check_resume_config, prepare_run_dir, stop_on_sigint
 from lmpo.trainer import checkpoint as ckpt
-from lmpo.trainer.config import TrainConfig, config_to_dict, save_config, validate_config
+from lmpo.trainer.config import TrainConfig, config_to_dict, validate_config
 from lmpo.trainer.evaluate import evaluate, reward_arguments
 from lmpo.trainer.metrics import MetricsLogger, to_host
 from lmpo.trainer.optim import Schedule, build_optimizer
 from lmpo.trainer.sft import position_ids_from_mask, supervised_warmup
 
+#: what a trainer run directory holds (``--overwrite`` deletes these and nothing else)
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "wandb")
+#: config keys ``--resume`` may change without ``--allow-config-change``
+RESUMABLE_KEYS = ("loop.steps", "logging.*", "eval.*", "checkpoint.*")
 
-class NonFiniteError(RuntimeError):
+
+class NonFiniteError(RunError):
     """Too many consecutive optimizer steps had a non-finite loss or gradient."""
 
 
@@ -111,15 +121,15 @@ class Trainer:
                                           **{"check_finite": False, **config.objective.overrides})
         self.driver = ObjectiveDriver(self.objective)
 
-        self.task = task if task is not None else self._build_task()
+        try:
+            self.task = task if task is not None else self._build_task()
+        except (OSError, ValueError, KeyError, TypeError, ImportError) as e:
+            raise self._task_error(e) from None
         train_examples = self.task.train_examples(seed=config.loop.seed)
         eval_examples = self.task.eval_examples()[: config.task.eval_examples]
 
         if model is None:
-            from lmpo.models import load_model_and_tokenizer
-
-            model, tok = load_model_and_tokenizer(config.model.name, dtype=config.model.dtype,
-                                                  device=self.device, seed=config.model.init_seed)
+            model, tok = self._load_model(config.model.name, "model.name", seed=config.model.init_seed)
             tokenizer = tokenizer or tok
         elif tokenizer is None:
             raise ValueError("Trainer(model=...) needs tokenizer=... as well")
@@ -202,13 +212,23 @@ class Trainer:
         return engine
 
     # ---------------------------------------------------------------- the run
-    def train(self, resume: str | os.PathLike | None = None) -> TrainResult:
-        """Run (or resume) the whole schedule: warm-up, RL steps, evaluations, checkpoints."""
+    def train(self, resume: str | os.PathLike | bool | None = None, *, overwrite: bool = False,
+              allow_config_change: bool = False) -> TrainResult:
+        """Run (or resume) the whole schedule: warm-up, RL steps, evaluations, checkpoints.
+
+        Args:
+            resume: None (a new run), ``"auto"`` (the newest complete checkpoint of ``logging.run_dir``) or a
+                checkpoint / run directory. A run directory that already holds a run is refused without it.
+            overwrite: delete the run already in ``logging.run_dir`` and start again.
+            allow_config_change: resume although the config differs from the stored one in keys other than
+                ``RESUMABLE_KEYS`` (steps, logging, evaluation, checkpoints).
+
+        A Ctrl-C (SIGINT) finishes the current RL step, writes a checkpoint and raises
+        :class:`lmpo.errors.Interrupted`; a second Ctrl-C stops at once.
+        """
         cfg = self.cfg
         t_start = time.perf_counter()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir / "config.yaml")
-        resume_path = ckpt.resolve_resume(str(resume) if resume not in (None, True) else resume, self.run_dir)
+        resume_path = self._prepare_run_dir(resume, overwrite, allow_config_change)
         result = TrainResult(run_dir=self.run_dir, steps_done=0)
 
         totals = cfg.derived_totals()
@@ -235,38 +255,42 @@ class Trainer:
         self.data_epoch, self.data_pos = 0, 0
         self._perm = self._permutation(0)
         self.nonfinite_total, self.nonfinite_in_row = 0, 0
-        start_step = 0
+        self.final_eval_done = False
+        start_step, metrics_rows = 0, None
         if resume_path is not None:
-            start_step = self._load(resume_path)
+            start_step, metrics_rows = self._load(resume_path)
             self.log(f"resumed from {resume_path} at step {start_step}")
         if self.rollout_engine is None:
             self.rollout_engine = self._make_rollout_engine()
 
         lg = cfg.logging
-        self.metrics = MetricsLogger(self.run_dir, cfg.loop.steps, start_step=start_step,
+        self.metrics = MetricsLogger(self.run_dir, cfg.loop.steps, start_step=start_step, keep_rows=metrics_rows,
                                      progress_bar=lg.progress_bar, tensorboard=lg.tensorboard, wandb=lg.wandb,
                                      wandb_project=lg.wandb_project, config=config_to_dict(cfg),
                                      print_every_steps=lg.print_every_steps)
         try:
-            if start_step == 0 and cfg.eval.at_start:
-                result.eval_before = self._evaluate()
-                self.metrics.log(0, result.eval_before, kind="eval")
-            step = start_step
-            for step in range(start_step + 1, cfg.loop.steps + 1):
-                stats = self._rl_step(step)
-                self.metrics.log(step, stats)
-                result.history.append(stats)
-                if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step != cfg.loop.steps:
-                    self.metrics.log(step, self._evaluate(), kind="eval")
-                if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                    self.save(step)
-            result.steps_done = step
-            if cfg.loop.steps > start_step or start_step == 0:
-                result.eval_after = self._evaluate()
-                self.metrics.log(cfg.loop.steps, result.eval_after, kind="eval")
-            if cfg.checkpoint.at_end and cfg.loop.steps > start_step and (
-                    not cfg.checkpoint.every_steps or cfg.loop.steps % cfg.checkpoint.every_steps):
-                self.save(cfg.loop.steps)
+            with stop_on_sigint(self.log) as self._stop:
+                if resume_path is None and cfg.eval.at_start:
+                    result.eval_before = self._evaluate()
+                    self.metrics.log(0, result.eval_before, kind="eval")
+                self._stop_if_asked(start_step)
+                step = start_step
+                for step in range(start_step + 1, cfg.loop.steps + 1):
+                    stats = self._rl_step(step)
+                    self.metrics.log(step, stats)
+                    result.history.append(stats)
+                    if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step != cfg.loop.steps:
+                        self.metrics.log(step, self._evaluate(), kind="eval")
+                    if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+                        self.save(step)
+                    self._stop_if_asked(step)
+                result.steps_done = step
+                if not self.final_eval_done:
+                    result.eval_after = self._evaluate()
+                    self.metrics.log(cfg.loop.steps, result.eval_after, kind="eval")
+                    self.final_eval_done = True
+                    if cfg.checkpoint.at_end:
+                        self.save(cfg.loop.steps)
         finally:
             self.metrics.close()
         if cfg.logging.plots:
@@ -276,6 +300,54 @@ class Trainer:
         result.nonfinite_skipped = self.nonfinite_total
         result.seconds = time.perf_counter() - t_start
         return result
+
+    # ---------------------------------------------------------------- run directory, interrupts
+    def _prepare_run_dir(self, resume, overwrite: bool, allow_config_change: bool) -> Path | None:
+        """One run per directory, the config check of ``--resume``, then the resolved config saved."""
+        cfg, run_dir = self.cfg, self.run_dir
+        resume_path = None
+        if resume in (None, False):
+            prepare_run_dir(run_dir, RUN_ENTRIES, resume=False, overwrite=overwrite, dir_option="logging.run_dir")
+        else:
+            target = run_dir if resume in (True, "auto", "latest") else Path(resume)
+            own = run_dir.resolve() in (target.resolve(), *target.resolve().parents)
+            # a checkpoint of another run starts this directory from it (a new run); otherwise it continues
+            prepare_run_dir(run_dir, RUN_ENTRIES, resume=own, overwrite=overwrite, dir_option="logging.run_dir")
+            stored = run_dir / "config.yaml"
+            if own and stored.is_file():
+                check_resume_config(read_yaml(stored, "stored config"), config_to_dict(cfg), RESUMABLE_KEYS,
+                                    allow_change=allow_config_change, stored_path=stored)
+            resume_path = ckpt.resolve_resume(target, run_dir, log=self.log)
+        replace_file(run_dir / "config.yaml",
+                     yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True).encode("utf-8"))
+        return resume_path
+
+    def _stop_if_asked(self, step: int) -> None:
+        if self._stop.requested:
+            path = self.save(step)
+            raise Interrupted(f"stopped by Ctrl-C after RL step {step} of {self.cfg.loop.steps}; checkpoint "
+                              f"written to {path}.", checkpoint=path)
+
+    def _task_error(self, e: Exception) -> InputError:
+        """A task that cannot be built, as one message naming the config keys to fix."""
+        tk = self.cfg.task
+        what = {"file": f"`task.path` = {tk.path!r}", "hf": f"`task.hf_name` = {tk.hf_name!r}"}.get(
+            tk.name, f"`task.name` = {tk.name!r} with `task.options` = {tk.options!r}")
+        detail = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
+        return InputError(f"{what}: the task cannot be built ({type(e).__name__}: {detail}). Fix the data or the "
+                          "task.* settings (prompt_field, answer_field, options).")
+
+    def _load_model(self, name: str, where: str, seed: int = 0):
+        """A built-in preset, a local model directory or a hub id; a failure names the config key."""
+        from lmpo.models import load_model_and_tokenizer
+
+        try:
+            return load_model_and_tokenizer(name, dtype=self.cfg.model.dtype, device=self.device, seed=seed)
+        except (OSError, ValueError) as e:
+            first = " ".join(str(e).split())[:300]
+            raise InputError(f"`{where}` = {name!r} could not be loaded ({type(e).__name__}: {first}). Give a "
+                             "built-in preset, a local directory holding a saved Hugging Face model (config.json "
+                             "and weights), or a hub id this machine can download (or has cached).") from None
 
     # ---------------------------------------------------------------- one RL step
     def _rl_step(self, step: int) -> dict[str, float]:
@@ -605,25 +677,37 @@ class Trainer:
             "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
                     "python_version": random.getstate()[0], "python_gauss": random.getstate()[2],
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            # the metrics rows written up to this checkpoint: a resumed run cuts metrics.jsonl back to them
+            "metrics_rows": self.metrics.rows if getattr(self, "metrics", None) is not None else 0,
+            "final_eval_done": self.final_eval_done,
         }
 
     def save(self, step: int) -> Path:
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.sync()  # the rows this checkpoint counts are on disk before it is
         return ckpt.save_checkpoint(self.run_dir, step, self.model, self.state_dict(step), ref_model=self.ref_model,
                                     keep_last=self.cfg.checkpoint.keep_last)
 
-    def _load(self, path: Path) -> int:
+    def _load(self, path: Path) -> tuple[int, int]:
+        """Restore the run from checkpoint ``path``; returns (RL step, metrics rows to keep)."""
         state = ckpt.load_checkpoint(path, self.model, ref_model=self.ref_model)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.schedule.load_state_dict(state["schedule"])
-        self.schedule.total_steps = self.cfg.total_optimizer_steps  # a run may be extended (more loop.steps)
-        self.driver.load_state_dict({"controller": state.get("controller")})
-        self.data_epoch, self.data_pos = int(state["data"]["epoch"]), int(state["data"]["pos"])
-        self._perm = self._permutation(self.data_epoch)
-        self.nonfinite_total = int(state["nonfinite"]["total"])
-        self.nonfinite_in_row = int(state["nonfinite"]["in_row"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        random.setstate((rng["python_version"], tuple(rng["python"]), rng["python_gauss"]))
-        if rng["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        return int(state["step"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.schedule.load_state_dict(state["schedule"])
+            self.schedule.total_steps = self.cfg.total_optimizer_steps  # a run may be extended (more loop.steps)
+            self.driver.load_state_dict({"controller": state.get("controller")})
+            self.data_epoch, self.data_pos = int(state["data"]["epoch"]), int(state["data"]["pos"])
+            self._perm = self._permutation(self.data_epoch)
+            self.nonfinite_total = int(state["nonfinite"]["total"])
+            self.nonfinite_in_row = int(state["nonfinite"]["in_row"])
+            rng = state["rng"]
+            torch.set_rng_state(rng["torch"])
+            random.setstate((rng["python_version"], tuple(rng["python"]), rng["python_gauss"]))
+            if rng["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+            self.final_eval_done = bool(state.get("final_eval_done", False))
+            return int(state["step"]), int(state.get("metrics_rows", 0))
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise ckpt.CheckpointError(f"checkpoint {path}: its state does not fit this run ({type(e).__name__}: "
+                                       f"{' '.join(str(e).split())[:200]}); it was written by another kind of run "
+                                       "(objective, optimizer, model). Resume with the run's own config.") from None

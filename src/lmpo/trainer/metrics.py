@@ -9,7 +9,6 @@ gets one plain line per interval instead (``console_line``), so a log holds no c
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -17,6 +16,9 @@ import time
 from pathlib import Path
 
 import torch
+
+from lmpo.runs import JsonlAppender, truncate_jsonl
+from lmpo.runs import read_jsonl as _read_jsonl
 
 
 def _objective_stat_docs() -> dict[str, str]:
@@ -117,13 +119,8 @@ def console_line(step: int, total_steps: int, metrics: dict[str, float], kind: s
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if line:
-                rows.append(json.loads(line))
-    return rows
+    """The records of a metrics file; a torn last line (a killed writer) is dropped with a note on stderr."""
+    return _read_jsonl(path)
 
 
 class MetricsLogger:
@@ -131,17 +128,20 @@ class MetricsLogger:
 
     Console: a tqdm bar when ``progress_bar`` and the console is a terminal (``console_is_terminal``), else
     a plain line every ``print_every_steps`` steps (None: a round interval giving about 20 lines; 0: none)
-    and at the last step. Evaluations always get a line.
+    and at the last step. Evaluations always get a line. ``keep_rows`` (a resumed run): cut metrics.jsonl back
+    to its first ``keep_rows`` records first.
     """
 
     def __init__(self, run_dir: str | os.PathLike, total_steps: int, *, start_step: int = 0,
-                 progress_bar: bool = True, tensorboard: bool = True, wandb: bool = False,
-                 wandb_project: str = "lmpo", config: dict | None = None, print_every_steps: int | None = None):
+                 keep_rows: int | None = None, progress_bar: bool = True, tensorboard: bool = True,
+                 wandb: bool = False, wandb_project: str = "lmpo", config: dict | None = None,
+                 print_every_steps: int | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / "metrics.jsonl"
-        self._truncate_after(start_step)
-        self._fh = open(self.jsonl_path, "a", encoding="utf-8")
+        # append-only; a resumed run first cuts the file back to the rows its checkpoint counted (atomically)
+        kept = truncate_jsonl(self.jsonl_path, keep_rows) if keep_rows is not None else 0
+        self._jsonl = JsonlAppender(self.jsonl_path, rows=kept)
         self.total_steps, self.start_step = total_steps, start_step
         use_bar = progress_bar and console_is_terminal() and total_steps > start_step
         if print_every_steps is None:
@@ -166,19 +166,18 @@ class MetricsLogger:
             self._bar = tqdm(total=total_steps, initial=start_step, desc="rl", dynamic_ncols=True,
                              leave=True)
 
-    def _truncate_after(self, step: int) -> None:
-        """On resume, drop records past the checkpoint so the file equals an uninterrupted run's."""
-        if not self.jsonl_path.exists():
-            return
-        keep = [r for r in read_jsonl(self.jsonl_path) if r.get("step", 0) <= step]
-        with open(self.jsonl_path, "w", encoding="utf-8") as fh:
-            for r in keep:
-                fh.write(json.dumps(r) + "\n")
+    @property
+    def rows(self) -> int:
+        """Records in metrics.jsonl so far (a checkpoint stores this)."""
+        return self._jsonl.rows
+
+    def sync(self) -> None:
+        """Force the records written so far to disk (before a checkpoint that counts them)."""
+        self._jsonl.sync()
 
     def log(self, step: int, metrics: dict[str, float], kind: str = "train") -> None:
         record = {"step": step, "kind": kind, **{k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}}
-        self._fh.write(json.dumps(record) + "\n")
-        self._fh.flush()
+        self._jsonl.append(record)
         if self._tb is not None:
             for k, v in metrics.items():
                 if math.isfinite(v):
@@ -216,5 +215,4 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
-        if not self._fh.closed:
-            self._fh.close()
+        self._jsonl.close()

@@ -1,0 +1,468 @@
+"""The one configuration base of lmpo: the trainer, RLVCR, the text environment and SAC are built on it.
+
+A configuration is a tree of frozen dataclasses. Every field is declared with :func:`option`, which keeps its
+documentation and its allowed values in the field's metadata::
+
+    @dataclass(frozen=True)
+    class OptimConfig:
+        lr: float = option(1e-5, "Peak learning rate.", gt=0)
+        schedule: str = option("constant", "constant | linear | cosine.", choices=("constant", "linear", "cosine"))
+
+From that metadata alone this module
+
+* builds a config from nested dicts (:func:`from_dict`): unknown keys are answered with the closest valid
+  name, values are coerced to the annotated type (``"1e-4"`` → ``1e-4``), and each value is checked against
+  its range (``gt``/``ge``/``lt``/``le``), its ``choices`` and, for floats, finiteness (``.inf`` and ``.nan``
+  are refused unless ``finite=False``);
+* loads YAML files plus dotted ``--section.key value`` overrides (:func:`load`, :func:`read_yaml`), with
+  a malformed file reported by file, line and column;
+* turns a config back into plain data (:func:`to_dict`, :func:`save_yaml`) and lists what differs
+  between two of them (:func:`changed_keys`, used by ``--resume``);
+* renders the reference tables of the docs (:func:`render_reference`).
+
+Checks that relate several fields (a divisor, a registry name, a file that must exist) stay in small
+``validate`` functions next to each config. Every error is a :class:`ConfigError` — an
+:class:`lmpo.errors.InputError` whose one-paragraph message names the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+import types
+import typing
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmpo.errors import InputError
+from lmpo.overrides import parse_overrides as _parse_overrides
+
+
+class ConfigError(InputError):
+    """A configuration value is invalid. The message names the field, the value and the fix."""
+
+
+#: metadata keys :func:`option` understands (a range bound, a list of choices, a hint for the fix)
+_CHECK_KEYS = ("gt", "ge", "lt", "le", "choices", "finite", "hint")
+
+
+def option(default: Any, help: str, *, gt: float | None = None, ge: float | None = None,
+           lt: float | None = None, le: float | None = None, choices: Iterable[Any] | None = None,
+           finite: bool = True, hint: str = "", **metadata: Any) -> Any:
+    """A dataclass field with its documentation and its allowed values.
+
+    ``gt``/``ge``/``lt``/``le``: exclusive / inclusive bounds (a ``None`` value is never range-checked);
+    ``choices``: the allowed values; ``finite``: refuse inf/nan floats (default); ``hint``: a sentence
+    appended to an error (how to fix it). Mutable defaults (dict, list) go through a factory.
+    """
+    meta = {"help": help, **metadata}
+    for key, value in (("gt", gt), ("ge", ge), ("lt", lt), ("le", le), ("hint", hint)):
+        if value not in (None, ""):
+            meta[key] = value
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    if not finite:
+        meta["finite"] = False
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Type coercion and per-field checks
+# ----------------------------------------------------------------------------------------------------
+
+
+def is_config_class(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert a YAML / command-line value to the annotated type, or raise ConfigError naming the field."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        last: ConfigError | None = None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return coerce(value, a, where)
+            except ConfigError as e:
+                last = e
+        assert last is not None
+        raise last
+    if is_config_class(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"`{where}` must be a mapping (a YAML section), got {value!r}; write its keys "
+                              f"as `{where}.KEY VALUE` or as an indented YAML block.")
+        return from_dict(tp, value, where)
+    if origin is tuple:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"`{where}` = {value!r} must be a list.")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"`{where}` = {value!r} must be a list of {len(args)} values.")
+        return tuple(coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if tp is dict or origin is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"`{where}` = {value!r} must be a mapping.")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+            return value.lower() in ("true", "yes", "on", "1")
+        raise ConfigError(f"`{where}` = {value!r} must be true or false.")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"`{where}` = {value!r} must be an integer.")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                try:
+                    f = float(value)
+                except ValueError:
+                    f = math.nan
+                if f.is_integer():
+                    return int(f)
+        raise ConfigError(f"`{where}` = {value!r} must be an integer.")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"`{where}` = {value!r} must be a number.")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"`{where}` = {value!r} must be a string.")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"`{where}` = {value!r} must be null.")
+    return value
+
+
+def range_text(meta: Mapping[str, Any]) -> str:
+    """``{"gt": 0, "le": 1}`` → ``"in (0, 1]"``; ``{"ge": 0}`` → ``">= 0"``; ``""`` when unbounded."""
+    low = ("(", meta["gt"]) if "gt" in meta else ("[", meta["ge"]) if "ge" in meta else None
+    high = (")", meta["lt"]) if "lt" in meta else ("]", meta["le"]) if "le" in meta else None
+    if low and high:
+        return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    if low:
+        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
+    if high:
+        return f"{'<' if high[0] == ')' else '<='} {high[1]}"
+    return ""
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    cut = text.find(". ")
+    return text if cut < 0 else text[: cut + 1]
+
+
+def check_value(value: Any, meta: Mapping[str, Any], where: str) -> None:
+    """Check one value against its field's ``choices``, range and finiteness; raise ConfigError."""
+    if value is None:
+        return
+    hint = f" {meta['hint']}" if meta.get("hint") else ""
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        names = [str(c) for c in choices]
+        close = difflib.get_close_matches(str(value), names, n=2, cutoff=0.5)
+        did = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise ConfigError(f"`{where}` = {value!r} is not one of {', '.join(names)}.{did}{hint}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, float) and meta.get("finite", True) and not math.isfinite(value):
+        raise ConfigError(f"`{where}` = {value!r} must be a finite number"
+                          f"{' ' + range_text(meta) if range_text(meta) else ''}.{hint}")
+    ok = (("gt" not in meta or value > meta["gt"]) and ("ge" not in meta or value >= meta["ge"])
+          and ("lt" not in meta or value < meta["lt"]) and ("le" not in meta or value <= meta["le"]))
+    if not ok:
+        what = _first_sentence(meta.get("help", ""))
+        raise ConfigError(f"`{where}` = {value!r} must be {range_text(meta)}"
+                          f"{f' ({what.rstrip(chr(46))})' if what else ''}.{hint}")
+
+
+def fields_of(cfg_or_cls: Any) -> Iterator[tuple[dataclasses.Field, Any]]:
+    """``(field, resolved type)`` of a config class or instance."""
+    cls = cfg_or_cls if isinstance(cfg_or_cls, type) else type(cfg_or_cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        yield f, hints[f.name]
+
+
+def check_fields(cfg: Any, where: str = "") -> None:
+    """Check every field of ``cfg`` (and of its sections) against its metadata; raise ConfigError."""
+    for f, _ in fields_of(cfg):
+        value = getattr(cfg, f.name)
+        key = f"{where}.{f.name}" if where else f.name
+        if dataclasses.is_dataclass(value):
+            check_fields(value, key)
+        elif isinstance(value, tuple):
+            for i, v in enumerate(value):
+                if dataclasses.is_dataclass(v):  # a list of sections (reward models in rewards.functions)
+                    check_fields(v, f"{key}[{i}]")
+                else:
+                    check_value(v, f.metadata, f"{key}[{i}]")
+        else:
+            check_value(value, f.metadata, key)
+
+
+# ----------------------------------------------------------------------------------------------------
+# dict <-> config
+# ----------------------------------------------------------------------------------------------------
+
+
+def unknown_key_error(cls: type, key: str, where: str) -> ConfigError:
+    names = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(f'`{c}`' for c in close)}?" if close else ""
+    path = f"{where}.{key}" if where else key
+    return ConfigError(f"unknown config key `{path}`.{hint} Valid keys here: {', '.join(names)}.")
+
+
+def from_dict(cls: type, data: Mapping[str, Any] | None, where: str = "") -> Any:
+    """Build ``cls`` from a nested dict: unknown keys, wrong types and out-of-range values raise ConfigError."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"`{where or 'config'}` must be a mapping of keys to values, got {data!r}.")
+    types_ = {f.name: (f, tp) for f, tp in fields_of(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in types_:
+            raise unknown_key_error(cls, str(key), where)
+        f, tp = types_[key]
+        sub = f"{where}.{key}" if where else str(key)
+        value = coerce(value, tp, sub)
+        if isinstance(value, tuple):
+            for i, v in enumerate(value):
+                check_value(v, f.metadata, f"{sub}[{i}]")
+        elif not dataclasses.is_dataclass(value):
+            check_value(value, f.metadata, sub)
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:  # a section's own cross-field check
+        raise ConfigError(f"`{where or cls.__name__}`: {e}") from e
+
+
+def to_dict(cfg: Any) -> dict:
+    """Nested plain dict (tuples as lists) suitable for YAML / JSON."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            v = to_dict(v)
+        elif isinstance(v, tuple):
+            v = [to_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
+        elif isinstance(v, dict):
+            v = dict(v)
+        out[f.name] = v
+    return out
+
+
+def deep_merge(base: Mapping, over: Mapping) -> dict:
+    """``base`` with ``over`` laid on top, section by section."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_overrides(argv: list[str]) -> dict:
+    """``["--objective.preset", "dapo", "--optim.lr=1e-4"]`` → nested dict (:func:`lmpo.overrides.parse_overrides`)."""
+    return _parse_overrides(argv, error=ConfigError)
+
+
+def read_yaml(path: str | os.PathLike, what: str = "config file") -> dict:
+    """A YAML mapping from ``path`` (``yaml.safe_load``: tags that would build Python objects are refused)."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{what} {str(path)!r} does not exist; pass the path of a YAML file (see configs/).")
+    if p.is_dir():
+        raise ConfigError(f"{what} {str(path)!r} is a directory; pass the path of a YAML file inside it.")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {str(path)!r} is not UTF-8 text (byte offset {e.start}); save it as UTF-8.") \
+            from None
+    try:
+        data = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML{at}: {problem}. Fix the file (YAML needs "
+                          "`key: value` pairs, spaces not tabs for indentation).") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {str(path)!r} must hold a YAML mapping of keys to values, not a "
+                          f"{type(data).__name__}.")
+    return data
+
+
+def load(cls: type, path: str | os.PathLike | None = None, overrides: list[str] | Mapping | None = None, *,
+         base: Mapping | None = None) -> Any:
+    """``base`` dict (e.g. a preset) ← YAML file ← overrides (``--a.b value`` list or nested dict) → ``cls``."""
+    data: dict = dict(base or {})
+    if path is not None:
+        data = deep_merge(data, read_yaml(path))
+    if overrides:
+        over = parse_overrides(list(overrides)) if not isinstance(overrides, Mapping) else overrides
+        data = deep_merge(data, over)
+    return from_dict(cls, data)
+
+
+def save_yaml(cfg: Any, path: str | os.PathLike) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(to_dict(cfg), fh, sort_keys=False, allow_unicode=True)
+
+
+def changed_keys(old: Mapping, new: Mapping, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(dotted key, old value, new value)`` for every leaf that differs between two config dicts."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        name = f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping) and (a or b) and _is_section(a, b):
+            out.extend(changed_keys(a, b, f"{name}."))  # free-form dicts too: the message names the inner key
+        elif _plain(a) != _plain(b):
+            out.append((name, a, b))
+    return out
+
+
+def _is_section(a: Mapping, b: Mapping) -> bool:
+    return all(isinstance(k, str) for k in (*a, *b))
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reference documentation rendered from the dataclasses
+# ----------------------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    s = str(tp) if not isinstance(tp, type) else tp.__name__
+    s = re.sub(r"\b(?:[a-z_]+\.)+(?=[A-Z])", "", s)  # lmpo.trainer.config.RewardModelConfig → RewardModelConfig
+    return s.replace("typing.", "").replace("NoneType", "None")
+
+
+def _fmt_default(v: Any) -> str:
+    if dataclasses.is_dataclass(v):
+        return "(section)"
+    if isinstance(v, tuple):
+        v = list(v)
+    return "`" + yaml.safe_dump(v, default_flow_style=True, allow_unicode=True).strip().removesuffix("...").strip() \
+        + "`"
+
+
+def _allowed(meta: Mapping[str, Any]) -> str:
+    if meta.get("choices") is not None:
+        return "one of " + ", ".join(f"`{c}`" for c in meta["choices"])
+    return range_text(meta)
+
+
+def generated_block(text: str, name: str) -> str:
+    """The text between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` (a generated part of a doc)."""
+    start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+    return text[text.index(start) + len(start): text.index(end)]
+
+
+def update_generated(path: str | os.PathLike, blocks: Mapping[str, str]) -> bool:
+    """Rewrite the generated blocks (name → body) of a Markdown file; returns whether it changed."""
+    text = Path(path).read_text(encoding="utf-8")
+    new = text
+    for name, body in blocks.items():
+        start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+        new = new[: new.index(start) + len(start)] + body + new[new.index(end):]
+    if new != text:
+        Path(path).write_text(new, encoding="utf-8")
+    return new != text
+
+
+def render_reference(cls: type, prefix: str = "") -> str:
+    """Markdown tables of every field of the config class ``cls``, one table per section.
+
+    When every field of ``cls`` is a section, each is a table named after its field; otherwise ``cls`` itself
+    is the first table (keys written ``prefix.key``, or bare without a prefix) followed by its sections.
+    """
+    lines: list[str] = []
+
+    def section(c: type, pre: str) -> None:
+        title = f"`{pre}`" if pre else "top-level keys"
+        lines.append(f"### {title} — {(c.__doc__ or '').strip().splitlines()[0]}")
+        lines.append("")
+        lines.append("| key | type | default | meaning |")
+        lines.append("|---|---|---|---|")
+        subs = []
+        for f, tp in fields_of(c):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            key = f"{pre}.{f.name}" if pre else f.name
+            if dataclasses.is_dataclass(default):
+                subs.append((type(default), key))
+                continue
+            # entries of a list that may be sections themselves (reward models in rewards.functions)
+            if typing.get_origin(tp) is tuple:
+                for arg in typing.get_args(typing.get_args(tp)[0]):
+                    if is_config_class(arg):
+                        subs.append((arg, f"{key}[]"))
+            meaning = f.metadata.get("help", "")
+            allowed = _allowed(f.metadata)
+            if allowed:
+                meaning = f"{meaning} Allowed: {allowed}."
+            cells = [f"`{key}`", _type_name(tp), _fmt_default(default), meaning]
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        lines.append("")
+        for sub_cls, sub_prefix in subs:
+            section(sub_cls, sub_prefix)
+
+    if prefix or not all(dataclasses.is_dataclass(f.default) for f, _ in fields_of(cls)):
+        section(cls, prefix)  # keys written prefix.key (or bare, without a prefix), then each section
+    else:  # a config whose fields are all sections (the trainer's): one table tree per section
+        for f, _ in fields_of(cls):
+            section(type(f.default), f.name)
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,227 @@
+"""Run directories: one run per directory, what ``--resume`` may change, and metrics files that survive a kill.
+
+Rules shared by ``lmpo train`` and ``lmpo sac train``:
+
+* A directory that already holds a run is refused unless the command says ``--resume`` (continue it from its
+  newest complete checkpoint) or ``--overwrite`` (delete the run's files and start again; files lmpo did not
+  write are left alone). ``--resume`` where there is no checkpoint is an error, not a silent fresh start.
+* ``--resume`` compares the stored config with the new one: a change outside the command's allowed keys
+  (how long to run, logging, evaluation and checkpoint cadence) is refused, naming each changed key, unless
+  ``--allow-config-change`` is given.
+* Metrics files are append-only JSONL. A resumed run cuts the file back to the rows its checkpoint had seen,
+  through a temporary file and a rename; a torn last line (a kill mid-write) is dropped and reported.
+* Temporary files a killed writer left behind (``.tmp_*``) are removed when a run starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from lmpo.checkpoints import remove_stale, replace_file
+from lmpo.config import changed_keys
+from lmpo.errors import InputError
+
+
+def holds_run(run_dir: str | os.PathLike, entries: Iterable[str]) -> list[str]:
+    """The names of ``entries`` (files lmpo writes) present in ``run_dir``."""
+    run_dir = Path(run_dir)
+    return [e for e in entries if (run_dir / e).exists()] if run_dir.is_dir() else []
+
+
+def prepare_run_dir(run_dir: str | os.PathLike, entries: Iterable[str], *, resume: bool, overwrite: bool,
+                    dir_option: str) -> None:
+    """Apply the one-run-per-directory rule (module docstring) and remove stale temporary files.
+
+    ``entries``: the files and folders this kind of run writes; ``dir_option``: how the user names the
+    directory (e.g. ``logging.run_dir``), for the message.
+    """
+    run_dir = Path(run_dir)
+    if resume and overwrite:
+        raise InputError("--resume and --overwrite contradict each other: --resume continues the run in "
+                         f"{str(run_dir)!r}, --overwrite deletes it. Give one of them.")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InputError(f"run directory {str(run_dir)!r} is a file; choose another {dir_option}.")
+    present = holds_run(run_dir, entries)
+    if resume and not present:
+        raise InputError(f"--resume: {str(run_dir)!r} holds no run to continue (no checkpoint, config or metrics "
+                         f"there). Start the run without --resume, or point {dir_option} at the run's directory.")
+    if present and not resume:
+        if not overwrite:
+            raise InputError(f"run directory {str(run_dir)!r} already holds a run ({', '.join(present)}). Add "
+                             "--resume to continue it, --overwrite to delete it and start again, or choose "
+                             f"another {dir_option}.")
+        for name in present:
+            p = run_dir / name
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"run directory {str(run_dir)!r} cannot be created ({e.strerror or e}); choose another "
+                         f"{dir_option}.") from None
+    remove_stale(run_dir)
+
+
+def _allowed(key: str, allowed: Iterable[str]) -> bool:
+    return any(key == a or (a.endswith(".*") and key.startswith(a[:-1])) for a in allowed)
+
+
+def check_resume_config(stored: Mapping[str, Any], new: Mapping[str, Any], allowed: Iterable[str], *,
+                        allow_change: bool, stored_path: str | os.PathLike) -> list[tuple[str, Any, Any]]:
+    """Compare a run's stored config with the one it is resumed with; return the changes.
+
+    Raises :class:`InputError` naming every changed key outside ``allowed`` (``"loop.steps"``,
+    ``"logging.*"``) unless ``allow_change``.
+    """
+    allowed = tuple(allowed)
+    changes = changed_keys(stored, new)
+    blocked = [c for c in changes if not _allowed(c[0], allowed)]
+    if blocked and not allow_change:
+        listed = "; ".join(f"`{k}` {a!r} -> {b!r}" for k, a, b in blocked)
+        free = ", ".join(a.replace(".*", ".…") for a in allowed)
+        raise InputError(f"--resume: the config differs from the run's stored config ({stored_path}) in {listed}. "
+                         f"A resumed run continues the same experiment; only {free} may change. Undo the change, "
+                         "start a new run directory, or add --allow-config-change to continue with it anyway.")
+    return changes
+
+
+class StopRequest:
+    """Set by the first Ctrl-C inside :func:`stop_on_sigint`; the loop checks it between steps."""
+
+    requested = False
+
+
+@contextlib.contextmanager
+def stop_on_sigint(log: Callable[[str], None]) -> Iterator[StopRequest]:
+    """A first Ctrl-C (SIGINT) asks the loop to stop at its next safe point (where it writes a checkpoint);
+    a second one raises ``KeyboardInterrupt`` at once. Outside the main thread nothing is installed."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def ask(signum, frame):
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.requested = True
+        log("interrupt: finishing this step, then writing a checkpoint (Ctrl-C again to stop at once)")
+
+    previous = signal.signal(signal.SIGINT, ask)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def read_json_object(path: str | os.PathLike, what: str, fix: str) -> dict:
+    """A JSON object (mapping) from a run directory's file; a damaged file is one message naming it.
+
+    ``what``: what the file should be (``"a JSON config"``); ``fix``: the sentence that says what to do.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
+        raise InputError(f"{path} is not {what} ({type(e).__name__}: {e}); the run directory is damaged. {fix}") \
+            from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} holds a JSON {type(data).__name__}, not {what}; the run directory is damaged. "
+                         f"{fix}")
+    return data
+
+
+# ----------------------------------------------------------------------------------------------------
+# Metrics files
+# ----------------------------------------------------------------------------------------------------
+
+
+def _report(msg: str) -> None:
+    print(f"note: {msg}", file=sys.stderr, flush=True)
+
+
+def read_jsonl_lines(path: str | os.PathLike, on_torn: Callable[[str], None] | None = _report
+                     ) -> list[tuple[bytes, dict]]:
+    """``(raw line, record)`` of every complete line of a JSONL metrics file.
+
+    A last line without its newline (the writer was killed mid-line) is dropped and reported through
+    ``on_torn``; a damaged line elsewhere raises :class:`InputError` naming the file and the line.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not a metrics file.") from None
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
+    out = []
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as e:
+            raise InputError(f"{path}: line {n} is not a JSON record ({type(e).__name__}: {e}). The file is "
+                             "damaged; restore it from a copy or delete that line.") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{path}: line {n} is a JSON {type(record).__name__}, not a record (an object); the "
+                             "file is not an lmpo metrics file.")
+        out.append((raw + b"\n", record))
+    if tail.strip() and on_torn is not None:
+        on_torn(f"{path}: the last line is incomplete ({len(tail)} bytes without a newline: the run was stopped "
+                "while writing it) and is ignored.")
+    return out
+
+
+def read_jsonl(path: str | os.PathLike, on_torn: Callable[[str], None] | None = _report) -> list[dict]:
+    """The records of a JSONL metrics file (see :func:`read_jsonl_lines`)."""
+    return [r for _, r in read_jsonl_lines(path, on_torn)]
+
+
+def truncate_jsonl(path: str | os.PathLike, keep_rows: int, on_torn: Callable[[str], None] | None = _report) -> int:
+    """Keep the first ``keep_rows`` complete records of ``path`` (bytes unchanged), atomically; returns how
+    many it kept (fewer when the file had fewer)."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    lines = read_jsonl_lines(path, on_torn)
+    kept = lines[:keep_rows]
+    data = b"".join(raw for raw, _ in kept)
+    if data != path.read_bytes():
+        replace_file(path, data)
+    return len(kept)
+
+
+class JsonlAppender:
+    """Append-only JSONL writer: one ``json.dumps`` line per record, flushed at once (a kill loses at most
+    the line being written); :meth:`sync` also forces it to disk."""
+
+    def __init__(self, path: str | os.PathLike, rows: int = 0):
+        self.path = Path(path)
+        self.rows = rows
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+        self.rows += 1
+
+    def sync(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self.sync()
+            self._fh.close()

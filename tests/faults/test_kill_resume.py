@@ -1,0 +1,349 @@
+"""Fault injection: SIGKILL at seeded points of a trainer and a SAC run, then ``--resume``, reproduces the
+uninterrupted run's final weights and metrics exactly (CPU).
+
+Each run executes ``lmpo.cli.main`` in a child forked from this (already imported) process. In the child,
+every point where a kill can hurt calls ``tick``: each file write of a checkpoint or of the run's config is
+split in two halves with a tick between them (a torn file), every metrics line likewise, every rename and
+directory removal (publishing or pruning a checkpoint) is preceded and followed by one, and so is every RL
+step / environment lock-step. A counting run of the uninterrupted job lists the ticks; a seeded draw picks
+kill points among them — some inside checkpoint writes, some inside metrics writes, the rest anywhere — and
+the child SIGKILLs itself at its chosen tick. The run is then resumed (``--resume``; when the kill came before
+the first checkpoint the command refuses with exit status 2 and the run is started again with
+``--overwrite``, as a user would), in a few tries killed again during the resume, and finally compared with
+the uninterrupted run: the final checkpoint's weights bit for bit and every metrics row except wall-clock
+timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+import lmpo.checkpoints as ckmod
+import lmpo.runs as runsmod
+from lmpo.cli import main
+from lmpo.models.presets import MODEL_PRESETS, ModelPreset
+
+#: kills per job: (inside checkpoint writes, inside metrics writes, anywhere else), plus tries whose resume is
+#: killed once more
+KILLS = (8, 6, 6)
+DOUBLE_KILLS = 2
+TIMING_KEYS = ("time/", "perf/", "step/seconds", "step/updates_per_s")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Forked children with kill points
+# ----------------------------------------------------------------------------------------------------
+
+
+def _install_kill_points(kill_at: int | None, labels: list[str]) -> None:
+    """Patch this (child) process so that the ``kill_at``-th tick SIGKILLs it; record every tick's label."""
+    import shutil
+
+    import lmpo.sac.train as sac_train
+    import lmpo.trainer.checkpoint as trainer_ckpt
+    import lmpo.trainer.loop as loop
+
+    def tick(label: str) -> None:
+        labels.append(label)
+        if len(labels) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def torn_write_bytes(path, data: bytes, sync: bool = True) -> None:
+        name = Path(path).name
+        with open(path, "wb") as fh:
+            fh.write(data[: len(data) // 2])
+            fh.flush()
+            tick(f"ckpt-write-half {name}")
+            fh.write(data[len(data) // 2:])
+            fh.flush()
+            if sync:
+                os.fsync(fh.fileno())
+        tick(f"ckpt-write-done {name}")
+
+    def torn_append(self, record) -> None:
+        line = json.dumps(record) + "\n"
+        self._fh.write(line[: len(line) // 2])
+        self._fh.flush()
+        tick("metrics-write-half")
+        self._fh.write(line[len(line) // 2:])
+        self._fh.flush()
+        self.rows += 1
+        tick("metrics-write-done")
+
+    def around(label: str, fn):
+        def wrapped(*a, **k):
+            tick(f"{label}-before")
+            out = fn(*a, **k)
+            tick(f"{label}-after")
+            return out
+        return wrapped
+
+    # fsync guards against power loss, not against a killed process (the page cache survives SIGKILL); it is
+    # slow on shared disks, so the children skip it
+    os.fsync = lambda fd: None
+    ckmod.write_bytes = torn_write_bytes
+    runsmod.JsonlAppender.append = torn_append
+    trainer_ckpt.save_model = around("ckpt-save-model", trainer_ckpt.save_model)
+    os.replace = around("ckpt-rename", os.replace)
+    shutil.rmtree = around("ckpt-rmtree", shutil.rmtree)
+    loop.Trainer._rl_step = around("rl-step", loop.Trainer._rl_step)
+    sac_train.Trainer.collect = around("env-step", sac_train.Trainer.collect)
+
+
+def run_child(argv: list[str], cwd: Path, kill_at: int | None = None, labels_file: Path | None = None,
+              timeout_s: float = 300.0, prepare=None) -> int | str:
+    """Run ``lmpo argv`` in a forked child; returns its exit status, or ``"killed"``. ``prepare()`` runs in the
+    child first (to patch it)."""
+    log = cwd / "child.log"
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            # pytest replaces sys.stdout/stderr by its own capture files: write to the log instead
+            sys.stdout = open(1, "w", buffering=1, closefd=False)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)
+            os.chdir(cwd)
+            torch.set_num_threads(1)
+            labels: list[str] = []
+            _install_kill_points(kill_at, labels)
+            if prepare is not None:
+                prepare()
+            code = main(argv)
+            if labels_file is not None:
+                labels_file.write_text(json.dumps(labels))
+        except BaseException:  # noqa: BLE001 - report and exit; the parent reads the log
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"child `lmpo {' '.join(argv)}` hung; log:\n{log.read_text()[-3000:]}")
+        time.sleep(0.01)
+    if os.WIFSIGNALED(status):
+        assert os.WTERMSIG(status) == signal.SIGKILL, log.read_text()[-3000:]
+        return "killed"
+    return os.WEXITSTATUS(status)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The kill-and-resume driver
+# ----------------------------------------------------------------------------------------------------
+
+
+def _choose_kills(labels: list[str], seed: int) -> list[int]:
+    rng = random.Random(seed)
+    ckpt = [i for i, lab in enumerate(labels, 1) if lab.startswith("ckpt-")]
+    metrics = [i for i, lab in enumerate(labels, 1) if lab.startswith("metrics-")]
+    other = [i for i in range(1, len(labels) + 1) if i not in set(ckpt) | set(metrics)]
+    picks = rng.sample(ckpt, KILLS[0]) + rng.sample(metrics, KILLS[1]) + rng.sample(other, KILLS[2])
+    return sorted(picks)
+
+
+@dataclass
+class Job:
+    fresh: list[str]
+    resume: list[str]
+    ref: Path  # the uninterrupted run (its directory holds run/)
+    labels: list[str]  # the ticks of the uninterrupted run
+    weights: str  # the weights file of a checkpoint
+
+
+def _prepare_job(root: Path, fresh: list[str], resume: list[str], weights: str) -> Job:
+    warm = root / "warm-up"  # one run in this process first: every lazy import is done before the forks
+    warm.mkdir()
+    cwd = os.getcwd()
+    os.chdir(warm)
+    try:
+        assert main(fresh) == 0
+    finally:
+        os.chdir(cwd)
+    ref = root / "ref"
+    ref.mkdir()
+    labels_file = root / "labels.json"
+    assert run_child(fresh, ref, labels_file=labels_file) == 0, (ref / "child.log").read_text()[-3000:]
+    return Job(fresh, resume, ref, json.loads(labels_file.read_text()), weights)
+
+
+def _final_state(d: Path, job: Job) -> dict:
+    ck = _newest_checkpoint(d / "run")
+    return {"checkpoint": ck.name, "weights": load_file(ck / job.weights), "metrics": _metrics(d / "run")}
+
+
+def _same_run(got: dict, want: dict, where: str) -> None:
+    assert got["checkpoint"] == want["checkpoint"], where
+    assert got["weights"].keys() == want["weights"].keys(), where
+    for key in want["weights"]:
+        assert torch.equal(got["weights"][key], want["weights"][key]), f"{where}: {key} differs"
+    assert got["metrics"] == want["metrics"], f"{where}: metrics differ"
+
+
+def _kill_and_resume(tmp: Path, job: Job, seed: int) -> dict:
+    """Once per seeded kill point: kill the job there, resume until it completes, compare with the reference."""
+    fresh, resume, labels = job.fresh, job.resume, job.labels
+    reference = _final_state(job.ref, job)
+    kills = _choose_kills(labels, seed)
+    rng = random.Random(seed + 1)
+    double = set(rng.sample(range(len(kills)), DOUBLE_KILLS))
+    t0 = time.perf_counter()
+    report = {"ticks": len(labels), "tries": 0, "reproduced": 0, "restarted": 0, "resume_kills": 0,
+              "where": [labels[k - 1] for k in kills]}
+    for n, k in enumerate(kills):
+        d = tmp / f"try{n:02d}"
+        d.mkdir()
+        assert run_child(fresh, d, kill_at=k) == "killed", (d / "child.log").read_text()[-3000:]
+        second_kill = n in double
+        for _ in range(4):  # resume (killed once more in a few tries) until the run completes
+            kill_at = rng.randint(1, max(2, len(labels) // 2)) if second_kill else None
+            second_kill = False
+            code = run_child(resume, d, kill_at=kill_at)
+            if code == "killed":
+                report["resume_kills"] += 1
+                continue
+            last = (d / "child.log").read_text().strip().splitlines()[-1]
+            if code == 2 and ("no checkpoint" in last or "holds no run" in last):
+                report["restarted"] += 1  # killed before the first checkpoint: start again, as the message says
+                code = run_child([*fresh, "--overwrite"], d)
+            assert code == 0, (d / "child.log").read_text()[-3000:]
+            break
+        else:
+            raise AssertionError(f"try {n}: the run did not complete after resuming")
+        report["tries"] += 1
+        _same_run(_final_state(d, job), reference, f"try {n} (kill at tick {k}: {labels[k - 1]})")
+        report["reproduced"] += 1
+    report["seconds_per_try"] = round((time.perf_counter() - t0) / max(1, report["tries"]), 2)
+    return report
+
+
+def _metrics(run: Path) -> list[dict]:
+    rows = runsmod.read_jsonl(run / "metrics.jsonl", on_torn=None)
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in rows]
+
+
+def _newest_checkpoint(run: Path) -> Path:
+    found = ckmod.list_checkpoints(run)
+    assert found, f"{run} has no checkpoint"
+    ckmod.verify_checkpoint(found[-1])
+    return found[-1]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The two jobs
+# ----------------------------------------------------------------------------------------------------
+
+
+TRAIN_CONFIG = {
+    "model": {"name": "kill-tiny"},
+    "task": {"name": "addition", "options": {"min_digits": 1, "max_digits": 1, "num_eval": 8, "num_train": 64},
+             "eval_examples": 6},
+    "rollout": {"completions_per_prompt": 3, "max_new_tokens": 3},
+    "objective": {"preset": "adaptive_entropy", "overrides": {"kl_coef": 0.01}},  # controller + reference model
+    "rewards": {"functions": ["exact_match", "length_penalty"], "weights": [1.0, 1.0],
+                "kwargs": {"length_penalty": {"target_chars": 0, "scale_chars": 3.0}}},
+    "optim": {"lr": 1e-2},
+    "sft": {"steps": 2, "seqs_per_step": 4},
+    "loop": {"steps": 6, "prompts_per_step": 2, "seqs_per_microbatch": 3, "device": "cpu", "seed": 0},
+    "eval": {"at_start": True, "every_steps": 3, "seqs_per_batch": 6},
+    "checkpoint": {"every_steps": 2, "keep_last": 2},
+    "logging": {"run_dir": "run", "progress_bar": False, "tensorboard": False},
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """The trainer and SAC jobs, each run once uninterrupted (the reference) with its ticks counted."""
+    from lmpo.textenv import sample_text_path
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    mp = pytest.MonkeyPatch()
+    mp.setitem(MODEL_PRESETS, "kill-tiny", ModelPreset(hidden_size=16, num_layers=1, num_heads=2,
+                                                        intermediate_size=32, description="kill test"))
+    root = tmp_path_factory.mktemp("kill")
+    mp.setenv("LMPO_CACHE_DIR", str(root / "cache"))
+    cfg = root / "train.yaml"
+    cfg.write_text(yaml.safe_dump(TRAIN_CONFIG))
+    (root / "trainer").mkdir()
+    (root / "sac").mkdir()
+    sac = ["sac", "train", "--run-dir", "run", "--corpus", str(sample_text_path()), *SAC_ARGS]
+    yield {
+        "trainer": _prepare_job(root / "trainer", ["train", str(cfg)], ["train", str(cfg), "--resume"],
+                                "model.safetensors"),
+        "sac": _prepare_job(root / "sac", sac, ["sac", "train", "--run-dir", "run", "--resume", "--quiet", "--no-eval"],
+                            "agent.safetensors"),
+    }
+    mp.undo()
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name, seed", [("trainer", 12), ("sac", 4)])
+def test_kill_anywhere_then_resume_reproduces_the_run(jobs, name, seed, tmp_path):
+    report = _kill_and_resume(tmp_path, jobs[name], seed)
+    print(f"\n{name} kill/resume: {report}")
+    assert report["reproduced"] == report["tries"] == sum(KILLS)
+
+
+SAC_ARGS = ["--quiet", "--no-eval", "--heldout_fraction", "0.25", "--num_envs", "2", "--total_env_steps", "56",
+            "--learning_starts", "16", "--updates_per_iteration", "2", "--log_every_updates", "4",
+            "--checkpoint_every_updates", "5", "--checkpoint_keep_last", "2", "--eval_every_updates", "8",
+            "--eval_max_positions", "16", "--threads", "1", "--net.embed_dim", "8", "--net.gru_hidden", "8",
+            "--net.policy_hidden", "8", "--net.q_hidden", "8", "--net.action_embed_dim", "8",
+            "--replay.transitions_per_batch", "8", "--replay.teacher_anneal_env_steps", "40",
+            "--env.window_chars", "4", "--env.max_steps", "8", "--env.nce_pretrain_steps", "2",
+            "--env.use_jieba_lexicon", "false"]
+
+
+def _ctrl_c_after(cls, method: str, calls: int):
+    """Patch ``cls.method`` (in the child) so that its ``calls``-th call sends this process a SIGINT first."""
+    def prepare():
+        real, seen = getattr(cls, method), []
+
+        def wrapped(self, *a, **k):
+            seen.append(1)
+            if len(seen) == calls:
+                os.kill(os.getpid(), signal.SIGINT)
+            return real(self, *a, **k)
+        setattr(cls, method, wrapped)
+    return prepare
+
+
+@pytest.mark.parametrize("name", ["trainer", "sac"])
+def test_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_resumes_exactly(jobs, name, tmp_path):
+    import lmpo.sac.train as sac_train
+    import lmpo.trainer.loop as loop
+
+    job = jobs[name]
+    (cls, method, calls), said = {
+        "trainer": ((loop.Trainer, "_rl_step", 3), "after RL step 3 of 6"),
+        "sac": ((sac_train.Trainer, "collect", 14), "after 14 updates (28 env steps)"),
+    }[name]
+    assert run_child(job.fresh, tmp_path, prepare=_ctrl_c_after(cls, method, calls)) == 130
+    last = (tmp_path / "child.log").read_text().strip().splitlines()[-1]
+    assert f"stopped by Ctrl-C {said}" in last and "checkpoint written to run/checkpoints/step_" in last, last
+    assert last.split("Continue with: ")[1] == "lmpo " + " ".join([*job.fresh, "--resume"]), last
+    assert run_child([*job.fresh, "--resume"], tmp_path) == 0, (tmp_path / "child.log").read_text()[-2000:]
+    _same_run(_final_state(tmp_path, job), _final_state(job.ref, job), f"{name} after Ctrl-C")
