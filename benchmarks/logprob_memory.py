@@ -18,7 +18,7 @@ Modes: ``forward`` = under ``no_grad`` (behaviour / reference log-probs); ``trai
 Variants: ``naive`` = ``torch.log_softmax(logits, -1).gather(-1, ids)`` (in the logits' dtype: for bf16
 logits its log-probs carry bf16 rounding, ~1e-2 at |log p| ~ 10); ``naive_fp32`` (bf16 forward only) =
 ``torch.log_softmax(logits.float(), -1).gather(-1, ids)``, the naive formula at selective's precision; ``selective`` =
-``lmpo.trainer.logprobs.selective_log_softmax`` (chunked, new gradient buffer); ``selective_inplace`` = the
+``lmpo.generation.selective_log_softmax`` (chunked, new gradient buffer); ``selective_inplace`` = the
 same with ``inplace_backward=True`` (gradient written into the logits' storage, as ``sequence_logprobs``
 does with the logits it gets from ``lm_head``). Targets: selective ≤ 25 % of naive peak, ≤ 1.2× its time.
 """
@@ -53,7 +53,7 @@ def _fill(logits: torch.Tensor, seed: int) -> None:
 
 
 def _call(variant: str, logits: torch.Tensor, index: torch.Tensor, grad_out: torch.Tensor | None):
-    from lmpo.trainer.logprobs import selective_log_softmax
+    from lmpo.generation import selective_log_softmax
 
     if variant == "naive":
         out = torch.log_softmax(logits, dim=-1).gather(-1, index.unsqueeze(-1)).squeeze(-1)

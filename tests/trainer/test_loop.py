@@ -149,7 +149,7 @@ def test_lora_trains_only_the_adapters(tmp_path):
 
 
 def test_shared_prompt_prefix_gives_the_plain_forward_logprobs_and_gradients(tmp_path):
-    from lmpo.trainer.rollout import HFRollout
+    from lmpo.generation import HFRollout
 
     trainer = make_trainer(tmp_path / "share", rollout={"completions_per_prompt": 3, "max_new_tokens": 4})
     model, tok = trainer.model, trainer.tokenizer
@@ -164,7 +164,7 @@ def test_shared_prompt_prefix_gives_the_plain_forward_logprobs_and_gradients(tmp
     def logp_and_grads(share: bool):
         object.__setattr__(trainer.cfg.loop, "share_prompt_prefix", share)
         model.zero_grad()
-        logp = trainer._forward(model, batch, rows, T, with_grad=True)["logp"]
+        logp = trainer._logprobs(model, batch, rows, with_grad=True).logp
         (logp * mask).sum().backward()
         return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 

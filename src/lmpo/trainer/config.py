@@ -97,6 +97,14 @@ class RolloutConfig:
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     ignore_eos: bool = _f(False, "Keep generating after EOS to exactly max_new_tokens (benchmarks use "
                           "this to force equal lengths).")
+    engine: str = _f("hf", "Generation engine, a name of `lmpo.generation.ENGINES`: `hf` (any Hugging Face causal "
+                     "LM, static KV cache, each prompt pre-filled once) or `vllm` (vLLM colocated on the training "
+                     "GPU, weights synced after every step; needs `lmpo[vllm]` and CUDA).")
+    record_logprobs: bool = _f(False, "Record the sampler's log-probs of the sampled tokens (`log softmax(logits / "
+                               "temperature)`, the rollout log-probs of mismatch corrections); vLLM records them "
+                               "whatever this is.")
+    vllm_gpu_memory_utilization: float = _f(0.3, "Fraction of the GPU's memory vLLM may take for its weights and KV "
+                                            "cache (`engine: vllm`); the rest is left to training.")
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,11 @@ class LoopConfig:
                                   "minibatch, with exact global normalisation).")
     share_prompt_prefix: bool = _f(True, "Training forward: run each prompt once per group and reuse its KV cache "
                                    "(with gradient) for its G completions; the same log-probs for less compute.")
+    gradient_checkpointing: bool = _f(False, "Recompute each layer's activations in the backward pass instead of "
+                                      "keeping them (less memory, about one more forward of compute); turns "
+                                      "`share_prompt_prefix` off for the training forward.")
+    autocast: bool = _f(False, "Run the forward passes (generation and log-probs) under bfloat16 autocast; "
+                        "parameters, gradients and optimizer state keep the model's dtype.")
     seed: int = _f(0, "Seed of data order, sampling and clip_cov selection.")
     max_nonfinite_steps: int = _f(5, "Stop after this many consecutive steps with a non-finite loss or "
                                   "gradient (each is skipped and counted).")
@@ -492,6 +505,12 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"`rollout.top_p` = {ro.top_p!r} must be in (0, 1]; use 1 to switch it off.")
     if ro.top_k < 0:
         raise ConfigError(f"`rollout.top_k` = {ro.top_k!r} must be >= 0; use 0 to switch it off.")
+    from lmpo.generation import ENGINES
+
+    _check_choice("rollout.engine", ro.engine, sorted(ENGINES))
+    if not 0 < ro.vllm_gpu_memory_utilization < 1:
+        raise ConfigError(f"`rollout.vllm_gpu_memory_utilization` = {ro.vllm_gpu_memory_utilization!r} must be in "
+                          "(0, 1), e.g. 0.3 to leave most of the GPU to training.")
 
     lp = cfg.loop
     for name in ("prompts_per_step", "epochs_per_step", "minibatches_per_step", "seqs_per_microbatch",

@@ -11,6 +11,7 @@ writes its gradient straight into the one ``(N, V)`` gradient buffer autograd ne
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -287,11 +288,13 @@ class SequenceLogprobs:
     entropy:  (B, T) float32 entropy of π(· | x, y_<t), or None when not asked for.
     hidden:   (B, T, H) final hidden states feeding ``lm_head`` at the positions that predict the response
               tokens (for lm_head gradient norms), or None when not asked for.
+    logits:   (B, T, V) ``logits / τ`` at those positions, detached (for gradient norms), or None.
     """
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
 
 
 def sequence_logprobs(
@@ -303,6 +306,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     return_hidden: bool = False,
     chunk_rows: int | None = None,
+    return_logits: bool = False,
 ) -> SequenceLogprobs:
     """Run a causal LM over ``prompt ‖ response`` and return log-probs of the response tokens only.
 
@@ -313,39 +317,219 @@ def sequence_logprobs(
         response_length: T, the number of final positions that are response tokens.
         temperature: τ used when sampling; log-probs are of softmax(logits / τ).
         with_entropy: also return per-position entropies (one extra pass over each chunk).
-        return_hidden: also return the final hidden states at the T predicting positions.
+        return_hidden: also return the inputs of ``lm_head`` at the T predicting positions.
+        return_logits: also return the scaled logits at those positions (detached).
     Returns:
         ``SequenceLogprobs``; values at response padding positions are finite but meaningless (mask them).
 
-    Only the logits of the T + 1 last positions are computed (``logits_to_keep``), and position ids come
-    from the attention mask so that left padding does not shift the prompt's positions.
+    Only the logits of the T + 1 last positions are computed (``logits_to_keep``), position ids come
+    from the attention mask so that left padding does not shift the prompt's positions, and the backward
+    pass writes the logits' gradient into their own storage (``inplace_backward``).
     """
     batch, length = input_ids.shape
     if not 1 <= response_length < length:
         raise ValueError(f"response_length={response_length} must be in [1, {length - 1}] for L={length}")
-    position_ids = position_ids_from_mask(attention_mask)
-    outputs = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=response_length + 1,
-        output_hidden_states=return_hidden,
-        use_cache=False,
-    )
+    captured: dict[str, torch.Tensor] = {}
+    handle = None
+    if return_hidden:  # only the head's input, not every layer's hidden states (output_hidden_states)
+        head = model.get_output_embeddings()
+        handle = head.register_forward_hook(lambda mod, inp, out: captured.__setitem__("h", inp[0]))
+    try:
+        outputs = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            logits_to_keep=response_length + 1,
+            use_cache=False,
+        )
+    finally:
+        if handle is not None:
+            handle.remove()
     # The logit at position i predicts token i + 1: positions L−T−1 … L−2 score tokens L−T … L−1. The
     # (B, T+1, V) logits are used whole, with a dummy target for the last position (dropped below),
-    # because slicing off that position would make reshape copy all B·T·V logits.
+    # because slicing off that position would make reshape copy all B·T·V logits (and the slice's
+    # backward allocate a zero-padded full-size gradient, undoing the in-place one).
     logits = outputs.logits  # (B, T+1, V), produced for us alone: safe to overwrite in backward
     targets = torch.cat([input_ids[:, -response_length:], input_ids[:, -1:]], dim=1)  # (B, T+1)
+    logprobs, entropy = token_logprobs(logits, targets, temperature, with_entropy, chunk_rows)
+    hidden = captured["h"][:, -(response_length + 1) : -1, :] if return_hidden else None  # (B, T, H)
+    scaled = logits.detach()[:, :-1] / temperature if return_logits else None
+    return SequenceLogprobs(
+        logprobs=logprobs[:, :-1],
+        entropy=entropy[:, :-1] if entropy is not None else None,
+        hidden=hidden,
+        logits=scaled,
+    )
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool, chunk_rows: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, T, V) logits made for this call alone -> log-probs (B, T) and entropies (B, T) or None.
+
+    The backward pass overwrites ``logits`` with their gradient (``inplace_backward``): never pass logits
+    that something else reads afterwards.
+    """
     if with_entropy:
-        logprobs, entropy = selective_log_softmax_with_entropy(
-            logits, targets, chunk_rows, temperature, inplace_backward=True
-        )
-        logprobs, entropy = logprobs[:, :-1], entropy[:, :-1]
-    else:
-        logprobs = selective_log_softmax(logits, targets, chunk_rows, temperature, inplace_backward=True)
-        logprobs, entropy = logprobs[:, :-1], None
-    hidden = None
-    if return_hidden:
-        hidden = outputs.hidden_states[-1][:, -(response_length + 1) : -1, :]  # (B, T, H)
-    return SequenceLogprobs(logprobs=logprobs, entropy=entropy, hidden=hidden)
+        return selective_log_softmax_with_entropy(logits, targets, chunk_rows, temperature, inplace_backward=True)
+    return selective_log_softmax(logits, targets, chunk_rows, temperature, inplace_backward=True), None
+
+
+def shared_prefix_logits(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, group_size: int
+) -> torch.Tensor | None:
+    """Completion logits (B, T, V) computing each group's shared prompt once instead of G times.
+
+    The G = ``group_size`` completions of a prompt are rows ``i·G … i·G+G−1`` with identical prompt tokens.
+    The prompt is run once per group with the KV cache on (and its autograd graph kept), the cache is
+    repeated G times along the batch, and the completions run on top of it: the same logits as the plain
+    forward (up to float rounding of the attention kernels) for about (N·P + B·T) / (B·(P+T)) of its
+    compute. Returns None (the caller runs the plain forward) when the rows are not whole groups of one
+    prompt, or when gradient checkpointing is active (it drops the cache in training mode).
+    """
+    G, T = group_size, response_length
+    B, L = input_ids.shape
+    P = L - T
+    if G < 2 or B % G or P < 1 or T < 2:
+        return None
+    if model.training and getattr(model, "is_gradient_checkpointing", False):
+        return None
+    N = B // G
+    prompt, prompt_mask = input_ids[::G, :P], attention_mask[::G, :P]  # (N, P)
+    same = torch.equal(input_ids[:, :P].view(N, G, P), prompt.unsqueeze(1).expand(N, G, P)) and torch.equal(
+        attention_mask[:, :P].view(N, G, P), prompt_mask.unsqueeze(1).expand(N, G, P))
+    if not same:
+        return None
+    positions = position_ids_from_mask(attention_mask)  # (B, L)
+    out_p = model(input_ids=prompt, attention_mask=prompt_mask, position_ids=positions[::G, :P],
+                  use_cache=True, logits_to_keep=1)
+    cache = out_p.past_key_values
+    cache.batch_repeat_interleave(G)  # (N, …) → (B, …), differentiable
+    first = out_p.logits[:, -1:, :].repeat_interleave(G, dim=0)  # (B, 1, V): predicts completion token 0
+    out_c = model(input_ids=input_ids[:, P:L - 1], attention_mask=attention_mask[:, :L - 1],
+                  position_ids=positions[:, P:L - 1], past_key_values=cache, use_cache=True)
+    return torch.cat([first, out_c.logits], dim=1)  # (B, T, V)
+
+
+class PolicyLogprobs(NamedTuple):
+    """Output of ``policy_logprobs``: (B, T) tensors over the completion positions (mask the padding).
+
+    logp:            float32 log π(y_t | x, y_<t) under softmax(logits / τ).
+    entropy:         float32 entropy of that distribution, or None when not asked for.
+    token_grad_norm: float32 ‖∇θ log π(y_t)‖ (detached) in the requested mode, or None.
+    """
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None = None
+    token_grad_norm: torch.Tensor | None = None
+
+
+GRAD_NORM_MODES = ("logits", "lm_head", "exact")
+
+
+def policy_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    grad_norm_mode: str | None = None,
+    group_size: int | None = None,
+    with_grad: bool = True,
+    seqs_per_microbatch: int | None = None,
+    chunk_rows: int | None = None,
+) -> PolicyLogprobs:
+    """The policy's per-token log-probs of ``completion_ids``, with what an objective asks for besides.
+
+    Args:
+        model: a Hugging Face causal LM.
+        input_ids: (B, L) left-padded prompts followed by the completions; L = P + T.
+        attention_mask: (B, L) 1 on real tokens.
+        completion_ids: (B, T) the completions (the last T columns of ``input_ids``).
+        temperature: τ the completions were sampled with: log-probs are of softmax(logits / τ), as TRL's.
+        with_entropy: also return per-token entropies (differentiable, for an entropy bonus).
+        grad_norm_mode: also return per-token gradient norms ``‖∇θ log π(y_t)‖`` for gradient-adaptive credit:
+            ``logits`` (w.r.t. the logits), ``lm_head`` (w.r.t. the output layer) or ``exact`` (every
+            parameter, one backward per token: small models only); None = not needed.
+        group_size: G when rows ``i·G … i·G+G−1`` share one prompt: each prompt then runs once with its KV
+            cache reused by its G completions (``shared_prefix_logits``); None or 1 = plain forward.
+        with_grad: False runs under ``no_grad`` in eval mode (behaviour / reference log-probs), in
+            microbatches of ``seqs_per_microbatch`` rows; True keeps the graph for one backward (the caller
+            microbatches, since each microbatch is followed by its own backward).
+        chunk_rows: rows per block of the chunked log-softmax (default: 64 MB float32 blocks).
+    Returns:
+        ``PolicyLogprobs(logp, entropy, token_grad_norm)``.
+
+    Plain equivalent::
+
+        logits = model(input_ids, attention_mask, position_ids=cumsum(mask) − 1).logits[:, -T-1:-1] / τ
+        logp = log_softmax(logits.float(), -1).gather(-1, completion_ids[..., None])[..., 0]
+
+    but never with a float32 (B, T, V) log-softmax: the log-softmax is chunked and its backward writes into
+    the logits' own storage.
+    """
+    if grad_norm_mode is not None and grad_norm_mode not in GRAD_NORM_MODES:
+        raise ValueError(f"grad_norm_mode={grad_norm_mode!r} must be one of {GRAD_NORM_MODES} or None")
+    if completion_ids.shape[0] != input_ids.shape[0] or completion_ids.shape[1] >= input_ids.shape[1]:
+        raise ValueError(f"completion_ids {tuple(completion_ids.shape)} must be the last columns of input_ids "
+                         f"{tuple(input_ids.shape)}")
+    if with_grad:
+        return _policy_forward(model, input_ids, attention_mask, completion_ids, temperature, with_entropy,
+                               grad_norm_mode, group_size, chunk_rows)
+    if grad_norm_mode is not None:
+        raise ValueError("grad_norm_mode needs with_grad=True (gradient norms are taken during training)")
+    B = input_ids.shape[0]
+    step = seqs_per_microbatch or B
+    was_training = model.training
+    model.eval()
+    parts: list[PolicyLogprobs] = []
+    try:
+        with torch.no_grad():
+            for s in range(0, B, step):
+                rows = slice(s, s + step)
+                parts.append(_policy_forward(model, input_ids[rows], attention_mask[rows], completion_ids[rows],
+                                             temperature, with_entropy, None, group_size, chunk_rows))
+    finally:
+        model.train(was_training)
+    return PolicyLogprobs(
+        logp=torch.cat([p.logp for p in parts]),
+        entropy=torch.cat([p.entropy for p in parts]) if with_entropy else None,
+    )
+
+
+def _policy_forward(model, input_ids, attention_mask, completion_ids, temperature, with_entropy, grad_norm_mode,
+                    group_size, chunk_rows) -> PolicyLogprobs:
+    T = completion_ids.shape[1]
+    if grad_norm_mode is None and group_size:
+        logits = shared_prefix_logits(model, input_ids, attention_mask, T, group_size)
+        if logits is not None:
+            return PolicyLogprobs(*token_logprobs(logits, completion_ids, temperature, with_entropy, chunk_rows))
+    out = sequence_logprobs(model, input_ids, attention_mask, T, temperature=temperature, with_entropy=with_entropy,
+                            return_hidden=grad_norm_mode == "lm_head", return_logits=grad_norm_mode is not None,
+                            chunk_rows=chunk_rows)
+    norm = None
+    if grad_norm_mode is not None:
+        norm = _token_grad_norm(model, grad_norm_mode, out, input_ids, attention_mask, completion_ids, temperature)
+    return PolicyLogprobs(out.logprobs, out.entropy, norm)
+
+
+def _token_grad_norm(model, mode, out: SequenceLogprobs, input_ids, attention_mask, completion_ids, temperature):
+    """(B, T) ``‖∇θ log π(y_t)‖`` in ``mode`` (see ``lmpo.objectives.credit``), for logits / τ."""
+    from lmpo.objectives.credit import exact_grad_norm, lm_head_grad_norm, logits_grad_norm
+
+    if mode == "logits":
+        return logits_grad_norm(out.logits, completion_ids)
+    if mode == "lm_head":
+        head = model.get_output_embeddings()
+        return lm_head_grad_norm(out.hidden, out.logits, completion_ids,
+                                 head_has_bias=getattr(head, "bias", None) is not None, logit_scale=1.0 / temperature)
+
+    def call(ids, attention_mask=None):
+        return model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
+                     use_cache=False).logits * (1.0 / temperature)
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return exact_grad_norm(call, input_ids, completion_ids.shape[1], attention_mask=attention_mask,
+                           parameters=trainable)

@@ -5,14 +5,14 @@ import math
 import pytest
 import torch
 
-from lmpo.models import load_model_and_tokenizer
-from lmpo.trainer.logprobs import (
+from lmpo.generation.logprobs import (
     chunked_entropy,
     position_ids_from_mask,
     selective_log_softmax,
     selective_log_softmax_with_entropy,
     sequence_logprobs,
 )
+from lmpo.models import load_model_and_tokenizer
 
 
 def naive(logits, index, temperature=1.0):
