@@ -24,6 +24,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import AttentionInterface
 
 from lmpo.generation.logprobs import position_ids_from_mask
 from lmpo.generation.rollout import Rollout, check_sampling, completion_mask, eos_token_ids
@@ -80,6 +83,33 @@ class _BufferLayer(DynamicLayer):
         self.keys = self.keys.index_select(0, indices)
         self.values = self.values.index_select(0, indices)
         self.batch = indices.numel()
+
+
+def _decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """SDPA, except for one query per row on CPU: two batched matmuls.
+
+    PyTorch's CPU flash-attention kernel takes ~15× the time of its arithmetic at query length 1 (it tiles
+    the query axis), and so grows to most of a decode step as the cache lengthens. Shapes: query
+    (B, H, 1, d), key/value (B, H_kv, L, d), mask (B, 1, 1, L) bool (True = attend); returns (B, 1, H, d).
+    """
+    if query.shape[2] != 1 or query.device.type != "cpu" or kwargs.get("output_attentions"):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    B, H, _, d = query.shape
+    kv_heads = key.shape[1]
+    q = query.view(B, kv_heads, H // kv_heads, d)  # query heads grouped under their key/value head
+    scores = torch.matmul(q, key.transpose(-1, -2)).float()  # (B, H_kv, H/H_kv, L)
+    scores.mul_(d ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores.masked_fill_(~attention_mask, float("-inf"))  # (B, 1, 1, L) broadcast over heads
+    probs = scores.softmax(-1).to(value.dtype)
+    return torch.matmul(probs, value).view(B, 1, H, d), None
+
+
+# Registered under a name of its own, used only while ``HFRollout`` samples from a model configured for SDPA.
+_DECODE_ATTENTION = "lmpo_sdpa_decode"
+AttentionInterface.register(_DECODE_ATTENTION, _decode_attention)
+AttentionMaskInterface.register(_DECODE_ATTENTION, sdpa_mask)
 
 
 def _buffer_cache(model: nn.Module, batch: int, max_len: int, repeats: int) -> Cache:
@@ -200,11 +230,16 @@ class HFRollout:
     @contextlib.contextmanager
     def _eval_mode(self):
         was_training = self.model.training
+        config = self.model.config
+        attention = config._attn_implementation
         self.model.eval()
+        if attention == "sdpa" and self.impl == "loop":
+            config._attn_implementation = _DECODE_ATTENTION
         try:
             with torch.no_grad():  # not inference_mode: the ids are reused as inputs of a graph later
                 yield
         finally:
+            config._attn_implementation = attention
             self.model.train(was_training)
 
     def generate(
