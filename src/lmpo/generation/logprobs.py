@@ -20,6 +20,8 @@ from torch import nn
 # per-block fixed costs (kernel launches, thread fork/join, which are expensive on a busy CPU) vanish,
 # small next to the (B, T, V) tensors that are avoided (4 GB float32 at 8×1024×128k).
 _CHUNK_ELEMENTS = 1 << 24
+# The fused head keeps four float32 blocks alive (logits, log-probs, probabilities, gradient): smaller blocks.
+_FUSED_CHUNK_ELEMENTS = 1 << 23
 
 
 def _chunk_rows(num_rows: int, vocab: int, chunk_rows: int | None) -> int:
@@ -272,6 +274,116 @@ def chunked_entropy(
     return entropy.view(lead)
 
 
+class _HeadLogprobEntropy(torch.autograd.Function):
+    """Rows ``h`` (N, H) of hidden states through a linear head ``W`` (V, H), bias ``b`` (V,) or None, to
+    ``log p(index)`` (N,) and entropy (N,) of ``softmax(z)``, ``z = (h Wᵀ + b) / τ`` — without the (N, V) logits.
+
+    Forward and backward compute ``z`` block by block (``chunk_rows`` rows, float32) and drop it:
+    ``∂ℓ/∂z = g_logp·(onehot(index) − p) + g_H·(−p ⊙ (log p + H))``, then ``∂ℓ/∂h = (∂ℓ/∂z / τ) W``,
+    ``∂ℓ/∂W = Σ_rows (∂ℓ/∂z / τ)ᵀ h`` (accumulated in float32), ``∂ℓ/∂b = Σ_rows ∂ℓ/∂z / τ``. Memory: one
+    block of logits and the (V, H) weight gradient that any backward through the head allocates.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, index, inv_temperature: float, with_entropy: bool, chunk_rows: int):
+        n = hidden.shape[0]
+        logp = hidden.new_empty(n, dtype=torch.float32)
+        entropy = hidden.new_empty(n, dtype=torch.float32) if with_entropy else None
+        for s in range(0, n, chunk_rows):
+            z = _head_block(hidden[s:s + chunk_rows], weight, bias, inv_temperature)  # (b, V) float32
+            logp_all = z.log_softmax(-1)
+            logp[s:s + chunk_rows] = logp_all.gather(-1, index[s:s + chunk_rows, None]).squeeze(-1)
+            if with_entropy:
+                entropy[s:s + chunk_rows] = -(logp_all.exp() * logp_all).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, index, entropy)
+        ctx.inv_temperature, ctx.with_entropy, ctx.chunk_rows = inv_temperature, with_entropy, chunk_rows
+        return logp, entropy if with_entropy else logp.new_zeros(0)
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, bias, index, entropy = ctx.saved_tensors
+        inv_t, n = ctx.inv_temperature, hidden.shape[0]
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if (
+            bias is not None and ctx.needs_input_grad[2]) else None
+        use_entropy = ctx.with_entropy and grad_entropy is not None
+        for s in range(0, n, ctx.chunk_rows):
+            rows = slice(s, s + ctx.chunk_rows)
+            h = hidden[rows]
+            logp_all = _head_block(h, weight, bias, inv_t).log_softmax(-1)  # (b, V)
+            p = logp_all.exp()
+            g_lp = (grad_logp[rows] if grad_logp is not None else torch.zeros_like(p[:, 0]))[:, None].float()
+            g_z = p.mul(-g_lp)  # (b, V)
+            if use_entropy:
+                g_z.sub_(logp_all.add_(entropy[rows, None]).mul_(p).mul_(grad_entropy[rows, None].float()))
+            g_z.scatter_add_(-1, index[rows, None], g_lp).mul_(inv_t)
+            if grad_h is not None:
+                grad_h[rows] = (g_z.to(weight.dtype) @ weight).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w.addmm_(g_z.t(), h.float())
+            if grad_b is not None:
+                grad_b.add_(g_z.sum(0))
+        return (grad_h, grad_w.to(weight.dtype) if grad_w is not None else None,
+                grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None, None)
+
+
+def _head_block(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, inv_t: float) -> torch.Tensor:
+    """(b, H) hidden rows -> (b, V) float32 logits ``(h Wᵀ + b) / τ``."""
+    z = torch.nn.functional.linear(h, weight, bias).float()
+    return z.mul_(inv_t) if inv_t != 1.0 else z
+
+
+def head_log_softmax(
+    hidden: torch.Tensor,
+    head: nn.Linear,
+    index: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of ``index`` under ``softmax(head(hidden) / τ)``, never forming the logits.
+
+    Equivalent to ``selective_log_softmax(head(hidden), index, temperature=τ)`` (plus ``chunked_entropy``),
+    with the (B, T, V) logits — and their gradient — replaced by one (chunk_rows, V) float32 block at a time.
+
+    Args:
+        hidden: (B, T, H) inputs of the head; index: (B, T) token ids; head: a plain ``nn.Linear`` (V, H).
+    Returns:
+        (B, T) float32 log-probs and (B, T) entropies (None unless asked for); differentiable w.r.t.
+        ``hidden`` and the head's parameters.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 for log-probabilities")
+    lead = hidden.shape[:-1]
+    if index.shape != lead:
+        raise ValueError(f"index shape {tuple(index.shape)} must equal hidden shape without its last dim {tuple(lead)}")
+    if chunk_rows is None:
+        chunk_rows = max(1, _FUSED_CHUNK_ELEMENTS // head.out_features)
+    rows = _chunk_rows(lead.numel(), head.out_features, chunk_rows)
+    logp, entropy = _HeadLogprobEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), head.weight, head.bias,
+                                              index.reshape(-1).long(), 1.0 / temperature, with_entropy, rows)
+    return logp.view(lead), entropy.view(lead) if with_entropy else None
+
+
+# Logits bigger than this (float32 bytes) go through the fused head (``head_log_softmax``) when the model allows.
+_FUSED_HEAD_MIN_BYTES = 1 << 30
+# Config attributes of models whose logits are not the head's plain output (softcapping, scaling).
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def fused_head_applies(model: nn.Module, rows: int, vocab: int | None = None) -> bool:
+    """True when the model's logits are a plain ``nn.Linear`` of its last hidden state and ``rows`` rows of
+    float32 logits would take more than 1 GiB: then the fused head saves that memory."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not nn.Linear or not hasattr(model, "get_decoder"):
+        return False
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+        return False
+    return rows * (vocab or head.out_features) * 4 > _FUSED_HEAD_MIN_BYTES
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, L) positions that count only real tokens, so a left-padded prompt starts at position 0.
 
@@ -307,6 +419,7 @@ def sequence_logprobs(
     return_hidden: bool = False,
     chunk_rows: int | None = None,
     return_logits: bool = False,
+    fused_head: bool | None = None,
 ) -> SequenceLogprobs:
     """Run a causal LM over ``prompt ‖ response`` and return log-probs of the response tokens only.
 
@@ -319,6 +432,9 @@ def sequence_logprobs(
         with_entropy: also return per-position entropies (one extra pass over each chunk).
         return_hidden: also return the inputs of ``lm_head`` at the T predicting positions.
         return_logits: also return the scaled logits at those positions (detached).
+        fused_head: take the log-probs from the decoder's hidden states through ``head_log_softmax`` (no
+            (B, T, V) logits at all); None = when ``fused_head_applies`` (logits over 1 GiB). Not with
+            ``return_hidden`` / ``return_logits``.
     Returns:
         ``SequenceLogprobs``; values at response padding positions are finite but meaningless (mask them).
 
@@ -329,6 +445,17 @@ def sequence_logprobs(
     batch, length = input_ids.shape
     if not 1 <= response_length < length:
         raise ValueError(f"response_length={response_length} must be in [1, {length - 1}] for L={length}")
+    if fused_head is None:
+        fused_head = not (return_hidden or return_logits) and fused_head_applies(model, batch * response_length)
+    if fused_head:
+        if return_hidden or return_logits:
+            raise ValueError("fused_head=True computes no logits: return_hidden / return_logits need fused_head=False")
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                     position_ids=position_ids_from_mask(attention_mask),
+                                     use_cache=False).last_hidden_state[:, -(response_length + 1):-1]  # (B, T, H)
+        logprobs, entropy = head_log_softmax(hidden, model.get_output_embeddings(), input_ids[:, -response_length:],
+                                             temperature, with_entropy, chunk_rows)
+        return SequenceLogprobs(logprobs=logprobs, entropy=entropy)
     captured: dict[str, torch.Tensor] = {}
     handle = None
     if return_hidden:  # only the head's input, not every layer's hidden states (output_hidden_states)
@@ -376,9 +503,11 @@ def token_logprobs(
 
 
 def shared_prefix_logits(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, group_size: int
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, group_size: int,
+    hidden: bool = False,
 ) -> torch.Tensor | None:
-    """Completion logits (B, T, V) computing each group's shared prompt once instead of G times.
+    """Completion logits (B, T, V) computing each group's shared prompt once instead of G times (with
+    ``hidden``: the head's inputs (B, T, H) instead, run through the decoder alone).
 
     The G = ``group_size`` completions of a prompt are rows ``i·G … i·G+G−1`` with identical prompt tokens.
     The prompt is run once per group with the KV cache on (and its autograd graph kept), the cache is
@@ -401,14 +530,15 @@ def shared_prefix_logits(
     if not same:
         return None
     positions = position_ids_from_mask(attention_mask)  # (B, L)
-    out_p = model(input_ids=prompt, attention_mask=prompt_mask, position_ids=positions[::G, :P],
-                  use_cache=True, logits_to_keep=1)
+    net, key = (model.get_decoder(), "last_hidden_state") if hidden else (model, "logits")
+    out_p = net(input_ids=prompt, attention_mask=prompt_mask, position_ids=positions[::G, :P], use_cache=True,
+                **({} if hidden else {"logits_to_keep": 1}))
     cache = out_p.past_key_values
     cache.batch_repeat_interleave(G)  # (N, …) → (B, …), differentiable
-    first = out_p.logits[:, -1:, :].repeat_interleave(G, dim=0)  # (B, 1, V): predicts completion token 0
-    out_c = model(input_ids=input_ids[:, P:L - 1], attention_mask=attention_mask[:, :L - 1],
-                  position_ids=positions[:, P:L - 1], past_key_values=cache, use_cache=True)
-    return torch.cat([first, out_c.logits], dim=1)  # (B, T, V)
+    first = out_p[key][:, -1:, :].repeat_interleave(G, dim=0)  # (B, 1, ·): predicts completion token 0
+    out_c = net(input_ids=input_ids[:, P:L - 1], attention_mask=attention_mask[:, :L - 1],
+                position_ids=positions[:, P:L - 1], past_key_values=cache, use_cache=True)
+    return torch.cat([first, out_c[key]], dim=1)  # (B, T, V) or (B, T, H)
 
 
 class PolicyLogprobs(NamedTuple):
@@ -440,6 +570,7 @@ def policy_logprobs(
     with_grad: bool = True,
     seqs_per_microbatch: int | None = None,
     chunk_rows: int | None = None,
+    fused_head: bool | None = None,
 ) -> PolicyLogprobs:
     """The policy's per-token log-probs of ``completion_ids``, with what an objective asks for besides.
 
@@ -459,6 +590,9 @@ def policy_logprobs(
             microbatches of ``seqs_per_microbatch`` rows; True keeps the graph for one backward (the caller
             microbatches, since each microbatch is followed by its own backward).
         chunk_rows: rows per block of the chunked log-softmax (default: 64 MB float32 blocks).
+        fused_head: log-probs straight from the head's inputs (``head_log_softmax``), no (B, T, V) logits;
+            None = when ``fused_head_applies`` (a plain linear head and logits over 1 GiB); never with
+            ``grad_norm_mode``, which needs the logits.
     Returns:
         ``PolicyLogprobs(logp, entropy, token_grad_norm)``.
 
@@ -477,7 +611,7 @@ def policy_logprobs(
                          f"{tuple(input_ids.shape)}")
     if with_grad:
         return _policy_forward(model, input_ids, attention_mask, completion_ids, temperature, with_entropy,
-                               grad_norm_mode, group_size, chunk_rows)
+                               grad_norm_mode, group_size, chunk_rows, fused_head)
     if grad_norm_mode is not None:
         raise ValueError("grad_norm_mode needs with_grad=True (gradient norms are taken during training)")
     B = input_ids.shape[0]
@@ -490,7 +624,7 @@ def policy_logprobs(
             for s in range(0, B, step):
                 rows = slice(s, s + step)
                 parts.append(_policy_forward(model, input_ids[rows], attention_mask[rows], completion_ids[rows],
-                                             temperature, with_entropy, None, group_size, chunk_rows))
+                                             temperature, with_entropy, None, group_size, chunk_rows, fused_head))
     finally:
         model.train(was_training)
     return PolicyLogprobs(
@@ -500,15 +634,22 @@ def policy_logprobs(
 
 
 def _policy_forward(model, input_ids, attention_mask, completion_ids, temperature, with_entropy, grad_norm_mode,
-                    group_size, chunk_rows) -> PolicyLogprobs:
-    T = completion_ids.shape[1]
+                    group_size, chunk_rows, fused_head) -> PolicyLogprobs:
+    B, T = completion_ids.shape
+    if grad_norm_mode is not None:
+        fused_head = False
+    elif fused_head is None:
+        fused_head = fused_head_applies(model, B * T)
     if grad_norm_mode is None and group_size:
-        logits = shared_prefix_logits(model, input_ids, attention_mask, T, group_size)
-        if logits is not None:
-            return PolicyLogprobs(*token_logprobs(logits, completion_ids, temperature, with_entropy, chunk_rows))
+        shared = shared_prefix_logits(model, input_ids, attention_mask, T, group_size, hidden=fused_head)
+        if shared is not None and fused_head:
+            return PolicyLogprobs(*head_log_softmax(shared, model.get_output_embeddings(), completion_ids,
+                                                    temperature, with_entropy, chunk_rows))
+        if shared is not None:
+            return PolicyLogprobs(*token_logprobs(shared, completion_ids, temperature, with_entropy, chunk_rows))
     out = sequence_logprobs(model, input_ids, attention_mask, T, temperature=temperature, with_entropy=with_entropy,
                             return_hidden=grad_norm_mode == "lm_head", return_logits=grad_norm_mode is not None,
-                            chunk_rows=chunk_rows)
+                            chunk_rows=chunk_rows, fused_head=fused_head)
     norm = None
     if grad_norm_mode is not None:
         norm = _token_grad_norm(model, grad_norm_mode, out, input_ids, attention_mask, completion_ids, temperature)
