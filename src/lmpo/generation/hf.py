@@ -29,7 +29,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
 from lmpo.generation.logprobs import position_ids_from_mask
-from lmpo.generation.rollout import Rollout, check_sampling, completion_mask, eos_token_ids
+from lmpo.generation.rollout import Rollout, SamplingEngine, completion_mask
 
 # Compact the decode batch once this fraction of its rows has finished: each compaction copies the cache of
 # the remaining rows once, and the geometric trigger bounds the copies to a few full caches per call.
@@ -147,7 +147,7 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None) -
     return probs.div_(race).argmax(-1)
 
 
-class HFRollout:
+class HFRollout(SamplingEngine):
     """Batched sampling from a Hugging Face causal LM (see the module docstring for the algorithm).
 
     Args:
@@ -180,29 +180,15 @@ class HFRollout:
         record_logprobs: bool = False,
         sync_every_tokens: int | None = None,
     ) -> None:
-        check_sampling(max_new_tokens, temperature, top_p, top_k)
         if impl not in ("loop", "generate"):
             raise ValueError(f"impl={impl!r} must be 'loop' or 'generate'")
         if record_logprobs and impl != "loop":
             raise ValueError("record_logprobs=True needs impl='loop' (model.generate does not return them)")
         if sync_every_tokens is not None and sync_every_tokens < 1:
             raise ValueError(f"sync_every_tokens={sync_every_tokens} must be >= 1")
-        if tokenizer.pad_token_id is None:
-            raise ValueError("tokenizer has no pad token; set tokenizer.pad_token = tokenizer.eos_token")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p = top_p
-        self.top_k = top_k
+        super().__init__(model, tokenizer, max_new_tokens, temperature, top_p, top_k, ignore_eos, record_logprobs)
         self.impl = impl
-        self.ignore_eos = ignore_eos
-        self.record_logprobs = record_logprobs
         self.sync_every_tokens = sync_every_tokens
-        eos = eos_token_ids(tokenizer, model)
-        if not eos:
-            raise ValueError("neither the tokenizer nor the model's generation_config defines an EOS token")
-        self.eos_token_ids = sorted(eos)
 
     def sync_weights(self, model: nn.Module) -> None:
         """Nothing to copy: this engine samples from the training model's own parameters."""
@@ -255,10 +241,7 @@ class HFRollout:
         Randomness comes from ``generator`` if given, else from a new generator seeded with ``seed``, else
         from the global RNG. ``greedy=True`` (or ``temperature == 0``) takes the argmax at every step.
         """
-        if completions_per_prompt < 1:
-            raise ValueError(f"completions_per_prompt={completions_per_prompt} must be >= 1")
-        if not prompts:
-            raise ValueError("generate() needs at least one prompt")
+        self.check_request(prompts, completions_per_prompt)
         G = completions_per_prompt
         greedy = greedy or self.temperature == 0
         if generator is None and seed is not None:

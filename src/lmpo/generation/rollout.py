@@ -99,13 +99,33 @@ def completion_mask(completion_ids: torch.Tensor, eos_ids: Sequence[int], ignore
     return (~seen_before).long()
 
 
-def check_sampling(max_new_tokens: int, temperature: float, top_p: float, top_k: int) -> None:
-    """The sampling settings every engine shares; ValueError naming the bad one."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p={top_p} must be in (0, 1]")
-    if top_k < 0:
-        raise ValueError(f"top_k={top_k} must be >= 0 (0 = off)")
+class SamplingEngine:
+    """What every engine shares: its sampling settings (validated here, ValueError naming the bad one) and the
+    token ids that end a completion."""
+
+    def __init__(self, model: nn.Module, tokenizer, max_new_tokens: int, temperature: float, top_p: float,
+                 top_k: int, ignore_eos: bool, record_logprobs: bool) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p={top_p} must be in (0, 1]")
+        if top_k < 0:
+            raise ValueError(f"top_k={top_k} must be >= 0 (0 = off)")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("tokenizer has no pad token; set tokenizer.pad_token = tokenizer.eos_token")
+        eos = eos_token_ids(tokenizer, model)
+        if not eos:
+            raise ValueError("neither the tokenizer nor the model's generation_config defines an EOS token")
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
+        self.ignore_eos, self.record_logprobs = ignore_eos, record_logprobs
+        self.eos_token_ids = sorted(eos)
+
+    @staticmethod
+    def check_request(prompts: Sequence[str], completions_per_prompt: int) -> None:
+        if completions_per_prompt < 1:
+            raise ValueError(f"completions_per_prompt={completions_per_prompt} must be >= 1")
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")

@@ -28,7 +28,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from lmpo.errors import InputError
-from lmpo.generation.rollout import Rollout, check_sampling, completion_mask, eos_token_ids
+from lmpo.generation.rollout import Rollout, SamplingEngine, completion_mask
 
 
 def vllm_named_weights(model: nn.Module):
@@ -102,7 +102,7 @@ def to_rollout(outputs, prompts: Sequence[str], prompt_ids: list[list[int]], com
     )
 
 
-class VLLMRollout:
+class VLLMRollout(SamplingEngine):
     """Sampling by vLLM in this process, on the training model's GPU (see the module docstring).
 
     Args:
@@ -131,7 +131,7 @@ class VLLMRollout:
         max_model_len: int | None = None,
         seed: int = 0,
     ) -> None:
-        check_sampling(max_new_tokens, temperature, top_p, top_k)
+        super().__init__(model, tokenizer, max_new_tokens, temperature, top_p, top_k, ignore_eos, record_logprobs)
         try:
             import vllm
         except ImportError as e:
@@ -140,12 +140,6 @@ class VLLMRollout:
         if not torch.cuda.is_available():
             raise InputError("rollout.engine = 'vllm' needs a CUDA GPU and none is visible (torch.cuda.is_available() "
                              "is False); use rollout.engine: hf on this machine.")
-        if tokenizer.pad_token_id is None:
-            raise ValueError("tokenizer has no pad token; set tokenizer.pad_token = tokenizer.eos_token")
-        self.model, self.tokenizer = model, tokenizer
-        self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
-        self.ignore_eos, self.record_logprobs = ignore_eos, record_logprobs
-        self.eos_token_ids = sorted(eos_token_ids(tokenizer, model))
         self._vllm = vllm
         self._dir = tempfile.TemporaryDirectory(prefix="lmpo_vllm_")
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -192,10 +186,7 @@ class VLLMRollout:
 
         Request i is seeded with ``seed + i`` (a seed drawn from ``generator`` when no seed is given).
         """
-        if completions_per_prompt < 1:
-            raise ValueError(f"completions_per_prompt={completions_per_prompt} must be >= 1")
-        if not prompts:
-            raise ValueError("generate() needs at least one prompt")
+        self.check_request(prompts, completions_per_prompt)
         if seed is None and generator is not None:
             seed = int(torch.randint(0, 2**31 - len(prompts), (1,), generator=generator, device=generator.device))
         greedy = greedy or self.temperature == 0
