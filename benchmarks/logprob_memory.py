@@ -14,11 +14,16 @@ What is measured, for each vocabulary size V and mode, all launched side by side
 - ``time``: best of ``--repeats`` warm calls (forward, or forward + backward in ``train`` mode), all variants
   interleaved round-robin in one further subprocess so that load from other processes hits them alike.
 
-Modes: ``forward`` = under ``no_grad`` (behaviour / reference log-probs); ``train`` = forward + backward.
+Modes: ``forward`` = under ``no_grad`` (behaviour / reference log-probs); ``train`` = forward + backward;
+``head`` = forward + backward from the head's inputs: hidden states (B, T, ``--hidden``) and a linear head
+(V, ``--hidden``) are the inputs, so the logits the head produces count in the peak — ``naive`` and
+``selective_inplace`` run ``linear`` then their log-softmax, ``fused`` is ``lmpo.generation.logprobs.head_log_softmax``
+(the trainer's path for large vocabularies: logits one float32 block at a time, never (B, T, V)). Every
+variant there also allocates the (V, H) weight gradient.
 Variants: ``naive`` = ``torch.log_softmax(logits, -1).gather(-1, ids)`` (in the logits' dtype: for bf16
 logits its log-probs carry bf16 rounding, ~1e-2 at |log p| ~ 10); ``naive_fp32`` (bf16 forward only) =
 ``torch.log_softmax(logits.float(), -1).gather(-1, ids)``, the naive formula at selective's precision; ``selective`` =
-``lmpo.trainer.logprobs.selective_log_softmax`` (chunked, new gradient buffer); ``selective_inplace`` = the
+``lmpo.generation.selective_log_softmax`` (chunked, new gradient buffer); ``selective_inplace`` = the
 same with ``inplace_backward=True`` (gradient written into the logits' storage, as ``sequence_logprobs``
 does with the logits it gets from ``lm_head``). Targets: selective ≤ 25 % of naive peak, ≤ 1.2× its time.
 """
@@ -35,7 +40,7 @@ import time
 
 import torch
 
-VARIANTS = ("naive", "naive_fp32", "selective", "selective_inplace")
+VARIANTS = ("naive", "naive_fp32", "selective", "selective_inplace", "fused")
 
 
 def _rss_peak_bytes() -> int:
@@ -52,9 +57,17 @@ def _fill(logits: torch.Tensor, seed: int) -> None:
         flat[start : start + rows].copy_(block[:rows].to(flat.device))
 
 
-def _call(variant: str, logits: torch.Tensor, index: torch.Tensor, grad_out: torch.Tensor | None):
-    from lmpo.trainer.logprobs import selective_log_softmax
+def _call(variant: str, logits, index: torch.Tensor, grad_out: torch.Tensor | None):
+    from lmpo.generation import selective_log_softmax
+    from lmpo.generation.logprobs import head_log_softmax
 
+    if isinstance(logits, tuple):  # head mode: (hidden, head)
+        hidden, head = logits
+        if variant == "fused":
+            out, _ = head_log_softmax(hidden, head, index)
+            out.backward(grad_out.to(out.dtype))
+            return out
+        logits = head(hidden)
     if variant == "naive":
         out = torch.log_softmax(logits, dim=-1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
     elif variant == "naive_fp32":
@@ -70,6 +83,17 @@ def _call(variant: str, logits: torch.Tensor, index: torch.Tensor, grad_out: tor
 
 def _inputs(args, vocab: int, dtype: torch.dtype, train: bool):
     device = torch.device(args.device)
+    if args.mode == "head":
+        gen = torch.Generator().manual_seed(0)
+        head = torch.nn.Linear(args.hidden, vocab, bias=False)
+        with torch.no_grad():
+            head.weight.normal_(0.0, 0.02, generator=gen)
+        head = head.to(device=device, dtype=dtype)
+        hidden = torch.randn(args.batch, args.seq, args.hidden, generator=gen).to(device=device, dtype=dtype)
+        hidden.requires_grad_(True)
+        index = torch.randint(0, vocab, (args.batch, args.seq), generator=gen).to(device)
+        grad_out = torch.randn(args.batch, args.seq, generator=torch.Generator().manual_seed(2)).to(device)
+        return (hidden, head), index, grad_out
     shape = (args.batch, args.seq, vocab)
     logits = torch.empty(shape, dtype=dtype, device=device)
     _fill(logits, 0)
@@ -88,7 +112,7 @@ def _sync(device: str) -> None:
 
 def child_memory(args) -> None:
     """Peak extra memory of the very first call of one variant, in a process of its own."""
-    train = args.mode == "train"
+    train = args.mode in ("train", "head")
     logits, index, grad_out = _inputs(args, args.vocab, getattr(torch, args.dtype), train)
     _sync(args.device)
     cuda = args.device.startswith("cuda")
@@ -107,14 +131,16 @@ def child_memory(args) -> None:
 def child_time(args) -> None:
     """Best-of-``repeats`` time of every variant, interleaved round-robin in one process so that load from
     other processes on the machine hits all variants alike."""
-    train = args.mode == "train"
+    train = args.mode in ("train", "head")
     logits, index, grad_out = _inputs(args, args.vocab, getattr(torch, args.dtype), train)
     variants = args.variants.split(",")
     best = dict.fromkeys(variants, float("inf"))
     for round_index in range(args.repeats + 1):  # round 0 is a warm-up
         for variant in variants:
-            logits.grad = None
-            if train:  # the in-place variant overwrites the logits: refill them (outside the timer) for all
+            if isinstance(logits, tuple):
+                logits[0].grad = logits[1].weight.grad = None
+            elif train:  # the in-place variant overwrites the logits: refill them (outside the timer) for all
+                logits.grad = None
                 with torch.no_grad():
                     _fill(logits, 0)
             _sync(args.device)
@@ -132,7 +158,8 @@ def child_time(args) -> None:
 def _run(args, extra: list[str], vocab: int, mode: str, dtype: str) -> dict:
     cmd = [
         sys.executable, os.path.abspath(__file__), "--mode", mode, "--vocab", str(vocab),
-        "--batch", str(args.batch), "--seq", str(args.seq), "--dtype", dtype, "--device", args.device,
+        "--batch", str(args.batch), "--seq", str(args.seq), "--hidden", str(args.hidden), "--dtype", dtype,
+        "--device", args.device,
         "--repeats", str(args.repeats), *extra,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -149,12 +176,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--dtype", default="auto", help="float32, bfloat16, or auto (float32 if V ≤ 64k)")
-    parser.add_argument("--modes", nargs="+", default=["forward", "train"], choices=["forward", "train"])
+    parser.add_argument("--modes", nargs="+", default=["forward", "train", "head"], choices=["forward", "train", "head"])
+    parser.add_argument("--hidden", type=int, default=896, help="hidden size H of the head mode (Qwen2.5-0.5B: 896)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-child", dest="variant", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--time-child", dest="variants", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=["forward", "train"], help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=["forward", "train", "head"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant or args.variants:
         args.vocab = args.vocab[0]
@@ -175,6 +203,8 @@ def main() -> None:
                 variants.insert(1, "naive_fp32")
             if mode == "train":
                 variants.append("selective_inplace")  # in-place only changes the backward
+            if mode == "head":
+                variants = ["naive", "selective_inplace", "fused"]
             rows = {v: _run(args, ["--memory-child", v], vocab, mode, dtype) for v in variants}
             times = _run(args, ["--time-child", ",".join(variants)], vocab, mode, dtype)
             for v in variants:
@@ -190,8 +220,9 @@ def main() -> None:
                 )
                 results.append({"vocab": vocab, "dtype": dtype, "mode": mode, "variant": v, **r,
                                 "mem_ratio": mem_ratio, "time_ratio": time_ratio})  # fmt: skip
-            rel = abs(rows["selective"]["checksum"] - naive["checksum"]) / max(abs(naive["checksum"]), 1.0)
-            print(f"{'':>7} (logits {logits_mb:.0f} MB; selective vs naive log-prob sum rel. diff {rel:.1e})")
+            ours = rows["fused" if mode == "head" else "selective"]
+            rel = abs(ours["checksum"] - naive["checksum"]) / max(abs(naive["checksum"]), 1.0)
+            print(f"{'':>7} (logits {logits_mb:.0f} MB; ours vs naive log-prob sum rel. diff {rel:.1e})")
     print(json.dumps({"results": results}))
 
 

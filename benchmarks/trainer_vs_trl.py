@@ -1,100 +1,195 @@
-"""lmpo's Trainer against TRL 1.16's GRPOTrainer at equal settings, side by side on CPU.
+"""lmpo's Trainer against TRL's GRPOTrainer at equal settings, in one process, stepping in turn.
 
-Both train the same freshly initialised built-in ``tiny`` model (character tokenizer, same seed, same
-weights) on the same addition prompts with the same exact-match reward, batch shape (``--prompts`` prompts ×
-``--group`` completions per step, one optimizer step per step, no gradient accumulation), learning rate,
-sampling temperature, GRPO loss (``loss_type="grpo"`` / preset ``grpo``), ``beta=0`` (no reference model),
-``num_iterations=1`` (on-policy) and number of steps.
+Both train the same freshly initialised Llama-style model (character tokenizer, same seed, same weights) on
+the same addition prompts with the same exact-match reward, batch shape (``--prompts`` prompts × ``--group``
+completions per step, one optimizer step per step, no gradient accumulation), learning rate, sampling
+temperature, GRPO loss (``loss_type="grpo"`` / preset ``grpo``), ``beta=0`` (no reference model),
+``num_iterations=1`` (on-policy) and number of steps. Every completion is exactly T tokens in both: TRL
+through ``generation_kwargs={"min_new_tokens": T}`` with ``max_completion_length=T`` (EOS is suppressed until
+T), lmpo through ``rollout.ignore_eos=true`` with ``max_new_tokens=T``.
 
-Equal completion lengths: every completion is exactly ``--completion-tokens`` tokens in both — TRL through
-``generation_kwargs={"min_new_tokens": T}`` with ``max_completion_length=T`` (EOS is suppressed until T), lmpo
-through ``rollout.ignore_eos=true`` with ``max_new_tokens=T``. Each framework runs in its own subprocess (so
-peak RSS is its own) with the same number of torch threads. Throughput is measured over the steady state:
-from the end of step 1 to the end of the last step (start-up, first-call warm-up and lmpo's final
-evaluation are excluded). Prints steps/s and peak RSS for both and their ratios.
+Stepping in turn: each trainer runs in a thread of this one process and the two hand a baton back and forth
+at every step boundary, so exactly one of them computes at any moment and step i of lmpo and step i of TRL
+run back to back, under the same machine load. A step's time is from receiving the baton to passing it on
+(everything the framework does per step: generation, scoring, log-probs, backward, optimizer, logging).
+Step 1 (first-call warm-up) is dropped; the ratio reported per setting is the median over the remaining
+steps of ``TRL step time / lmpo step time`` (= lmpo/TRL steps per second), with its interquartile range.
+lmpo's phase shares split its step into generation (``rollout_engine.generate``), log-prob forward (the
+trainer's log-prob forwards, with and without gradient) and update (the rest: scoring, backward, optimizer).
 
-    .venv/bin/python benchmarks/trainer_vs_trl.py [--steps 20 --prompts 16 --group 8 --completion-tokens 8]
+A generation-only check follows (``--gen-scaling``, on by default when no ``--lengths`` is given): lmpo's
+rollout engine timed alone at 32 and 256 tokens per completion, median of a few calls; the target is a
+growth of at most 9× for 8× the tokens.
+
+    .venv/bin/python benchmarks/trainer_vs_trl.py                        # lengths 8 64 256 1024, two models
+    .venv/bin/python benchmarks/trainer_vs_trl.py --lengths 256 --steps 4
+
+The last line is ``min ratio: X.XX``, the smallest per-setting median ratio of the run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import resource
-import subprocess
-import sys
+import statistics
 import tempfile
+import threading
 import time
 
+import torch
 
-def _prompts(n: int) -> list[dict]:
+# model sizes: a built-in preset plus fields overridden (positions extended so that 1,024-token completions fit)
+MODELS = {
+    "tiny": {"preset": "tiny"},
+    "tiny-wide": {"preset": "tiny-wide"},
+    "small": {"preset": "tiny", "hidden_size": 512, "num_layers": 6, "num_heads": 8, "intermediate_size": 1536},
+}
+DEFAULT_STEPS = {8: 12, 64: 10, 256: 6, 1024: 4}
+
+
+def build_model(name: str, seed: int = 0):
+    from lmpo.models import load_tokenizer
+    from lmpo.models.presets import build_tiny_model
+
+    spec = dict(MODELS[name])
+    preset = spec.pop("preset")
+    tok = load_tokenizer("tiny")
+    model = build_tiny_model(tok, preset=preset, seed=seed, max_position_embeddings=2048, **spec)
+    return model, tok
+
+
+def param_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def prompts(n: int) -> list[dict]:
     from lmpo.tasks import make_task
 
     task = make_task("addition", min_digits=1, max_digits=2)
     return [{"prompt": e.prompt, "answer": e.answer} for e in task.train_examples(seed=0)[:n]]
 
 
-def run_lmpo(args) -> dict:
+class Baton:
+    """Two parties take turns: a party computes only while it holds the baton."""
+
+    def __init__(self, first: str, second: str) -> None:
+        self.cond = threading.Condition()
+        self.holder = first
+        self.other = {first: second, second: first}
+        self.finished: set[str] = set()
+        self.errors: list[BaseException] = []
+
+    def wait(self, name: str) -> float:
+        with self.cond:
+            self.cond.wait_for(lambda: self.holder == name or self.other[name] in self.finished or self.errors)
+        return time.perf_counter()
+
+    def pass_on(self, name: str) -> float:
+        t = time.perf_counter()
+        with self.cond:
+            self.holder = self.other[name]
+            self.cond.notify_all()
+        return t
+
+    def finish(self, name: str, error: BaseException | None = None) -> None:
+        with self.cond:
+            self.finished.add(name)
+            if error is not None:
+                self.errors.append(error)
+            self.holder = self.other[name]
+            self.cond.notify_all()
+
+
+class Party:
+    """One trainer's side of the baton: step durations from receiving the baton to passing it on."""
+
+    def __init__(self, name: str, baton: Baton) -> None:
+        self.name, self.baton = name, baton
+        self.started: float | None = None
+        self.durations: list[float] = []
+
+    def begin(self) -> None:
+        if self.started is None:
+            self.started = self.baton.wait(self.name)
+
+    def end(self) -> None:
+        self.durations.append(self.baton.pass_on(self.name) - self.started)
+        self.started = self.baton.wait(self.name)  # blocked until the other side has run its step
+
+
+def make_lmpo(model, tok, args, length: int, steps: int):
     from lmpo.trainer import Trainer
     from lmpo.trainer.config import config_from_dict
 
     cfg = config_from_dict({
         "model": {"name": "tiny", "init_seed": 0},
         "task": {"name": "addition", "options": {"min_digits": 1, "max_digits": 2}, "eval_examples": 8},
-        "rollout": {"completions_per_prompt": args.group, "max_new_tokens": args.completion_tokens,
-                    "temperature": 1.0, "ignore_eos": True},
+        "rollout": {"completions_per_prompt": args.group, "max_new_tokens": length, "temperature": 1.0,
+                    "ignore_eos": True},
         "objective": {"preset": "grpo"},
         "optim": {"lr": args.lr, "max_grad_norm": 1.0},
-        "loop": {"steps": args.steps, "prompts_per_step": args.prompts, "seqs_per_microbatch": args.prompts * args.group,
+        "loop": {"steps": steps, "prompts_per_step": args.prompts, "seqs_per_microbatch": args.prompts * args.group,
                  "seed": 0, "device": "cpu", "num_threads": args.threads},
-        "eval": {"at_start": False},
+        "eval": {"at_start": False, "max_new_tokens": 4},
         "checkpoint": {"at_end": False},
         "logging": {"run_dir": tempfile.mkdtemp(prefix="lmpo_bench_"), "progress_bar": False, "tensorboard": False},
     })
-    trainer = Trainer(cfg, log=lambda msg: None)
-    stamps: list[float] = []
+    return Trainer(cfg, model=model, tokenizer=tok, log=lambda msg: None)
+
+
+def run_lmpo(trainer, party: Party, phases: list[dict]) -> None:
+    """``trainer.train()`` with the baton taken around each RL step and its phases timed."""
+    import lmpo.trainer.loop as loop
+
+    trainer.rollout_engine = trainer._make_rollout_engine()
+    clock = {"gen": 0.0, "logp": 0.0}
+
+    def timed(fn, key):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                clock[key] += time.perf_counter() - t0
+        return wrapper
+
+    trainer.rollout_engine.generate = timed(trainer.rollout_engine.generate, "gen")
+    if hasattr(loop, "policy_logprobs"):  # the generation layer's log-prob forward
+        loop.policy_logprobs = timed(loop.policy_logprobs, "logp")
+    else:  # before the generation layer: the trainer's own forward
+        trainer._forward = timed(trainer._forward, "logp")
     real_step = trainer._rl_step
 
-    def timed_step(step):
-        out = real_step(step)
-        stamps.append(time.perf_counter())
+    def step(i):
+        party.begin()
+        clock.update(gen=0.0, logp=0.0)
+        t0 = time.perf_counter()
+        out = real_step(i)
+        phases.append({"step_s": time.perf_counter() - t0, **clock})
+        party.end()
         return out
 
-    trainer._rl_step = timed_step
-    result = trainer.train()
-    lengths = [r["completion/length_mean"] for r in result.history]
-    return {"steady_s": stamps[-1] - stamps[0], "steady_steps": len(stamps) - 1, "mean_completion_tokens":
-            sum(lengths) / len(lengths)}
+    trainer._rl_step = step
+    trainer.train()
 
 
-def run_trl(args) -> dict:
-    import torch
+def make_trl(model, tok, args, length: int, steps: int, party: Party):
     from datasets import Dataset
-    from transformers import TrainerCallback
+    from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lmpo.models import load_model_and_tokenizer
     from lmpo.rewards import exact_match
 
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load_model_and_tokenizer("tiny", seed=0)
-    rows = _prompts(args.prompts * args.steps)
-    dataset = Dataset.from_list(rows)
+    dataset = Dataset.from_list(prompts(args.prompts * steps))
 
     def reward(prompts, completions, answer, **kwargs):
         return exact_match(prompts, completions, answer)
 
-    stamps: list[float] = []
-    lengths: list[float] = []
+    class Turn(TrainerCallback):
+        def on_step_begin(self, targs, state, control, **kw):
+            party.begin()
 
-    class Stamp(TrainerCallback):
         def on_step_end(self, targs, state, control, **kw):
-            stamps.append(time.perf_counter())
-
-        def on_log(self, targs, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs:
-                lengths.append(logs["completions/mean_length"])
+            party.end()
 
     seqs = args.prompts * args.group
     config = GRPOConfig(
@@ -102,58 +197,126 @@ def run_trl(args) -> dict:
         per_device_train_batch_size=seqs, num_generations=args.group, generation_batch_size=seqs,
         gradient_accumulation_steps=1, num_iterations=1, beta=0.0, learning_rate=args.lr, max_grad_norm=1.0,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
-        max_completion_length=args.completion_tokens, generation_kwargs={"min_new_tokens": args.completion_tokens},
-        temperature=1.0, top_p=1.0, loss_type="grpo", scale_rewards="group", max_steps=args.steps, logging_steps=1,
+        max_completion_length=length, generation_kwargs={"min_new_tokens": length},
+        temperature=1.0, top_p=1.0, loss_type="grpo", scale_rewards="group", max_steps=steps, logging_steps=1,
         save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0, shuffle_dataset=False,
         log_completions=False,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Stamp()])
-    trainer.train()
-    return {"steady_s": stamps[-1] - stamps[0], "steady_steps": len(stamps) - 1,
-            "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else float("nan")}
+                          processing_class=tok, callbacks=[Turn()])
+    trainer.remove_callback(PrinterCallback)  # its per-step metric dicts would bury the table
+    return trainer
 
 
-def _child(args) -> None:
-    out = run_lmpo(args) if args.child == "lmpo" else run_trl(args)
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    print("RESULT " + json.dumps(out), flush=True)
+def _thread(baton: Baton, name: str, fn) -> threading.Thread:
+    def body():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            baton.finish(name, e)
+            return
+        baton.finish(name)
+
+    return threading.Thread(target=body, name=name, daemon=True)
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], statistics.median(values), q[2]
+
+
+def run_setting(model_name: str, length: int, steps: int, args) -> dict:
+    baton = Baton("lmpo", "trl")
+    lmpo_party, trl_party = Party("lmpo", baton), Party("trl", baton)
+    model_a, tok = build_model(model_name)
+    model_b, _ = build_model(model_name)
+    lmpo = make_lmpo(model_a, tok, args, length, steps)
+    trl = make_trl(model_b, tok, args, length, steps, trl_party)
+    phases: list[dict] = []
+    threads = [_thread(baton, "lmpo", lambda: run_lmpo(lmpo, lmpo_party, phases)),
+               _thread(baton, "trl", trl.train)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if baton.errors:
+        raise baton.errors[0]
+    n = min(len(lmpo_party.durations), len(trl_party.durations))
+    pairs = list(range(1, n)) if n > 1 else [0]  # step 1 is the warm-up
+    ratios = [trl_party.durations[i] / lmpo_party.durations[i] for i in pairs]
+    q1, med, q3 = quartiles(ratios)
+    steady = [phases[i] for i in pairs]
+    total = sum(p["step_s"] for p in steady)
+    gen = sum(p["gen"] for p in steady) / total
+    logp = sum(p["logp"] for p in steady) / total
+    return {"model": model_name, "params": param_count(model_a), "length": length, "pairs": len(pairs),
+            "ratio": med, "q1": q1, "q3": q3,
+            "lmpo_s": statistics.median(lmpo_party.durations[i] for i in pairs),
+            "trl_s": statistics.median(trl_party.durations[i] for i in pairs),
+            "gen": gen, "logp": logp, "update": 1.0 - gen - logp,
+            "gen_s": statistics.median(p["gen"] for p in steady)}
+
+
+def generation_scaling(model_name: str, args, lengths=(32, 256), repeats: int = 3) -> dict[int, float]:
+    """Median seconds of lmpo's rollout engine alone at each completion length (same batch as the trainers)."""
+    model, tok = build_model(model_name)
+    out = {}
+    for length in lengths:
+        trainer = make_lmpo(model, tok, args, length, 1)
+        engine = trainer._make_rollout_engine()
+        batch = [r["prompt"] for r in prompts(args.prompts)]
+        times = []
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            engine.generate(batch, args.group, seed=r)
+            if r:  # call 0 warms up
+                times.append(time.perf_counter() - t0)
+        out[length] = statistics.median(times)
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--lengths", type=int, nargs="+", default=None,
+                   help="completion lengths in tokens (default: 8 64 256 1024)")
+    p.add_argument("--models", nargs="+", default=["tiny", "tiny-wide"], choices=sorted(MODELS))
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"steps per setting, step 1 dropped as warm-up (default per length: {DEFAULT_STEPS})")
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
-    p.add_argument("--completion-tokens", type=int, default=8, help="every completion's length in tokens")
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--threads", type=int, default=1, help="torch threads in each framework's process")
-    p.add_argument("--child", choices=["lmpo", "trl"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (one process, shared by both)")
+    p.add_argument("--gen-scaling", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time lmpo's generation alone at 32 and 256 tokens (default: on without --lengths)")
     args = p.parse_args()
-    if args.child:
-        _child(args)
-        return
-    results = {}
-    for name in ("lmpo", "trl"):
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", name] + [
-            f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k != "child"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode != 0 or not line:
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
-            raise SystemExit(f"{name} run failed (exit {proc.returncode})")
-        results[name] = json.loads(line[-1][len("RESULT "):])
-        r = results[name]
-        r["steps_per_s"] = r["steady_steps"] / r["steady_s"]
-    print(f"settings: tiny model, addition, {args.prompts} prompts x {args.group} completions per step, "
-          f"{args.completion_tokens} tokens per completion, {args.steps} steps, lr {args.lr}, "
-          f"{args.threads} torch thread(s), CPU")
-    print(f"{'':6} {'steps/s':>9} {'peak RSS MB':>12} {'completion tokens':>18}")
-    for name, r in results.items():
-        print(f"{name:6} {r['steps_per_s']:9.3f} {r['peak_rss_mb']:12.0f} {r['mean_completion_tokens']:18.2f}")
-    a, b = results["lmpo"], results["trl"]
-    print(f"throughput ratio lmpo/TRL: {a['steps_per_s'] / b['steps_per_s']:.2f}x (target >= 1.5x)")
-    print(f"peak memory ratio lmpo/TRL: {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}")
+    lengths = args.lengths or [8, 64, 256, 1024]
+    gen_scaling = args.gen_scaling if args.gen_scaling is not None else args.lengths is None
+    torch.set_num_threads(args.threads)
+    import transformers
+    import trl
+
+    print(f"settings: addition, {args.prompts} prompts x {args.group} completions per step, fixed-length "
+          f"completions, lr {args.lr}, {args.threads} torch thread(s), CPU, one process stepping in turn; "
+          f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}", flush=True)
+    print(f"{'model':>10} {'params':>8} {'T':>5} {'pairs':>5} {'lmpo s':>8} {'TRL s':>8} {'ratio':>6} "
+          f"{'IQR':>11} {'gen':>5} {'logp':>5} {'update':>6}", flush=True)
+    results = []
+    for model_name in args.models:
+        for length in lengths:
+            steps = args.steps or DEFAULT_STEPS.get(length, 6)
+            r = run_setting(model_name, length, steps, args)
+            results.append(r)
+            print(f"{r['model']:>10} {r['params'] / 1e6:7.2f}M {r['length']:5d} {r['pairs']:5d} {r['lmpo_s']:8.3f} "
+                  f"{r['trl_s']:8.3f} {r['ratio']:5.2f}x {r['q1']:5.2f}-{r['q3']:4.2f}x {r['gen']:5.0%} "
+                  f"{r['logp']:5.0%} {r['update']:6.0%}", flush=True)
+    if gen_scaling:
+        for model_name in args.models:
+            g = generation_scaling(model_name, args)
+            print(f"generation alone, {model_name}: 32 tokens {g[32]:.3f} s, 256 tokens {g[256]:.3f} s, growth "
+                  f"{g[256] / g[32]:.2f}x for 8x the tokens (target <= 9x)", flush=True)
+    print(f"min ratio: {min(r['ratio'] for r in results):.2f}")
 
 
 if __name__ == "__main__":

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lmpo.generation import HFRollout, Rollout
 from lmpo.models import build_tiny_model
 from lmpo.models.tokenizer import CharTokenizer
 from lmpo.rlvcr.advantages import rlvcr_advantages
 from lmpo.rlvcr.config import RLVCRConfig
 from lmpo.rlvcr.expansion import expand_thinking_levels, rlvcr_stage, score_thinking
 from lmpo.rlvcr.thinking import find_subsequence
-from lmpo.trainer.rollout import HFRollout, Rollout
 
 TOK = CharTokenizer()
 SMALL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}  # behaviour, not skill

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lmpo.generation import Rollout
 from lmpo.models import CharTokenizer, build_tiny_model
 from lmpo.tasks.thinking import addition_scratchpad
 from lmpo.trainer.config import ConfigError, config_from_dict, load_config, validate_config
-from lmpo.trainer.rollout import Rollout
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}

@@ -64,6 +64,16 @@ def test_unknown_preset_names_field_value_and_choices():
     assert "objective.preset" in msg and "'grpoo'" in msg and "Did you mean 'grpo'" in msg
 
 
+def test_rollout_engine_names_come_from_the_registry():
+    from lmpo.generation import ENGINES
+
+    msg = _error({"rollout": {"engine": "vlm"}})
+    assert "rollout.engine" in msg and "'vlm'" in msg and "Did you mean 'vllm'" in msg
+    assert all(name in msg for name in ENGINES)
+    msg = _error({"rollout": {"vllm_gpu_memory_utilization": 1.5}})
+    assert "rollout.vllm_gpu_memory_utilization" in msg and "1.5" in msg
+
+
 def test_group_size_one_with_grpo_advantages():
     msg = _error({"rollout": {"completions_per_prompt": 1}})
     assert "rollout.completions_per_prompt" in msg and "= 1" in msg and ">= 2" in msg

@@ -149,7 +149,7 @@ def test_lora_trains_only_the_adapters(tmp_path):
 
 
 def test_shared_prompt_prefix_gives_the_plain_forward_logprobs_and_gradients(tmp_path):
-    from lmpo.trainer.rollout import HFRollout
+    from lmpo.generation import HFRollout
 
     trainer = make_trainer(tmp_path / "share", rollout={"completions_per_prompt": 3, "max_new_tokens": 4})
     model, tok = trainer.model, trainer.tokenizer
@@ -164,7 +164,7 @@ def test_shared_prompt_prefix_gives_the_plain_forward_logprobs_and_gradients(tmp
     def logp_and_grads(share: bool):
         object.__setattr__(trainer.cfg.loop, "share_prompt_prefix", share)
         model.zero_grad()
-        logp = trainer._forward(model, batch, rows, T, with_grad=True)["logp"]
+        logp = trainer._logprobs(model, batch, rows, with_grad=True).logp
         (logp * mask).sum().backward()
         return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -178,3 +178,59 @@ def test_shared_prompt_prefix_gives_the_plain_forward_logprobs_and_gradients(tmp
     torch.testing.assert_close(shared[mask], plain[mask], rtol=1e-5, atol=1e-5)
     for n in g_plain:
         torch.testing.assert_close(g_shared[n], g_plain[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def _grpo_loss_and_grads(trainer, batch, adv):
+    """The on-policy GRPO loss of ``batch`` through the trainer's own forward, and every parameter's gradient."""
+    model = trainer.model
+    model.train()
+    model.zero_grad()
+    fwd = trainer._logprobs(model, batch, with_grad=True)
+    loss, _ = trainer.objective(fwd.logp, fwd.logp.detach(), adv, batch["mask"])
+    # the GRPO loss at ratio 1 does not depend on the log-prob values; this term makes the check see them
+    loss = loss - 0.1 * (fwd.logp * batch["mask"]).sum() / batch["mask"].sum()
+    loss.backward()
+    return fwd.logp.detach(), loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("option", ["gradient_checkpointing", "autocast"])
+def test_gradient_checkpointing_and_bf16_autocast_match_the_plain_path(tmp_path, option):
+    from lmpo.generation import HFRollout
+
+    rollout = {"completions_per_prompt": 3, "max_new_tokens": 5}
+    plain = make_trainer(tmp_path / "plain", rollout=rollout)
+    other = make_trainer(tmp_path / option, rollout=rollout, loop={option: True})
+    assert getattr(other.model, "is_gradient_checkpointing", False) == (option == "gradient_checkpointing")
+    ro = HFRollout(plain.model, plain.tokenizer, max_new_tokens=5).generate(["7+8=", "12+3=", "1+1="], 3, seed=0)
+    batch = {"input_ids": ro.input_ids, "attention_mask": ro.attention_mask, "completion_ids": ro.completion_ids,
+             "mask": ro.completion_mask.bool()}
+    adv = torch.linspace(-1.0, 1.0, 9)
+    logp_p, loss_p, grad_p = _grpo_loss_and_grads(plain, batch, adv)
+    logp_o, loss_o, grad_o = _grpo_loss_and_grads(other, batch, adv)
+    mask = batch["mask"]
+    if option == "gradient_checkpointing":  # the same arithmetic, recomputed
+        torch.testing.assert_close(logp_o[mask], logp_p[mask], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loss_o, loss_p, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grad_o, grad_p, rtol=1e-4, atol=1e-6)
+    else:  # bfloat16 keeps 8 bits of mantissa: relative error ~ 2^-8 per operation
+        torch.testing.assert_close(logp_o[mask], logp_p[mask], rtol=2e-2, atol=5e-2)
+        torch.testing.assert_close(loss_o, loss_p, rtol=2e-2, atol=1e-2)
+        assert float((grad_o - grad_p).norm() / grad_p.norm()) < 5e-2
+        assert logp_o.dtype == torch.float32 and all(p.dtype == torch.float32 for p in other.model.parameters())
+
+
+def test_engine_weights_synced_after_every_step(tmp_path):
+    from lmpo.generation import HFRollout
+
+    class Recording(HFRollout):
+        synced: list = []
+
+        def sync_weights(self, model):
+            self.synced.append((model, sum(float(p.detach().abs().sum()) for p in model.parameters())))
+            super().sync_weights(model)
+
+    trainer = make_trainer(tmp_path / "sync")
+    trainer.rollout_engine = Recording(trainer.model, trainer.tokenizer, max_new_tokens=3)
+    trainer.train()
+    assert len(Recording.synced) == 2 and all(m is trainer.model for m, _ in Recording.synced)
+    assert Recording.synced[0][1] != Recording.synced[1][1]  # each sync saw the weights of its own step

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lmpo.generation import HFRollout, Rollout, eos_token_ids
 from lmpo.rlvcr.advantages import rlvcr_advantages
 from lmpo.rlvcr.config import RLVCRConfig
 from lmpo.rlvcr.thinking import (
@@ -36,7 +37,6 @@ from lmpo.rlvcr.thinking import (
     thinking_cost,
     thinking_reward,
 )
-from lmpo.trainer.rollout import HFRollout, Rollout, eos_token_ids
 
 Tensor = torch.Tensor
 

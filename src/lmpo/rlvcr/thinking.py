@@ -143,10 +143,10 @@ def teacher_forced_confidence(model, prompt_ids: Sequence[Sequence[int]], comple
         (B,) float32 mean probability of the action tokens (0 for an empty action).
 
     One forward per ``seqs_per_batch`` rows over left-padded prompts followed by right-padded completions,
-    the layout of ``lmpo.trainer.logprobs.sequence_logprobs``. Slow equivalent: for each sample, run the
+    the layout of ``lmpo.generation.sequence_logprobs``. Slow equivalent: for each sample, run the
     model on prompt ‖ completion alone and average ``softmax(logits)[t−1, id_t]`` over the action tokens.
     """
-    from lmpo.trainer.logprobs import sequence_logprobs
+    from lmpo.generation import sequence_logprobs
 
     B = len(completion_ids)
     out = torch.zeros(B, dtype=torch.float32)

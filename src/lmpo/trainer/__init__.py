@@ -3,8 +3,8 @@
 >>> from lmpo.trainer import Trainer, load_config
 >>> result = Trainer(load_config("configs/addition_grpo.yaml", ["--optim.lr", "1e-4"])).train()
 
-Modules: ``config`` (frozen dataclass sections, validation, YAML), ``loop`` (the ``Trainer``), ``rollout``
-(generation engines), ``logprobs`` (selective log-softmax, chunked entropy), ``optim`` (AdamW + schedule),
+Modules: ``config`` (frozen dataclass sections, validation, YAML), ``loop`` (the ``Trainer``; generation and
+log-probs come from ``lmpo.generation``), ``optim`` (AdamW + schedule),
 ``checkpoint`` (atomic checkpoints), ``metrics`` (progress bar, JSONL, TensorBoard, W&B), ``sft``
 (supervised warm-up), ``evaluate`` (greedy held-out accuracy), ``plot``, ``demo`` and ``cli``.
 """

@@ -106,6 +106,15 @@ class RolloutConfig:
     top_k: int = _f(0, "Top-k sampling (0 = off).", ge=0, hint="Use 0 to switch it off.")
     ignore_eos: bool = _f(False, "Keep generating after EOS to exactly max_new_tokens (benchmarks use "
                           "this to force equal lengths).")
+    engine: str = _f("hf", "Generation engine, a name of `lmpo.generation.ENGINES`: `hf` (any Hugging Face causal "
+                     "LM, static KV cache, each prompt pre-filled once) or `vllm` (vLLM colocated on the training "
+                     "GPU, weights synced after every step; needs `lmpo[vllm]` and CUDA).")
+    record_logprobs: bool = _f(False, "Record the sampler's log-probs of the sampled tokens (`log softmax(logits / "
+                               "temperature)`, the rollout log-probs of mismatch corrections); vLLM records them "
+                               "whatever this is.")
+    vllm_gpu_memory_utilization: float = _f(0.3, "Fraction of the GPU's memory vLLM may take for its weights and KV "
+                                            "cache (`engine: vllm`); the rest is left to training.", gt=0, lt=1,
+                                            hint="e.g. 0.3 leaves most of the GPU to training.")
 
 
 @dataclass(frozen=True)
@@ -182,6 +191,11 @@ class LoopConfig:
                                   "minibatch, with exact global normalisation).", ge=1)
     share_prompt_prefix: bool = _f(True, "Training forward: run each prompt once per group and reuse its KV cache "
                                    "(with gradient) for its G completions; the same log-probs for less compute.")
+    gradient_checkpointing: bool = _f(False, "Recompute each layer's activations in the backward pass instead of "
+                                      "keeping them (less memory, about one more forward of compute); turns "
+                                      "`share_prompt_prefix` off for the training forward.")
+    autocast: bool = _f(False, "Run the forward passes (generation and log-probs) under bfloat16 autocast; "
+                        "parameters, gradients and optimizer state keep the model's dtype.")
     seed: int = _f(0, "Seed of data order, sampling and clip_cov selection.", ge=0)
     max_nonfinite_steps: int = _f(5, "Stop after this many consecutive steps with a non-finite loss or "
                                   "gradient (each is skipped and counted).", ge=1)
@@ -433,6 +447,9 @@ def validate_config(cfg: TrainConfig) -> None:
             "rollout.completions_per_prompt >= 2 (e.g. 8).")
     _ = objective
 
+    from lmpo.generation import ENGINES
+
+    _check_choice("rollout.engine", cfg.rollout.engine, sorted(ENGINES))
     lp = cfg.loop
     if cfg.seqs_per_step % lp.minibatches_per_step:
         raise ConfigError(

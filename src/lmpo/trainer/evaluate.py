@@ -13,7 +13,7 @@ from lmpo.tasks import Example
 def greedy_completions(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, seqs_per_batch: int,
                        device: torch.device) -> tuple[list[str], list[int]]:
     """Greedy completions (text up to EOS) and their token lengths (EOS included when produced)."""
-    from lmpo.trainer.rollout import HFRollout
+    from lmpo.generation import HFRollout
 
     engine = HFRollout(model, tokenizer, max_new_tokens=max_new_tokens, temperature=0.0)
     texts: list[str] = []

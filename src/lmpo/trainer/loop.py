@@ -6,6 +6,7 @@
     →  for epoch in epochs_per_step, minibatch in minibatches_per_step: one optimizer step
            for microbatch: logp (B_μ,T) [+ entropy, token_grad_norm when needed] → objective → backward
            clip grad-norm → (skip if non-finite) → AdamW step → schedule → entropy controller
+    →  rollout_engine.sync_weights (an engine with its own copy of the weights refreshes it)
     →  metrics → evaluation / checkpoint when due
 
 The objective is called through its driver (``lmpo.objectives.ObjectiveDriver``, shared with the TRL and verl
@@ -20,6 +21,7 @@ likewise; on CPU a resumed run reproduces the uninterrupted one bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -35,6 +37,7 @@ import yaml
 from lmpo.checkpoints import replace_file
 from lmpo.config import read_yaml
 from lmpo.errors import InputError, Interrupted, RunError
+from lmpo.generation import PolicyLogprobs, policy_logprobs
 from lmpo.objectives import Objective, ObjectiveDriver
 from lmpo.objectives.driver import merge_stats
 from lmpo.runs import check_resume_config, prepare_run_dir, stop_on_sigint
@@ -43,7 +46,7 @@ from lmpo.trainer.config import TrainConfig, config_to_dict, validate_config
 from lmpo.trainer.evaluate import evaluate, reward_arguments
 from lmpo.trainer.metrics import MetricsLogger, to_host
 from lmpo.trainer.optim import Schedule, build_optimizer
-from lmpo.trainer.sft import position_ids_from_mask, supervised_warmup
+from lmpo.trainer.sft import supervised_warmup
 
 #: what a trainer run directory holds (``--overwrite`` deletes these and nothing else)
 RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "wandb")
@@ -98,8 +101,8 @@ class Trainer:
         config: the run (validated here, before any model is built).
         model, tokenizer: use these instead of building ``config.model.name``.
         task: use this task instead of building ``config.task``.
-        rollout_engine: any object with ``generate(prompts, completions_per_prompt, seed) -> Rollout``
-            (default: ``lmpo.trainer.rollout.HFRollout``).
+        rollout_engine: a ``lmpo.generation.RolloutEngine`` (default: the ``rollout.engine`` of the config,
+            ``lmpo.generation.HFRollout`` unless set).
         log: callable for one-line console messages (default ``print``).
     """
 
@@ -139,6 +142,9 @@ class Trainer:
         self.train_examples = self._render_prompts(train_examples)
         self.eval_examples = self._render_prompts(eval_examples)
         self.scorer, self.accuracy_fn = self._build_rewards()
+        if config.loop.gradient_checkpointing:
+            # non-reentrant: works with inputs that do not require grad and with LoRA's frozen base weights
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.model.lora.enabled:
             self.model = self._wrap_lora(self.model)
         self.rollout_engine = rollout_engine
@@ -202,14 +208,20 @@ class Trainer:
         return get_peft_model(model, peft_cfg)
 
     def _make_rollout_engine(self):
-        from lmpo.trainer.rollout import HFRollout
+        from lmpo.generation import ENGINES
 
         ro = self.cfg.rollout
-        engine = HFRollout(self.model, self.tokenizer, max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
-                           top_p=ro.top_p, top_k=ro.top_k)
-        if ro.ignore_eos:
-            engine.eos_token_ids = [-1]  # no token id matches: every completion runs to max_new_tokens
-        return engine
+        options = {"gpu_memory_utilization": ro.vllm_gpu_memory_utilization, "seed": self.cfg.loop.seed} if (
+            ro.engine == "vllm") else {}
+        return ENGINES[ro.engine](self.model, self.tokenizer, max_new_tokens=ro.max_new_tokens,
+                                  temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, ignore_eos=ro.ignore_eos,
+                                  record_logprobs=ro.record_logprobs, **options)
+
+    def _autocast(self):
+        """The forward passes' autocast context (``loop.autocast``); parameters and optimizer stay as they are."""
+        if not self.cfg.loop.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
     # ---------------------------------------------------------------- the run
     def train(self, resume: str | os.PathLike | bool | None = None, *, overwrite: bool = False,
@@ -358,7 +370,8 @@ class Trainer:
         # sample prompts, generate G completions each
         examples = self._next_examples(cfg.loop.prompts_per_step)
         # (no inference_mode: the sampled ids become inputs of the training graph)
-        ro = self.rollout_engine.generate([e.prompt for e in examples], G, seed=_seed_for(cfg.loop.seed, step, 1))
+        with self._autocast():
+            ro = self.rollout_engine.generate([e.prompt for e in examples], G, seed=_seed_for(cfg.loop.seed, step, 1))
         t_gen = time.perf_counter()
 
         # score rewards (prompt-major: sequence b belongs to prompt b // G)
@@ -411,14 +424,15 @@ class Trainer:
         # the sequences trained on
         idx = torch.nonzero(keep).squeeze(-1)
         batch = {
-            "input_ids": torch.cat([ro.prompt_ids, ro.completion_ids], dim=1).to(self.device)[idx],
-            "attention_mask": torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(self.device)[idx],
+            "input_ids": ro.input_ids.to(self.device)[idx],
+            "attention_mask": ro.attention_mask.to(self.device)[idx],
             "completion_ids": ro.completion_ids.to(self.device)[idx],
             "mask": comp_mask[idx],
             "adv": adv[idx],
         }
         train_stats = self._update(step, batch) if idx.numel() > 0 else {}
         stats.update(train_stats)
+        self.rollout_engine.sync_weights(self.model)  # after this step's optimizer steps, before the next rollout
         t_end = time.perf_counter()
 
         tokens = float(lengths.sum()) + float(batch["mask"].sum())
@@ -438,17 +452,17 @@ class Trainer:
         """``epochs_per_step × minibatches_per_step`` optimizer steps on one rollout batch; merged statistics."""
         cfg = self.cfg
         B = batch["input_ids"].shape[0]
-        T = batch["completion_ids"].shape[1]
         self.model.train()
         # behaviour log-probs: only when the same rollout is used for more than one optimizer step
-        batch["old_logp"] = self._no_grad_logp(self.model, batch, T) if cfg.off_policy else None
-        batch["ref_logp"] = self._no_grad_logp(self.ref_model, batch, T) if self.driver.needs.ref_logp else None
+        batch["old_logp"] = self._logprobs(self.model, batch, with_grad=False).logp if cfg.off_policy else None
+        batch["ref_logp"] = (self._logprobs(self.ref_model, batch, with_grad=False).logp if self.driver.needs.ref_logp
+                             else None)
 
         per_step: list[dict[str, float]] = []
         lr = self.schedule.current_lr()
         for epoch, m, rows in self._minibatches(step, B):
             cov_gen = torch.Generator(device=self.device).manual_seed(_seed_for(cfg.loop.seed, step, 3, epoch, m))
-            stats = self._optimizer_step(step, batch, rows, T, cov_gen)
+            stats = self._optimizer_step(step, batch, rows, cov_gen)
             if stats is not None:
                 lr = stats.pop("optim/lr")
                 per_step.append(stats)
@@ -469,7 +483,7 @@ class Trainer:
                 if order[m * size:(m + 1) * size].numel():
                     yield epoch, m, order[m * size:(m + 1) * size]
 
-    def _optimizer_step(self, step: int, batch: dict[str, torch.Tensor], rows: torch.Tensor, T: int,
+    def _optimizer_step(self, step: int, batch: dict[str, torch.Tensor], rows: torch.Tensor,
                         cov_gen: torch.Generator) -> dict[str, float] | None:
         """One optimizer step over the minibatch ``rows`` (microbatches accumulate with exact global
         normalisers); its statistics, or None when the loss or gradient was non-finite and the step skipped."""
@@ -480,11 +494,13 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for start in range(0, num_seqs, cfg.loop.seqs_per_microbatch):
             mu = rows[start:start + cfg.loop.seqs_per_microbatch]
-            fwd = self._forward(self.model, batch, mu, T, with_grad=True)
-            old = batch["old_logp"][mu] if batch["old_logp"] is not None else fwd["logp"].detach()
+            needs = self.driver.needs
+            fwd = self._logprobs(self.model, batch, mu, with_grad=True, with_entropy=needs.entropy,
+                                 grad_norm_mode=needs.token_grad_norm)
+            old = batch["old_logp"][mu] if batch["old_logp"] is not None else fwd.logp.detach()
             ref = batch["ref_logp"][mu] if batch["ref_logp"] is not None else None
-            loss = self.driver.loss(fwd["logp"], old, batch["adv"][mu], batch["mask"][mu], weight=mu.numel() / num_seqs,
-                                    ref_logp=ref, entropy=fwd.get("entropy"), token_grad_norm=fwd.get("token_grad_norm"),
+            loss = self.driver.loss(fwd.logp, old, batch["adv"][mu], batch["mask"][mu], weight=mu.numel() / num_seqs,
+                                    ref_logp=ref, entropy=fwd.entropy, token_grad_norm=fwd.token_grad_norm,
                                     num_tokens=num_tokens, num_seqs=num_seqs, generator=cov_gen)
             if self.loss_hook is not None:
                 loss = self.loss_hook(step, loss)
@@ -520,112 +536,20 @@ class Trainer:
                 f"{step}. Checkpoints already written in {ckpt.checkpoint_dir(self.run_dir)} are intact. "
                 "Lower optim.lr, check the reward scale, or use a float32 model.")
 
-    def _forward(self, model, batch: dict[str, torch.Tensor], rows: torch.Tensor, T: int, *, with_grad: bool
-                 ) -> dict[str, torch.Tensor]:
-        """Log-probs (B_μ, T) of the completion tokens, plus entropy / token_grad_norm when the objective needs them.
-
-        Only the last T+1 positions' logits are computed (``logits_to_keep``); position t of the completion is
-        predicted from the logits of the position before it.
-        """
-        from lmpo.trainer.logprobs import selective_log_softmax, selective_log_softmax_with_entropy
-
-        needs = self.driver.needs
-        ids = batch["input_ids"][rows]
-        attn = batch["attention_mask"][rows]
-        tokens = batch["completion_ids"][rows]
-        need_hidden = with_grad and needs.token_grad_norm == "lm_head"
-        captured = {}
-        handle = None
-        if need_hidden:
-            head = model.get_output_embeddings()
-            handle = head.register_forward_hook(lambda mod, inp, out: captured.__setitem__("h", inp[0]))
-        logits = None
-        if not need_hidden and not (with_grad and needs.token_grad_norm):
-            logits = self._shared_prefix_logits(model, ids, attn, T)
-        if logits is None:
-            try:
-                out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
-                            logits_to_keep=T + 1, use_cache=False)
-            finally:
-                if handle is not None:
-                    handle.remove()
-            logits = out.logits[:, :-1, :]  # (B_μ, T, V)
-        # log-probs of the distribution the rollout sampled from: softmax(logits / τ) (as TRL does)
-        tau = self.cfg.rollout.temperature
-        res: dict[str, torch.Tensor] = {}
-        if with_grad and needs.entropy:
-            # entropy keeps its graph: an entropy bonus in the objective differentiates through it (computed in
-            # the same pass over the logits, and reported for every objective)
-            res["logp"], res["entropy"] = selective_log_softmax_with_entropy(logits, tokens, temperature=tau)
-        else:
-            res["logp"] = selective_log_softmax(logits, tokens, temperature=tau)
-        if with_grad and needs.token_grad_norm:
-            res["token_grad_norm"] = self._token_grad_norm(model, logits / tau, tokens, ids, attn, T,
-                                                           captured.get("h"), 1.0 / tau)
-        return res
-
-    def _shared_prefix_logits(self, model, ids: torch.Tensor, attn: torch.Tensor, T: int) -> torch.Tensor | None:
-        """Completion logits (B_μ, T, V) computing each group's shared prompt once instead of G times.
-
-        The G completions of a prompt are rows ``i·G … i·G+G−1`` with identical prompt tokens. The prompt is
-        run once per group with the KV cache on (and its autograd graph kept), the cache is repeated G times
-        along the batch, and the completions run on top of it: the same logits as the plain forward (up to
-        float rounding of the attention kernels) for about (N·P + B·T) / (B·(P+T)) of its compute.
-        Returns None (the caller runs the plain forward) when the rows are not whole groups of one prompt.
-        """
-        G = self.cfg.rollout.completions_per_prompt
-        B, L = ids.shape
-        P = L - T
-        if not self.cfg.loop.share_prompt_prefix or G < 2 or B % G or P < 1 or T < 2 or self.cfg.rlvcr.enabled:
-            return None
-        N = B // G
-        prompt, prompt_mask = ids[::G, :P], attn[::G, :P]  # (N, P)
-        same = torch.equal(ids[:, :P].view(N, G, P), prompt.unsqueeze(1).expand(N, G, P)) and torch.equal(
-            attn[:, :P].view(N, G, P), prompt_mask.unsqueeze(1).expand(N, G, P))
-        if not same:
-            return None
-        positions = position_ids_from_mask(attn)  # (B, L)
-        out_p = model(input_ids=prompt, attention_mask=prompt_mask, position_ids=positions[::G, :P],
-                      use_cache=True, logits_to_keep=1)
-        cache = out_p.past_key_values
-        cache.batch_repeat_interleave(G)  # (N, …) → (B, …), differentiable
-        first = out_p.logits[:, -1:, :].repeat_interleave(G, dim=0)  # (B, 1, V): predicts completion token 0
-        out_c = model(input_ids=ids[:, P:L - 1], attention_mask=attn[:, :L - 1], position_ids=positions[:, P:L - 1],
-                      past_key_values=cache, use_cache=True)
-        return torch.cat([first, out_c.logits], dim=1)  # (B, T, V)
-
-    def _token_grad_norm(self, model, logits, tokens, ids, attn, T, hidden, scale) -> torch.Tensor:
-        from lmpo.objectives.grad_norms import exact_grad_norm, lm_head_grad_norm, logits_grad_norm
-
-        mode = self.driver.needs.token_grad_norm
-        if mode == "logits":
-            return logits_grad_norm(logits.detach(), tokens)
-        if mode == "lm_head":
-            head = model.get_output_embeddings()
-            h = hidden[:, -(T + 1):-1, :]  # (B_μ, T, H) inputs of the head at the predicting positions
-            return lm_head_grad_norm(h, logits.detach(), tokens, head_has_bias=getattr(head, "bias", None) is not None,
-                                     logit_scale=scale)
-
-        def call(input_ids, attention_mask=None):
-            return model(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids_from_mask(attention_mask), use_cache=False).logits * scale
-
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        return exact_grad_norm(call, ids, T, attention_mask=attn, parameters=trainable)
-
-    def _no_grad_logp(self, model, batch: dict[str, torch.Tensor], T: int) -> torch.Tensor:
-        """(B, T) log-probs without gradient, in microbatches (behaviour or reference policy)."""
-        was_training = model.training
-        model.eval()
-        outs = []
-        B = batch["input_ids"].shape[0]
-        with torch.no_grad():
-            for start in range(0, B, self.cfg.loop.seqs_per_microbatch):
-                rows = torch.arange(start, min(B, start + self.cfg.loop.seqs_per_microbatch), device=self.device)
-                outs.append(self._forward(model, batch, rows, T, with_grad=False)["logp"])
-        if was_training:
-            model.train()
-        return torch.cat(outs, 0)
+    def _logprobs(self, model, batch: dict[str, torch.Tensor], rows: torch.Tensor | None = None, *, with_grad: bool,
+                  with_entropy: bool = False, grad_norm_mode: str | None = None) -> PolicyLogprobs:
+        """``lmpo.generation.policy_logprobs`` of ``batch`` (its ``rows``, or all of it), under this run's
+        temperature, prompt sharing, microbatch size and autocast; without gradient in microbatches."""
+        cfg = self.cfg
+        share = cfg.loop.share_prompt_prefix and not cfg.rlvcr.enabled  # RLVCR rows are not whole groups
+        ids, attn, tokens = batch["input_ids"], batch["attention_mask"], batch["completion_ids"]
+        if rows is not None:
+            ids, attn, tokens = ids[rows], attn[rows], tokens[rows]
+        with self._autocast():
+            return policy_logprobs(model, ids, attn, tokens, temperature=cfg.rollout.temperature,
+                                   with_entropy=with_entropy, grad_norm_mode=grad_norm_mode,
+                                   group_size=cfg.rollout.completions_per_prompt if share else None,
+                                   with_grad=with_grad, seqs_per_microbatch=cfg.loop.seqs_per_microbatch)
 
     # ---------------------------------------------------------------- data, reference, evaluation
     def _permutation(self, data_epoch: int) -> list[int]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from lmpo.generation import position_ids_from_mask
 from lmpo.tasks import Example, Task
 from lmpo.trainer.config import SFTConfig
 
@@ -39,11 +40,6 @@ def encode_pairs(tokenizer, prompts: Sequence[str], completions: Sequence[str], 
         attn[i, L - len(s):] = 1
         lm[i, L - len(s):] = torch.tensor(m, dtype=torch.bool)
     return ids.to(device), attn.to(device), lm.to(device)
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only, as HF generation does for left-padded batches."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,12 @@
-"""HFRollout on the tiny model: shapes, left padding, EOS masking, groups, seeding, greedy vs a slow loop."""
+"""HFRollout on the tiny model: shapes, left padding, EOS masking, groups, seeding, greedy and sampled output
+against a cache-free slow loop, sampler log-probs against teacher forcing, prefill once, finished rows dropped."""
 
 import pytest
 import torch
 
+from lmpo.generation import HFRollout, Rollout, RolloutEngine, sequence_logprobs
+from lmpo.generation.hf import _filter_top_k_top_p, sample_categorical
 from lmpo.models import load_model_and_tokenizer
-from lmpo.trainer.logprobs import sequence_logprobs
-from lmpo.trainer.rollout import HFRollout, Rollout, RolloutEngine, _filter_top_k_top_p
 
 PROMPTS = ["12+34=", "5+6=", "rev abc="]
 
@@ -150,15 +151,97 @@ def test_top_k_top_p_filter_hand_case():
     assert kept_k.tolist() == [[True, False, False, False]]
 
 
-def test_select_and_bad_arguments(tiny):
+def test_bad_arguments(tiny):
     model, tok = tiny
-    ro = HFRollout(model, tok, max_new_tokens=3).generate(PROMPTS, 2, seed=0)
-    sub = ro.select([1, 4])
-    assert sub.group_ids.tolist() == [0, 2] and sub.prompts == [PROMPTS[0], PROMPTS[2]]
-    assert torch.equal(sub.completion_ids, ro.completion_ids[[1, 4]])
     with pytest.raises(ValueError, match="max_new_tokens"):
         HFRollout(model, tok, max_new_tokens=0)
     with pytest.raises(ValueError, match="top_p"):
         HFRollout(model, tok, top_p=0.0)
     with pytest.raises(ValueError, match="completions_per_prompt"):
         HFRollout(model, tok).generate(PROMPTS, 0)
+
+
+def _slow_sample(model, tok, prompts, G, max_new_tokens, seed, temperature, top_p=1.0, top_k=0):
+    """Reference for the sampled loop: every prompt repeated G times, no cache, the whole left-padded batch
+    re-run at every step, ``torch.multinomial`` on all rows with one generator (finished rows draw too)."""
+    enc = tok(list(prompts), padding=True, return_tensors="pt", padding_side="left")
+    ids = enc["input_ids"].repeat_interleave(G, 0)
+    mask = enc["attention_mask"].repeat_interleave(G, 0)
+    gen = torch.Generator().manual_seed(seed)
+    finished = torch.zeros(ids.shape[0], dtype=torch.bool)
+    out = []
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask,
+                           position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1].float()
+        probs = _filter_top_k_top_p(logits / temperature, top_k, top_p).softmax(-1)
+        token = torch.multinomial(probs, 1, generator=gen).squeeze(-1).masked_fill(finished, tok.pad_token_id)
+        out.append(token)
+        mask = torch.cat([mask, (~finished).long()[:, None]], 1)
+        ids = torch.cat([ids, token[:, None]], 1)
+        finished = finished | (token == tok.eos_token_id)
+        if bool(finished.all()):
+            break
+    return torch.stack(out, 1)
+
+
+@pytest.mark.parametrize("top_p, top_k", [(1.0, 0), (0.9, 20)])
+def test_sampled_tokens_match_the_cache_free_reference(eos_heavy, top_p, top_k):
+    # rows stop at different steps, so the decode batch is compacted along the way; the draws must not move
+    model, tok = eos_heavy
+    engine = HFRollout(model, tok, max_new_tokens=10, temperature=0.9, top_p=top_p, top_k=top_k)
+    ro = engine.generate(PROMPTS, 4, seed=7)
+    ref = _slow_sample(model, tok, PROMPTS, 4, 10, seed=7, temperature=0.9, top_p=top_p, top_k=top_k)
+    assert len(set(ro.completion_lengths.tolist())) > 1
+    assert torch.equal(ro.completion_ids, ref)
+
+
+def test_each_prompt_prefilled_once_and_finished_rows_dropped(eos_heavy):
+    model, tok = eos_heavy
+    batches = []
+    handle = model.register_forward_pre_hook(lambda mod, args, kw: batches.append(kw["input_ids"].shape),
+                                             with_kwargs=True)
+    try:
+        ro = HFRollout(model, tok, max_new_tokens=12, temperature=1.0).generate(PROMPTS, 8, seed=3)
+    finally:
+        handle.remove()
+    P = ro.prompt_ids.shape[1]
+    assert batches[0] == (len(PROMPTS), P)  # the 3 prompts once, not their 24 rows
+    decode_rows = [b[0] for b in batches[1:]]
+    assert all(b[1] == 1 for b in batches[1:])
+    assert decode_rows == sorted(decode_rows, reverse=True) and decode_rows[-1] < 24  # rows left the batch
+    # never fewer rows than are still running at that step
+    running = [(ro.completion_lengths > t + 1).sum().item() for t in range(len(decode_rows))]
+    assert all(d >= r for d, r in zip(decode_rows, running))
+
+
+def test_sample_categorical_is_multinomial_draw_for_draw():
+    for seed, (rows, vocab) in enumerate([(1, 5), (7, 100), (64, 300)]):
+        probs = (3 * torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed))).softmax(-1)
+        expected = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed + 10)).squeeze(-1)
+        got = sample_categorical(probs.clone(), torch.Generator().manual_seed(seed + 10))
+        assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_recorded_logprobs_equal_teacher_forced_logprobs(eos_heavy, temperature):
+    model, tok = eos_heavy
+    ro = HFRollout(model, tok, max_new_tokens=8, temperature=temperature, record_logprobs=True).generate(
+        PROMPTS, 3, seed=1)
+    with torch.no_grad():
+        tf = sequence_logprobs(model, ro.input_ids, ro.attention_mask, ro.completion_ids.shape[1],
+                               temperature=temperature).logprobs
+    mask = ro.completion_mask.bool()
+    torch.testing.assert_close(ro.logprobs[mask], tf[mask], atol=1e-5, rtol=0)
+    assert bool((ro.logprobs[~mask] == 0).all()) and bool((ro.logprobs[mask] < 0).all())
+    assert HFRollout(model, tok, max_new_tokens=2).generate(PROMPTS, 1, seed=1).logprobs is None
+
+
+def test_greedy_loop_matches_hf_generate_with_rows_finishing_early(tiny):
+    model, tok = tiny
+    prompts = PROMPTS + ["7*8=", "hello", "x"]  # greedy completions of 1, 5 and 12 tokens
+    loop = HFRollout(model, tok, max_new_tokens=12, temperature=0.0).generate(prompts, 2)
+    ref = HFRollout(model, tok, max_new_tokens=12, temperature=0.0, impl="generate").generate(prompts, 2)
+    assert len(set(loop.completion_lengths.tolist())) > 1
+    assert torch.equal(loop.completion_mask, ref.completion_mask[:, : loop.completion_mask.shape[1]])
+    assert torch.equal(loop.completion_ids, ref.completion_ids[:, : loop.completion_ids.shape[1]])

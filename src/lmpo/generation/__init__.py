@@ -1,0 +1,45 @@
+"""Generation and log-probabilities, shared by the trainer and RLVCR.
+
+- ``Rollout`` / ``RolloutEngine``: what an engine returns and the protocol the trainer drives it through;
+  ``ENGINES`` maps ``rollout.engine`` names to engine classes (``hf``: ``HFRollout``, the default, any
+  Hugging Face causal LM; ``vllm``: ``VLLMRollout``, needs the ``lmpo[vllm]`` extra and a GPU).
+- ``policy_logprobs``: the training forward (log-probs, entropies, token-gradient norms on request);
+  ``sequence_logprobs``, ``selective_log_softmax`` and friends: its chunked building blocks.
+"""
+
+from lmpo.generation.hf import HFRollout
+from lmpo.generation.logprobs import (
+    GRAD_NORM_MODES,
+    PolicyLogprobs,
+    SequenceLogprobs,
+    chunked_entropy,
+    policy_logprobs,
+    position_ids_from_mask,
+    selective_log_softmax,
+    selective_log_softmax_with_entropy,
+    sequence_logprobs,
+)
+from lmpo.generation.rollout import Rollout, RolloutEngine, eos_token_ids
+from lmpo.generation.vllm import VLLMRollout
+
+#: ``rollout.engine`` name -> engine class; each takes ``(model, tokenizer, max_new_tokens=, temperature=,
+#: top_p=, top_k=, ignore_eos=, record_logprobs=)``.
+ENGINES = {"hf": HFRollout, "vllm": VLLMRollout}
+
+__all__ = [
+    "ENGINES",
+    "GRAD_NORM_MODES",
+    "HFRollout",
+    "PolicyLogprobs",
+    "Rollout",
+    "RolloutEngine",
+    "SequenceLogprobs",
+    "VLLMRollout",
+    "chunked_entropy",
+    "eos_token_ids",
+    "policy_logprobs",
+    "position_ids_from_mask",
+    "selective_log_softmax",
+    "selective_log_softmax_with_entropy",
+    "sequence_logprobs",
+]

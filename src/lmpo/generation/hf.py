@@ -1,0 +1,367 @@
+"""``HFRollout``: batched sampling from any Hugging Face causal LM, in time linear in the completion length.
+
+One ``generate(prompts, G)`` call::
+
+    prefill: the N distinct prompts once (N, P)  →  their keys/values written G times into buffers
+             (B = N·G, heads, P + T, head dim) allocated once, the first logits repeated G times
+    decode:  one token per step: keys/values written in place at the next position, attention reads the
+             filled prefix (a view, no copy), the attention mask is a preallocated (B, P + T) buffer
+    rows that produced EOS leave the decode batch (the buffers are compacted when a quarter of the rows in
+    it have finished), sampling runs on the device with no host sync per token (``torch.multinomial``'s
+    draw, written out so that nothing in it waits for the device).
+
+The naive loop this replaces — every prompt pre-filled G times, the cache and mask grown by concatenation at
+every step — copies the whole cache at every token (quadratic in T); its greedy output is what this loop
+must reproduce (``tests/generation/test_hf.py`` checks it against a cache-free reference).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import AttentionInterface
+
+from lmpo.generation.logprobs import position_ids_from_mask
+from lmpo.generation.rollout import Rollout, SamplingEngine, completion_mask
+
+# Compact the decode batch once this fraction of its rows has finished: each compaction copies the cache of
+# the remaining rows once, and the geometric trigger bounds the copies to a few full caches per call.
+_COMPACT_FINISHED_FRACTION = 0.25
+
+
+class _BufferLayer(DynamicLayer):
+    """One attention layer's keys and values in buffers allocated once for a whole ``generate`` call.
+
+    Buffers: (B, heads, P + T, head dim). ``update`` writes the new positions in place and returns a view of
+    the filled prefix. The first update is the prefill of the N = B / G distinct prompts: it fills the G rows
+    of each prompt at once (a broadcast copy) and returns the N-row states for the prefill's own attention.
+    """
+
+    # Static buffers: tells Hugging Face's mask builder not to probe the padding mask with ``.all()``, which
+    # would be a host sync at every decode step.
+    is_compileable = True
+
+    def __init__(self, batch: int, max_len: int, repeats: int) -> None:
+        super().__init__()
+        self.batch, self.max_len, self.repeats = batch, max_len, repeats
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        shape = (self.batch, key_states.shape[1], self.max_len)
+        self.keys = key_states.new_empty((*shape, key_states.shape[-1]))
+        self.values = value_states.new_empty((*shape, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if start == 0 and self.repeats > 1:  # prefill of the distinct prompts, shared by their G rows
+            n, g = key_states.shape[0], self.repeats
+            for buf, new in ((self.keys, key_states), (self.values, value_states)):
+                rows = buf.view(n, g, *buf.shape[1:])  # (N, G, heads, L, d)
+                rows[:, :, :, :end].copy_(new.unsqueeze(1))
+            self.length = end
+            return key_states, value_states
+        self.keys[:, :, start:end].copy_(key_states)
+        self.values[:, :, start:end].copy_(value_states)
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.keys = self.keys.index_select(0, indices)
+        self.values = self.values.index_select(0, indices)
+        self.batch = indices.numel()
+
+
+def _decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """SDPA, except for one query per row on CPU: two batched matmuls.
+
+    PyTorch's CPU flash-attention kernel takes ~15× the time of its arithmetic at query length 1 (it tiles
+    the query axis), and so grows to most of a decode step as the cache lengthens. Shapes: query
+    (B, H, 1, d), key/value (B, H_kv, L, d), mask (B, 1, 1, L) bool (True = attend); returns (B, 1, H, d).
+    """
+    if query.shape[2] != 1 or query.device.type != "cpu" or kwargs.get("output_attentions"):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    B, H, _, d = query.shape
+    kv_heads = key.shape[1]
+    q = query.view(B, kv_heads, H // kv_heads, d)  # query heads grouped under their key/value head
+    scores = torch.matmul(q, key.transpose(-1, -2)).float()  # (B, H_kv, H/H_kv, L)
+    scores.mul_(d ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores.masked_fill_(~attention_mask, float("-inf"))  # (B, 1, 1, L) broadcast over heads
+    probs = scores.softmax(-1).to(value.dtype)
+    return torch.matmul(probs, value).view(B, 1, H, d), None
+
+
+# Registered under a name of its own, used only while ``HFRollout`` samples from a model configured for SDPA.
+_DECODE_ATTENTION = "lmpo_sdpa_decode"
+AttentionInterface.register(_DECODE_ATTENTION, _decode_attention)
+AttentionMaskInterface.register(_DECODE_ATTENTION, sdpa_mask)
+
+
+def _buffer_cache(model: nn.Module, batch: int, max_len: int, repeats: int) -> Cache:
+    layers = model.config.get_text_config().num_hidden_layers
+    return Cache(layers=[_BufferLayer(batch, max_len, repeats) for _ in range(layers)])
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """(B, V) logits with tokens outside the top-k and outside the nucleus of mass ``top_p`` set to −inf.
+
+    Nucleus: keep the smallest set of most probable tokens whose probability sum reaches ``top_p``
+    (the token that crosses the threshold is kept), as in Hugging Face's ``TopPLogitsWarper``.
+    """
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # Remove a token when the mass before it already reaches top_p.
+        remove_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+        remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """(B, V) probabilities -> (B,) one draw per row, without a host sync.
+
+    ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. picks token v with probability p_v (the exponential race);
+    it is what ``torch.multinomial(probs, 1, generator=g)`` computes, draw for draw, so a seeded run samples
+    the same tokens as with ``multinomial`` — without its input checks, which wait for the device.
+    """
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    return probs.div_(race).argmax(-1)
+
+
+class HFRollout(SamplingEngine):
+    """Batched sampling from a Hugging Face causal LM (see the module docstring for the algorithm).
+
+    Args:
+        model: a causal LM (shared with the trainer; generation runs under ``no_grad`` in eval mode).
+        tokenizer: its tokenizer; prompts are encoded with its special tokens (a BOS for the tiny preset).
+        max_new_tokens: completion budget per sequence.
+        temperature: sampling temperature τ; 0 means greedy (argmax).
+        top_p, top_k: nucleus mass (1.0 = off) and top-k (0 = off).
+        impl: ``"loop"`` (default, the loop above) or ``"generate"`` (``model.generate``, for models whose
+            cache the loop does not handle).
+        ignore_eos: generate exactly ``max_new_tokens`` tokens per sequence, EOS included as an ordinary
+            token, with every completion position masked in (fixed-length benchmarks).
+        record_logprobs: also return ``Rollout.logprobs``, ``log softmax(logits / τ)`` at each sampled token
+            (τ = 1 when greedy); one extra (B, V) log-softmax per step (``impl="loop"`` only).
+        sync_every_tokens: how often the loop reads the finished rows back on the host to stop early and
+            compact the batch (default: every token on CPU, where reading costs nothing; every 8 on an
+            accelerator). Tokens past a row's EOS are masked whatever this is.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        max_new_tokens: int = 16,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        impl: str = "loop",
+        ignore_eos: bool = False,
+        record_logprobs: bool = False,
+        sync_every_tokens: int | None = None,
+    ) -> None:
+        if impl not in ("loop", "generate"):
+            raise ValueError(f"impl={impl!r} must be 'loop' or 'generate'")
+        if record_logprobs and impl != "loop":
+            raise ValueError("record_logprobs=True needs impl='loop' (model.generate does not return them)")
+        if sync_every_tokens is not None and sync_every_tokens < 1:
+            raise ValueError(f"sync_every_tokens={sync_every_tokens} must be >= 1")
+        super().__init__(model, tokenizer, max_new_tokens, temperature, top_p, top_k, ignore_eos, record_logprobs)
+        self.impl = impl
+        self.sync_every_tokens = sync_every_tokens
+
+    def sync_weights(self, model: nn.Module) -> None:
+        """Nothing to copy: this engine samples from the training model's own parameters."""
+        self.model = model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _next_token(
+        self, logits: torch.Tensor, greedy: bool, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, V) last-position logits -> (B,) token ids and, when recording, (B,) their log-probs."""
+        if greedy:
+            token = logits.argmax(-1)
+            scaled = logits.float()
+        else:
+            scaled = logits.float() / self.temperature
+            probs = _filter_top_k_top_p(scaled, self.top_k, self.top_p).softmax(-1)
+            token = sample_categorical(probs, generator)
+        if not self.record_logprobs:
+            return token, None
+        return token, scaled.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+
+    @contextlib.contextmanager
+    def _eval_mode(self):
+        was_training = self.model.training
+        config = self.model.config
+        attention = config._attn_implementation
+        self.model.eval()
+        if attention == "sdpa" and self.impl == "loop":
+            config._attn_implementation = _DECODE_ATTENTION
+        try:
+            with torch.no_grad():  # not inference_mode: the ids are reused as inputs of a graph later
+                yield
+        finally:
+            config._attn_implementation = attention
+            self.model.train(was_training)
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        completions_per_prompt: int = 1,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+    ) -> Rollout:
+        """Sample ``completions_per_prompt`` completions for every prompt.
+
+        Randomness comes from ``generator`` if given, else from a new generator seeded with ``seed``, else
+        from the global RNG. ``greedy=True`` (or ``temperature == 0``) takes the argmax at every step.
+        """
+        self.check_request(prompts, completions_per_prompt)
+        G = completions_per_prompt
+        greedy = greedy or self.temperature == 0
+        if generator is None and seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        enc = self.tokenizer(list(prompts), padding=True, return_tensors="pt", padding_side="left")
+        unique_ids, unique_mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)  # (N, P)
+        logprobs = None
+        with self._eval_mode():
+            if self.impl == "loop":
+                completion_ids, finished, logprobs = self._sample_loop(unique_ids, unique_mask, G, greedy, generator)
+            else:
+                completion_ids, finished = self._sample_hf_generate(
+                    unique_ids.repeat_interleave(G, 0), unique_mask.repeat_interleave(G, 0), greedy, generator)
+        mask = completion_mask(completion_ids, self.eos_token_ids, self.ignore_eos)
+        completion_ids = completion_ids.masked_fill(mask == 0, self.tokenizer.pad_token_id)
+        if logprobs is not None:
+            logprobs = logprobs.masked_fill(mask == 0, 0.0)
+        texts = self.tokenizer.batch_decode(
+            [row[: int(n)] for row, n in zip(completion_ids.tolist(), mask.sum(-1).tolist())],
+            skip_special_tokens=True,
+        )
+        return Rollout(
+            prompt_ids=unique_ids.repeat_interleave(G, 0),
+            prompt_mask=unique_mask.repeat_interleave(G, 0),
+            completion_ids=completion_ids,
+            completion_mask=mask,
+            group_ids=torch.arange(len(prompts), device=self.device).repeat_interleave(G),
+            prompts=[p for p in prompts for _ in range(G)],
+            completions=texts,
+            truncated=~finished,
+            logprobs=logprobs,
+        )
+
+    def _sample_loop(self, prompt_ids, prompt_mask, G, greedy, generator):
+        """Prefill the N distinct prompts once, then one token per step for the B = N·G rows still running.
+
+        Sampling always draws for all B rows (finished rows draw too and are masked afterwards), so a seeded
+        run consumes its generator exactly as the loop that never drops rows, whichever rows finish when.
+        """
+        model, device = self.model, prompt_ids.device
+        N, P = prompt_ids.shape
+        B, T = N * G, self.max_new_tokens
+        pad = self.tokenizer.pad_token_id
+        eos = torch.tensor(self.eos_token_ids, device=device)
+        sync_every = self.sync_every_tokens or (1 if device.type == "cpu" else 8)
+
+        cache = _buffer_cache(model, B, P + T, G)
+        positions = position_ids_from_mask(prompt_mask)  # (N, P)
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].repeat_interleave(G, 0)  # (B, V): every row's next-token logits
+        attention = torch.zeros(B, P + T, dtype=torch.bool, device=device)  # the decode batch's mask
+        attention[:, :P] = prompt_mask.bool().repeat_interleave(G, 0)
+        next_position = positions[:, -1:].repeat_interleave(G, 0) + 1  # (B, 1)
+        rows = torch.arange(B, device=device)  # decode-batch row -> output row
+        tokens = torch.full((B, T), pad, dtype=torch.long, device=device)
+        token_logp = torch.zeros(B, T, dtype=torch.float32, device=device) if self.record_logprobs else None
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        steps = T
+        for t in range(T):
+            next_ids, lp = self._next_token(logits, greedy, generator)  # (B,)
+            next_ids = next_ids.masked_fill(finished, pad)
+            tokens[:, t] = next_ids
+            if lp is not None:
+                token_logp[:, t] = lp
+            if not self.ignore_eos:
+                finished = finished | torch.isin(next_ids, eos)
+            if t == T - 1:
+                break
+            if (t + 1) % sync_every == 0:
+                running = ~finished[rows]  # (B_dec,)
+                left = int(running.sum())
+                if left == 0:
+                    steps = t + 1
+                    break
+                if rows.numel() - left >= _COMPACT_FINISHED_FRACTION * rows.numel():
+                    keep = running.nonzero().squeeze(-1)
+                    rows, attention, next_position = rows[keep], attention[keep], next_position[keep]
+                    cache.batch_select_indices(keep)
+            # the sampled token itself is attended to (an EOS too); a finished row's inputs are ignored
+            attention[:, P + t] = True
+            out = model(input_ids=next_ids[rows, None], attention_mask=attention[:, : P + t + 1],
+                        position_ids=next_position, past_key_values=cache, use_cache=True)
+            logits.index_copy_(0, rows, out.logits[:, -1].to(logits.dtype))
+            next_position = next_position + 1
+        if token_logp is not None:
+            token_logp = token_logp[:, :steps]
+        return tokens[:, :steps], finished, token_logp
+
+    def _sample_hf_generate(self, prompt_ids, prompt_mask, greedy, generator):
+        if generator is not None:
+            # model.generate draws from the global RNG: seed it from the generator, restore it afterwards.
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
+            fork = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
+        else:
+            seed, fork = None, contextlib.nullcontext()
+        with fork:
+            if seed is not None:
+                torch.manual_seed(seed)
+            kwargs = (
+                {"do_sample": False}
+                if greedy
+                else {
+                    "do_sample": True,
+                    "temperature": self.temperature,
+                    "top_p": self.top_p,
+                    "top_k": self.top_k if self.top_k > 0 else None,
+                }
+            )
+            out = self.model.generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                max_new_tokens=self.max_new_tokens,
+                min_new_tokens=self.max_new_tokens if self.ignore_eos else None,
+                eos_token_id=self.eos_token_ids,
+                pad_token_id=self.tokenizer.pad_token_id,
+                **kwargs,
+            )
+        completion_ids = out[:, prompt_ids.shape[1] :]
+        if self.ignore_eos:
+            return completion_ids, torch.zeros(out.shape[0], dtype=torch.bool, device=out.device)
+        finished = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=out.device)).any(-1)
+        return completion_ids, finished

@@ -1,0 +1,131 @@
+"""What every generation engine returns (``Rollout``) and the protocol the trainer drives it through."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Rollout:
+    """A batch of B = N·G sequences: N prompts, each repeated for its G completions (rows ``i·G … i·G+G−1``).
+
+    prompt_ids:      (B, P) long, left-padded with the pad token.
+    prompt_mask:     (B, P) long, 1 on real prompt tokens.
+    completion_ids:  (B, T) long, right-padded with the pad token after EOS.
+    completion_mask: (B, T) long, 1 up to and including the first EOS, 0 after it.
+    group_ids:       (B,) long, the prompt's index in this batch (0 … N−1): the advantage groups.
+    prompts:         B prompt strings (repeated G times each).
+    completions:     B completion strings, decoded without special tokens.
+    truncated:       (B,) bool, True where no EOS was produced within ``max_new_tokens``.
+    logprobs:        (B, T) float32 or None: the sampler's log-probability of each sampled token under
+                     ``log softmax(logits / τ)`` — the distribution the trainer's log-probs are taken under —
+                     0 at padding; recorded on request (the rollout log-probs of mismatch corrections).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    group_ids: torch.Tensor
+    prompts: list[str]
+    completions: list[str]
+    truncated: torch.Tensor
+    logprobs: torch.Tensor | None = None
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """(B, P + T) prompt followed by completion: the input of the training forward."""
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(B, P + T) mask of real tokens."""
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        """(B,) long, tokens per completion including EOS."""
+        return self.completion_mask.sum(-1)
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer needs from a generation engine.
+
+    ``generate`` returns N·G completions for N prompts, G each, as a ``Rollout``; ``sync_weights`` is
+    called by the trainer after its optimizer steps, before the next ``generate``, so that an engine holding
+    its own copy of the weights (vLLM) can refresh it (an engine that samples from the training model's own
+    parameters does nothing).
+    """
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        completions_per_prompt: int = 1,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+    ) -> Rollout: ...
+
+    def sync_weights(self, model: nn.Module) -> None: ...
+
+
+def eos_token_ids(tokenizer, model) -> set[int]:
+    """Every id that ends a completion: the tokenizer's EOS and those of the model's generation config."""
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        eos.add(gen_eos)
+    elif gen_eos is not None:
+        eos.update(gen_eos)
+    return eos
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_ids: Sequence[int], ignore_eos: bool = False) -> torch.Tensor:
+    """(B, T) long: 1 up to and including the first EOS, 0 after it (all 1 with ``ignore_eos``)."""
+    if ignore_eos:
+        return torch.ones_like(completion_ids)
+    is_eos = torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device))
+    # eos seen strictly before position t  <=>  cumsum up to t minus is_eos[t] > 0
+    seen_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    return (~seen_before).long()
+
+
+class SamplingEngine:
+    """What every engine shares: its sampling settings (validated here, ValueError naming the bad one) and the
+    token ids that end a completion."""
+
+    def __init__(self, model: nn.Module, tokenizer, max_new_tokens: int, temperature: float, top_p: float,
+                 top_k: int, ignore_eos: bool, record_logprobs: bool) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p={top_p} must be in (0, 1]")
+        if top_k < 0:
+            raise ValueError(f"top_k={top_k} must be >= 0 (0 = off)")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("tokenizer has no pad token; set tokenizer.pad_token = tokenizer.eos_token")
+        eos = eos_token_ids(tokenizer, model)
+        if not eos:
+            raise ValueError("neither the tokenizer nor the model's generation_config defines an EOS token")
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
+        self.ignore_eos, self.record_logprobs = ignore_eos, record_logprobs
+        self.eos_token_ids = sorted(eos)
+
+    @staticmethod
+    def check_request(prompts: Sequence[str], completions_per_prompt: int) -> None:
+        if completions_per_prompt < 1:
+            raise ValueError(f"completions_per_prompt={completions_per_prompt} must be >= 1")
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")

@@ -1,0 +1,103 @@
+"""VLLMRollout: the conversion of vLLM's outputs (any machine) and the engine itself (CUDA + vLLM only).
+
+The engine tests need a CUDA GPU and the ``vllm`` package (``pip install 'lmpo[vllm]'``); elsewhere they skip
+with that reason. The conversion test runs everywhere on objects shaped like vLLM's ``RequestOutput``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lmpo.errors import InputError
+from lmpo.generation import HFRollout, sequence_logprobs
+from lmpo.generation.vllm import VLLMRollout, to_rollout
+from lmpo.models import load_model_and_tokenizer
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_gpu_vllm = pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()),
+                                    reason="VLLMRollout needs a CUDA GPU and the vllm package (lmpo[vllm])")
+
+
+def _completion(ids, logps, finish):
+    return SimpleNamespace(token_ids=ids, finish_reason=finish,
+                           logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(ids, logps)])
+
+
+def test_outputs_become_a_padded_rollout():
+    _, tok = load_model_and_tokenizer("tiny")
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    a, b, c = tok.convert_tokens_to_ids(["a", "b", "c"])
+    prompts = ["1+1=", "22+3="]
+    prompt_ids = [tok(p)["input_ids"] for p in prompts]
+    outputs = [
+        SimpleNamespace(outputs=[_completion([a, eos], [-0.5, -0.25], "stop"),
+                                 _completion([b, c, a], [-1.0, -2.0, -3.0], "length")]),
+        SimpleNamespace(outputs=[_completion([c, eos], [-0.1, -0.2], "stop"),
+                                 _completion([eos], [-0.7], "stop")]),
+    ]
+    ro = to_rollout(outputs, prompts, prompt_ids, 2, tok, [eos], ignore_eos=False, with_logprobs=True)
+    assert ro.completion_ids.tolist() == [[a, eos, pad], [b, c, a], [c, eos, pad], [eos, pad, pad]]
+    assert ro.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0]]
+    assert ro.truncated.tolist() == [False, True, False, False]
+    assert ro.completions == ["a", "bca", "c", ""]
+    assert ro.group_ids.tolist() == [0, 0, 1, 1] and ro.prompts == ["1+1=", "1+1=", "22+3=", "22+3="]
+    torch.testing.assert_close(ro.logprobs, torch.tensor(
+        [[-0.5, -0.25, 0.0], [-1.0, -2.0, -3.0], [-0.1, -0.2, 0.0], [-0.7, 0.0, 0.0]]))
+    P = max(len(p) for p in prompt_ids)  # left-padded prompts, the layout of HFRollout
+    assert ro.prompt_ids.shape == (4, P) and ro.prompt_mask[0].tolist() == [0] + [1] * (P - 1)
+    assert ro.prompt_ids[2].tolist() == prompt_ids[1]
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="checks the message given when vllm is not installed")
+def test_missing_vllm_is_an_input_error_naming_the_extra():
+    model, tok = load_model_and_tokenizer("tiny")
+    with pytest.raises(InputError, match=r"lmpo\[vllm\]"):
+        VLLMRollout(model, tok)
+
+
+@pytest.fixture(scope="module")
+def tiny_cuda():
+    model, tok = load_model_and_tokenizer("tiny", device="cuda")
+    return model, tok
+
+
+PROMPTS = ["12+34=", "5+6=", "rev abc="]
+
+
+@needs_gpu_vllm
+def test_greedy_equals_the_hf_engine(tiny_cuda):
+    model, tok = tiny_cuda
+    ours = HFRollout(model, tok, max_new_tokens=8, temperature=0.0).generate(PROMPTS, 2)
+    theirs = VLLMRollout(model, tok, max_new_tokens=8, temperature=0.0, gpu_memory_utilization=0.2).generate(
+        PROMPTS, 2)
+    n = ours.completion_ids.shape[1]
+    assert torch.equal(theirs.completion_mask[:, :n], ours.completion_mask)
+    assert torch.equal(theirs.completion_ids[:, :n], ours.completion_ids)
+
+
+@needs_gpu_vllm
+def test_sampler_logprobs_match_the_trainers_and_weights_sync(tiny_cuda):
+    model, tok = tiny_cuda
+    engine = VLLMRollout(model, tok, max_new_tokens=8, temperature=0.8, gpu_memory_utilization=0.2)
+    ro = engine.generate(PROMPTS, 4, seed=0)
+    with torch.no_grad():
+        ours = sequence_logprobs(model, ro.input_ids, ro.attention_mask, ro.completion_ids.shape[1],
+                                 temperature=0.8).logprobs
+    mask = ro.completion_mask.bool()
+    torch.testing.assert_close(ro.logprobs[mask], ours[mask], atol=2e-3, rtol=0)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():  # a different policy: after the sync, vLLM's greedy output must be its greedy output
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    try:
+        engine.sync_weights(model)
+        theirs = engine.generate(PROMPTS, 1, greedy=True)
+        ours = HFRollout(model, tok, max_new_tokens=8, temperature=0.0).generate(PROMPTS, 1)
+        n = ours.completion_ids.shape[1]
+        assert torch.equal(theirs.completion_ids[:, :n], ours.completion_ids)
+    finally:
+        model.load_state_dict(saved)
