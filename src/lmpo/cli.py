@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "train": "lmpo.trainer.cli:register_train",
     "demo": "lmpo.trainer.cli:register_demo",
     "plot": "lmpo.trainer.cli:register_plot",
+    "lab": "lmpo.lab.cli:register_lab",
 }
 
 #: ``lmpo sac <command>``: the text environment and SAC agent
