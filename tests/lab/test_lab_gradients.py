@@ -56,7 +56,7 @@ def test_every_objective_sees_the_same_batches(tmp_path, small_model_dir):
     """Two entries with the same objective give identical gradients, and the study is deterministic."""
     sections = {"grid": {"objectives": ["grpo", {"label": "grpo_again", "preset": "grpo"}, "gspo"], "seeds": [0]},
                 "train": {**smoke_config(tmp_path, small_model_dir)["train"], "sft": {"steps": 0}},
-                "gradients": {"batches": 3, "onpolicy_batches": 2, "snapshots": [0.0], "resamples": 200}}
+                "gradients": {"batches": 3, "onpolicy_batches": 2, "snapshots": [0.0]}}
     cfg = lab_config_from_dict(smoke_config(tmp_path, small_model_dir, **sections))
     job = next(j for j in plan_jobs(cfg) if j.kind == "gradients")
     out = gradient_study(job.spec, log=lambda msg: None)

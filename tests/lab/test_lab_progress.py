@@ -68,9 +68,9 @@ def test_one_redrawn_status_line_on_a_terminal():
     assert text.rstrip().endswith("time left unknown")
 
 
-def test_off_prints_nothing():
+def test_quiet_prints_nothing():
     clock, out = Clock(), io.StringIO()
-    p = _progress(out, clock, mode="off")
+    p = _progress(out, clock, mode="quiet")
     p.start("warmup/s0")
     p.finish("warmup/s0")
     p.close()

@@ -17,6 +17,7 @@ from lab_helpers import smoke_config, without_timings
 
 from lmpo.lab import lab_config_from_dict, run_lab
 from lmpo.lab.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_RUN
+from lmpo.trainer.config import ConfigError
 
 TASK = "thinking_addition"
 
@@ -45,7 +46,7 @@ def test_smoke_lab_writes_every_output_with_finite_numbers(finished_lab):
     assert len(result.ran) == 2 + 4 + 2 and not result.skipped  # warm-ups, cells, snapshots
     for name in ("lab.json", "lab.md", "lab.yaml"):
         assert (root / name).stat().st_size > 0
-    for stem in ("curves", "final", "gradients", "clipping"):
+    for stem in ("accuracy", "reward", "entropy", "final", "gradients", "clipping"):
         png = root / "plots" / f"{TASK}_{stem}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for label in ("grpo", "gspo"):
@@ -98,6 +99,14 @@ def test_rerunning_a_finished_lab_runs_nothing_and_reproduces_the_report(finishe
     assert _comparable(again.report) == _comparable(result.report)
 
 
+def test_a_changed_config_is_refused_in_a_finished_lab_directory(finished_lab, small_model_dir):
+    cfg, _ = finished_lab
+    changed = smoke_config(cfg.lab.dir, small_model_dir)
+    changed["train"]["optim"] = {"lr": 5e-3}
+    with pytest.raises(ConfigError, match="different configuration"):
+        run_lab(lab_config_from_dict(changed), inline=True)
+
+
 def test_killing_a_lab_mid_cell_and_rerunning_loses_nothing(finished_lab, tmp_path, small_model_dir):
     """A second lab of the same config, in a fresh directory, killed inside a cell and run again: its report
     equals the uninterrupted lab's (so a fresh run also reproduces the numbers)."""
@@ -127,22 +136,20 @@ def test_killing_a_lab_mid_cell_and_rerunning_loses_nothing(finished_lab, tmp_pa
     assert _comparable(resumed.report) == _comparable(result.report)
 
 
-def test_worker_processes_give_the_numbers_of_an_inline_run(finished_lab, tmp_path, small_model_dir):
-    """One seed of the smoke lab in worker processes, two at a time: the cells' numbers equal the inline lab's."""
-    cfg, _ = finished_lab
+def test_worker_processes_give_the_numbers_of_an_inline_run(tmp_path, small_model_dir):
+    """Two cells in two worker processes at once: the same numbers as the same lab run inline."""
+    train = {**smoke_config(tmp_path, small_model_dir)["train"], "sft": {"steps": 0}}
     sections = {"lab": {"jobs": 2, "progress": "lines"}, "grid": {"objectives": ["grpo", "gspo"], "seeds": [0]},
-                "gradients": {"enabled": False}}
+                "gradients": {"enabled": False}, "train": train}
     log = tmp_path / "progress.txt"
     with open(log, "w") as stream:
         parallel = run_lab(lab_config_from_dict(smoke_config(tmp_path / "parallel", small_model_dir, **sections)),
                            stream=stream, poll_s=0.05)
-    assert sorted(parallel.ran) == sorted([f"warmup/{TASK}/seed0", f"train/{TASK}/grpo/seed0",
-                                           f"train/{TASK}/gspo/seed0"])
-    for label in ("grpo", "gspo"):
-        mine = json.loads((tmp_path / "parallel" / "cells" / TASK / label / "seed0" / "summary.json").read_text())
-        inline = json.loads((Path(cfg.lab.dir) / "cells" / TASK / label / "seed0" / "summary.json").read_text())
-        assert without_timings(mine) == without_timings(inline)
-        assert (tmp_path / "parallel" / "cells" / TASK / label / "seed0" / "log.txt").stat().st_size > 0
+    inline = run_lab(lab_config_from_dict(smoke_config(tmp_path / "inline", small_model_dir, **sections)),
+                     inline=True)
+    assert sorted(parallel.ran) == sorted(inline.ran) == [f"train/{TASK}/grpo/seed0", f"train/{TASK}/gspo/seed0"]
+    assert _comparable(parallel.report) == _comparable(inline.report)
     lines = log.read_text().splitlines()
-    assert any(line.startswith("[lab] start  train/") for line in lines)
-    assert lines[-1].startswith("[lab] 3/3 done, 0 running, 0 left")
+    assert [line[:25] for line in lines[1:3]] == ["[lab] start  train/thinki"] * 2  # both started at once
+    assert lines[-1].startswith("[lab] 2/2 done, 0 running, 0 left")
+    assert "lmpo train:" in (tmp_path / "parallel" / "cells" / TASK / "gspo" / "seed0" / "log.txt").read_text()

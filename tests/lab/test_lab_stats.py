@@ -130,23 +130,64 @@ def test_gram_snr_of_pure_noise_is_near_zero_and_of_signal_large():
     assert st.gram_snr(signal @ signal.T) == pytest.approx(100.0, rel=0.1)
 
 
-def test_paired_resampled_difference_of_identical_estimators_is_zero_with_p_one():
-    gram = np.random.default_rng(0).normal(size=(6, 6))
-    gram = gram @ gram.T
+def test_gram_statistics_of_many_resamples_equal_one_at_a_time():
+    rng = np.random.default_rng(3)
+    g = rng.normal(0.2, 1.0, (6, 10))
+    gram, dots = g @ g.T, g @ np.ones(10)
+    idx = rng.integers(0, 6, (20, 6))
+    np.testing.assert_allclose(st.gram_snr(gram, idx), [st.gram_snr(gram, i) for i in idx], rtol=1e-12)
+    np.testing.assert_allclose(st.gram_cosine(gram, dots, 10.0, idx),
+                               [st.gram_cosine(gram, dots, 10.0, i) for i in idx], rtol=1e-12)
+    assert np.isnan(st.gram_snr(gram, np.zeros((1, 6), dtype=int)))[0]  # one sample repeated: no variance
+
+
+def test_jackknife_of_the_mean_is_the_standard_error():
+    x = np.random.default_rng(2).normal(size=12)
+
+    def mean(idx):
+        return x.mean() if idx is None else x[idx].mean(1)
+
+    point, se = st.jackknife(mean, x.size)
+    assert point == pytest.approx(x.mean())
+    assert se == pytest.approx(x.std(ddof=1) / math.sqrt(x.size), rel=1e-12)  # exact for the mean
+    out = st.jackknife_interval(mean, x.size)
+    half = 2.200985 * se  # t quantile, 11 degrees of freedom
+    assert out["ci"] == pytest.approx([x.mean() - half, x.mean() + half], rel=1e-5)
+
+
+@pytest.mark.parametrize("p, df, t", [(0.05, 4, 2.776445), (0.05, 11, 2.200985), (0.01, 10, 3.169273)])
+def test_student_t_quantile_inverts_the_tail(p, df, t):
+    assert st.student_t_quantile(p, df) == pytest.approx(t, abs=1e-5)
+
+
+def test_paired_jackknife_difference_of_identical_estimators_is_zero_with_p_one():
+    g = np.random.default_rng(0).normal(size=(6, 4))
+    gram = g @ g.T
 
     def fn(idx):
         return st.gram_snr(gram, idx)
 
-    out = st.paired_resampled_difference([fn, fn], [fn, fn], [6, 6], resamples=200)
+    out = st.paired_jackknife_difference([fn, fn], [fn, fn], [6, 6])
     assert out["diff"] == 0.0 and out["ci"] == [0.0, 0.0] and out["p"] == 1.0
 
 
-def test_paired_resampled_difference_detects_a_larger_statistic():
+def test_paired_jackknife_difference_detects_a_shift_that_survives_leaving_samples_out():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=20)
+    y = x + 0.5 + rng.normal(0.0, 0.05, 20)  # paired: the same samples, shifted by 0.5
+
     def a(idx):
-        return 1.0 + (0.01 * len(idx) if idx is not None else 0.0)
+        return y.mean() if idx is None else y[idx].mean(1)
 
     def b(idx):
-        return 0.0
+        return x.mean() if idx is None else x[idx].mean(1)
 
-    out = st.paired_resampled_difference([a], [b], [5], resamples=200)
-    assert out["diff"] == 1.0 and out["ci"][0] > 0.9 and out["p"] == 0.0
+    out = st.paired_jackknife_difference([a, a], [b, b], [20, 20])
+    assert out["diff"] == pytest.approx(0.5, abs=0.05) and out["ci"][0] > 0.4 and out["p"] < 1e-6
+    # the same shift on unpaired noise is much less certain
+    z = rng.normal(size=20) + 0.5
+
+    def c(idx):
+        return z.mean() if idx is None else z[idx].mean(1)
+
+    assert st.paired_jackknife_difference([c], [b], [20])["p"] > out["p"]

@@ -7,8 +7,9 @@ written there before any published run.
 
 **The rule.** Each check compares the claim's objective with its baseline on paired samples (the same seeds
 in the training study, the same batches in the gradient study) and gives the mean paired difference, its
-bootstrap interval at ``report.confidence`` and a p-value (paired t-test over seeds or batches; bootstrap
-p-value for the snapshot-level SNR and cosine). With ``lo, hi`` the interval and ``α = report.alpha``:
+interval at ``report.confidence`` and a p-value (bootstrap interval and paired t-test over seeds or batches;
+jackknife interval and t-test for the snapshot-level SNR and cosine). With ``lo, hi`` the interval and
+``α = report.alpha``:
 
 - ``greater`` (the objective is higher): **holds** when ``lo > 0`` and ``p < α``; **does not hold** when
   ``hi < 0`` and ``p < α`` (significantly the other way); otherwise **inconclusive at this budget**.

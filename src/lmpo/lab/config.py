@@ -51,7 +51,7 @@ class LabSection:
                                      "resumes a cell where it stopped (0: only at the end).")
     keep_checkpoints: bool = _f(False, "Keep a finished cell's checkpoints (they are deleted once its summary is "
                                 "written; the gradient study's snapshots are always kept).")
-    progress: str = _f("auto", "auto (a live status line on a terminal, plain lines otherwise) | lines | off.")
+    progress: str = _f("auto", "auto (a live status line on a terminal, plain lines otherwise) | lines | quiet (nothing).")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,6 @@ class GradientConfig:
     params: str = _f("", "Regular expression on parameter names: only these enter the gradient vectors "
                      "(empty: every trainable parameter).")
     seed: int = _f(0, "Seed of the study's prompts and sampling.")
-    resamples: int = _f(2000, "Bootstrap resamples of the batches for the SNR and cosine intervals.")
 
 
 @dataclass(frozen=True)
@@ -264,8 +263,8 @@ def validate_lab_config(cfg: LabConfig) -> None:
         raise ConfigError(f"`lab.jobs` = {lab.jobs!r} must be >= 1 (cells run at once).")
     if lab.checkpoint_every_steps < 0:
         raise ConfigError(f"`lab.checkpoint_every_steps` = {lab.checkpoint_every_steps!r} must be >= 0.")
-    if lab.progress not in ("auto", "lines", "off"):
-        raise ConfigError(f"`lab.progress` = {lab.progress!r} must be auto, lines or off.")
+    if lab.progress not in ("auto", "lines", "quiet"):
+        raise ConfigError(f"`lab.progress` = {lab.progress!r} must be auto, lines or quiet.")
     if not cfg.grid.seeds:
         raise ConfigError("`grid.seeds` is empty; give at least one seed (five or more for intervals).")
     if len(set(cfg.grid.seeds)) != len(cfg.grid.seeds):
@@ -332,8 +331,6 @@ def validate_lab_config(cfg: LabConfig) -> None:
                 re.compile(gr.params)
             except re.error as e:
                 raise ConfigError(f"`gradients.params` = {gr.params!r} is not a regular expression: {e}.") from e
-        if gr.resamples < 100:
-            raise ConfigError(f"`gradients.resamples` = {gr.resamples} must be >= 100.")
 
     rp = cfg.report
     if rp.baseline not in labels:

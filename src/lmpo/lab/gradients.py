@@ -15,8 +15,8 @@ At one policy snapshot θ_s of a reference run (docs/lab.md, "The gradient study
    objective's loss on batch r (the whole batch as one optimizer step, exact normalisers) — the same
    samples for every objective, so differences are the estimators', not the data's. From the R gradients:
    the Gram matrix ``<g_r, g_r'>`` and ``<g_r, g*>``, which give the signal-to-noise ratio
-   ``‖E g‖² / E‖g − E g‖²`` and the cosine of the mean gradient to g* (``lmpo.lab.stats``), resampled over
-   batches for their intervals; per batch, the variance over valid tokens of the importance weight each
+   ``‖E g‖² / E‖g − E g‖²`` and the cosine of the mean gradient to g* (``lmpo.lab.stats``), with batches left
+   out in turn for their intervals; per batch, the variance over valid tokens of the importance weight each
    token's gradient is multiplied by (a sequence weight counts once per token of its sequence), and the
    clip and mask fractions the objective reports.
 
@@ -154,7 +154,9 @@ def importance_weights(objective, logp: torch.Tensor, old_logp: torch.Tensor, ma
 
     Token levels give one weight per token, sequence levels one per sequence broadcast over its tokens; the
     weights are computed by the objective's own level part (with its credit weights where it has them),
-    from the same context the objective builds. Values at invalid positions are meaningless (mask them).
+    from the same context the objective builds. ``logp``, ``old_logp``, ``mask``: (B, T); ``advantages``: (B,);
+    ``inputs``: the objective's optional (B, T) inputs (``token_grad_norm`` for gradient-adaptive credit).
+    Values at invalid positions are meaningless (mask them).
     """
     from lmpo.objectives.parts import Context
 

@@ -78,7 +78,7 @@ def _seeded(data: dict, seed: int) -> dict:
 def _quiet(data: dict, run_dir: Path) -> dict:
     """A cell's console goes to its log file: no progress bar, no TensorBoard (metrics.jsonl is the record)."""
     return _deep_merge(data, {"logging": {"run_dir": str(run_dir), "progress_bar": False, "tensorboard": False,
-                                          "wandb": False, "print_every_steps": 0}})
+                                          "print_every_steps": 0}})
 
 
 def snapshot_steps(cfg: LabConfig) -> list[int]:
@@ -96,7 +96,8 @@ def gradient_objectives(cfg: LabConfig) -> list[ObjectiveEntry]:
 
 
 def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
-    """Every job of the lab in a good start order (warm-ups, the reference run, its snapshots, the rest).
+    """Every job of the lab in a good start order (warm-ups, the reference run, its snapshots, the cells with
+    trainer overrides, the rest).
 
     Builds and validates each cell's trainer config (ConfigError naming the cell) and checks that every
     objective of a task has the same budget (``BUDGET_FIELDS``)."""
@@ -159,6 +160,10 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
                 (reference if is_reference else cells).append(job)
         if cfg.gradients.enabled:
             snapshots += _gradient_jobs(cfg, root, task, _seeded(base, ref_seed), has_warmup, ref_seed)
+    # entries with trainer overrides (RLVCR) cost several plain cells: start them first, so that the lab does
+    # not end with one long cell on one core
+    heavy = {objective_label(e) for e in cfg.grid.objectives if e.train}
+    cells.sort(key=lambda j: j.labels["objective"] not in heavy)
     return warmups + reference + snapshots + cells
 
 

@@ -27,10 +27,11 @@ RUN_SUBDIR = "run"
 """A job's trainer run directory, below its job directory (the job's own files stay outside it)."""
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, indent: int | None = 1) -> None:
+    """Write JSON to a temporary file and rename it into place: readers see the old file or the whole new one."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, allow_nan=True)
+        json.dump(data, fh, indent=indent, allow_nan=True)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

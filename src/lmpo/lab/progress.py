@@ -24,7 +24,7 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """Tracks jobs and prints their progress (``mode``: ``auto``, ``lines`` or ``off``)."""
+    """Tracks jobs and prints their progress (``mode``: ``auto``, ``lines`` or ``quiet``)."""
 
     def __init__(self, kinds: dict[str, str], done: int, *, jobs: int, mode: str = "auto",
                  stream: TextIO | None = None, clock=time.monotonic) -> None:
@@ -64,7 +64,7 @@ class Progress:
 
     def tick(self) -> None:
         """Called while waiting: redraws the terminal line, or prints the status once a minute."""
-        if self.mode == "off":
+        if self.mode == "quiet":
             return
         if self.tty:
             self._draw()
@@ -72,7 +72,7 @@ class Progress:
             self._print(self.status())
 
     def close(self) -> None:
-        if self.mode == "off":
+        if self.mode == "quiet":
             return
         if self.tty:
             self._clear()
@@ -111,7 +111,7 @@ class Progress:
 
     # ------------------------------------------------------------------ output
     def _event(self, message: str, status: bool = False) -> None:
-        if self.mode == "off":
+        if self.mode == "quiet":
             return
         if self.tty:
             self._clear()

@@ -143,23 +143,16 @@ def _curves(by_seed: dict[int, dict], rp) -> dict[str, Any]:
 
 
 def gradient_report(cfg: LabConfig, snapshots: list[dict]) -> dict[str, Any]:
-    """Per snapshot and objective: SNR and cosine (with batch-bootstrap intervals), per-batch means; pooled
-    paired comparisons with the baselines."""
-    gr, rp = cfg.gradients, cfg.report
+    """Per snapshot and objective: SNR and cosine with delete-one jackknife intervals over the batches, per-batch
+    means with bootstrap intervals; pooled paired comparisons with the baselines."""
+    rp = cfg.report
     per_snapshot = []
     for snap in snapshots:
         rows = {}
         for label, res in snap["objectives"].items():
-            gram, dots = np.asarray(res["gram"]), np.asarray(res["dots"])
-            ref = snap["onpolicy"]["sq_norm"]
-            R = gram.shape[0]
-            rng = np.random.default_rng(gr.seed)
-            idx = [rng.integers(0, R, R) for _ in range(gr.resamples)]
-            snr = np.array([st.gram_snr(gram, i) for i in idx])
-            cos = np.array([st.gram_cosine(gram, dots, ref, i) for i in idx])
-            tail = (1 - rp.confidence) / 2
-            row = {"snr": {"mean": res["snr"], "ci": _quantiles(snr, tail)},
-                   "cos_onpolicy": {"mean": res["cos_onpolicy"], "ci": _quantiles(cos, tail)}}
+            row = {"snr": st.jackknife_interval(_snr_fn(snap, label), snap["batches"], confidence=rp.confidence),
+                   "cos_onpolicy": st.jackknife_interval(_cos_fn(snap, label), snap["batches"],
+                                                         confidence=rp.confidence)}
             for m in PER_BATCH:
                 row[m] = st.describe([_num(v) for v in res["per_batch"][m]], confidence=rp.confidence,
                                      resamples=rp.resamples, seed=rp.seed)
@@ -177,10 +170,9 @@ def gradient_report(cfg: LabConfig, snapshots: list[dict]) -> dict[str, Any]:
                 continue
             out = {}
             for metric, fn in (("snr", _snr_fn), ("cos_onpolicy", _cos_fn)):
-                out[metric] = st.paired_resampled_difference(
+                out[metric] = st.paired_jackknife_difference(
                     [fn(s, label) for s in snapshots], [fn(s, base) for s in snapshots],
-                    [s["batches"] for s in snapshots], confidence=rp.confidence, resamples=gr.resamples,
-                    seed=rp.seed)
+                    [s["batches"] for s in snapshots], confidence=rp.confidence)
             for metric in PER_BATCH:
                 a = [_num(v) for s in snapshots for v in s["objectives"][label]["per_batch"][metric]]
                 b = [_num(v) for s in snapshots for v in s["objectives"][base]["per_batch"][metric]]
@@ -188,14 +180,6 @@ def gradient_report(cfg: LabConfig, snapshots: list[dict]) -> dict[str, Any]:
                                                    seed=rp.seed)
             comparisons.setdefault(label, {})[base] = out
     return {"snapshots": per_snapshot, "comparisons": comparisons}
-
-
-def _quantiles(x: np.ndarray, tail: float) -> list[float]:
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return [math.nan, math.nan]
-    lo, hi = np.quantile(x, [tail, 1 - tail])
-    return [float(lo), float(hi)]
 
 
 def _snr_fn(snap: dict, label: str):
@@ -264,7 +248,7 @@ def write_report(cfg: LabConfig, root: Path, jobs: list[Job]) -> dict[str, Any]:
     root = Path(root)
     plots = draw_plots(report, root / "plots")
     report["plots"] = [str(p.relative_to(root)) for p in plots]
-    write_json_atomic(root / "lab.json", report)
+    write_json_atomic(root / "lab.json", report, indent=None)  # compact: the published file is committed
     (root / "lab.md").write_text(render_markdown(report), encoding="utf-8")
     return report
 
@@ -341,7 +325,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         if gr:
             out += ["### Gradient study", "",
                     "Per snapshot of the reference run: every objective's gradient on the same R off-policy batches "
-                    "(mean [batch-bootstrap interval]).", ""]
+                    "(SNR and cosine: estimate [jackknife interval over batches]; per-batch metrics: mean [bootstrap "
+                    "interval]).", ""]
             for snap in gr["snapshots"]:
                 out += [f"Snapshot at RL step {snap['step']}: R = {snap['batches']} batches, k = "
                         f"{snap['updates_before_gradient']} update(s) before the gradient, KL(behaviour ‖ policy) on the "

@@ -13,6 +13,7 @@ every job in this process, one after another (tests, notebooks); the numbers are
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from typing import Any
 from lmpo.errors import RunError
 from lmpo.lab.config import ConfigError, LabConfig, lab_config_to_dict, validate_lab_config
 from lmpo.lab.grid import Job, plan_jobs
-from lmpo.lab.jobs import JOB_FILE, read_json, run_job, write_json_atomic
+from lmpo.lab.jobs import JOB_FILE, RUN_SUBDIR, read_json, run_job, write_json_atomic
 from lmpo.lab.progress import Progress
 
 LOCK_FILE = ".lock"
@@ -59,6 +60,7 @@ def _prepare(job: Job) -> None:
             raise ConfigError(f"{job.dir} holds the finished result of a different configuration of {job.key}; "
                               "run the changed lab into a fresh `lab.dir` (or delete that directory to re-run "
                               "the job).")
+        shutil.rmtree(job.dir / RUN_SUBDIR, ignore_errors=True)  # an unfinished run of the other config
     job.dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, record)
 
@@ -126,8 +128,9 @@ def run_lab(cfg: LabConfig, *, inline: bool = False, report_only: bool = False, 
             stream=None, log: Callable[[str], None] | None = None) -> LabResult:
     """Run (or continue) the lab and write its report; see the module docstring.
 
-    ``inline``: run the jobs in this process instead of worker processes. ``report_only``: run nothing,
-    rebuild the report from the finished jobs (an unfinished job is an error).
+    ``inline``: run the jobs in this process instead of worker processes (their console lines go to each job's
+    ``log.txt`` and to ``log``). ``report_only``: run nothing, rebuild the report from the finished jobs (an
+    unfinished job is an error). ``stream``: where the progress display writes (default stdout).
     """
     from lmpo.lab.report import write_report
 
@@ -184,12 +187,21 @@ def _run_inline(todo: list[Job], by_key: dict[str, Job], progress: Progress,
             progress.fail(job.key, "a job it depends on failed")
             continue
         progress.start(job.key)
-        try:
-            run_job(job.dir, log=log or (lambda msg: None))
-        except Exception as e:  # noqa: BLE001 - a failed job is reported and its dependents skipped
-            failed.add(job.key)
-            progress.fail(job.key, f"{type(e).__name__}: {e}")
-            continue
+        with open(job.dir / LOG_FILE, "a", encoding="utf-8") as fh:
+            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {job.key} (inline)\n")
+
+            def to_file(msg: str, fh=fh) -> None:
+                fh.write(msg + "\n")
+                fh.flush()
+                if log is not None:
+                    log(msg)
+
+            try:
+                run_job(job.dir, log=to_file)
+            except Exception as e:  # noqa: BLE001 - a failed job is reported and its dependents skipped
+                failed.add(job.key)
+                progress.fail(job.key, f"{type(e).__name__}: {e}")
+                continue
         progress.finish(job.key)
         ran.append(job.key)
     return ran

@@ -8,14 +8,16 @@ rebuilt from the same cell results gives the same numbers.
   (:func:`student_t_sf`, through the regularised incomplete beta function) so that no SciPy is needed;
 - :func:`window_trajectory` — start / minimum / end of a noisy per-step curve (windowed means);
 - :func:`gram_snr` and :func:`gram_cosine` — gradient signal-to-noise ratio and the cosine of the mean gradient
-  to a reference direction, from the Gram matrix of R gradient samples (so that bootstrap resamples of the
-  batches cost R×R arithmetic, not R gradient vectors).
+  to a reference direction, from the Gram matrix of R gradient samples (so that leaving batches out costs
+  R×R arithmetic, not R gradient vectors), with delete-one jackknife intervals (:func:`jackknife_interval`,
+  :func:`paired_jackknife_difference`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -188,73 +190,121 @@ def band(curves: Sequence[Sequence[float]], *, confidence: float = 0.95, resampl
 # ----------------------------------------------------------------------------------------------------
 
 
-def gram_snr(gram: np.ndarray, idx: np.ndarray | None = None) -> float:
+def _resampled(gram: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
+    """(M, R, R) Gram matrices of M resamples (rows of ``idx``); M = 1 for ``idx=None``."""
+    g = np.asarray(gram, dtype=np.float64)
+    if idx is None:
+        return g[None]
+    idx = np.atleast_2d(idx)
+    return g[idx[:, :, None], idx[:, None, :]]
+
+
+def gram_snr(gram: np.ndarray, idx: np.ndarray | None = None) -> float | np.ndarray:
     """Signal-to-noise ratio ``‖E g‖² / E‖g − E g‖²`` of R gradient samples from their Gram matrix.
 
-    ``gram[i, j] = <g_i, g_j>``; ``idx`` (R,) picks a (bootstrap) resample of the rows. With ḡ the sample mean
-    and ``V = Σ_i ‖g_i − ḡ‖² / (R − 1)`` the unbiased total variance, ``‖ḡ‖²`` overestimates ``‖E g‖²`` by
-    ``V / R``, so the estimate is ``(‖ḡ‖² − V/R) / V``: zero in expectation when the mean gradient is 0
-    (it can come out negative), and the plain ratio minus 1/R otherwise.
+    ``gram[i, j] = <g_i, g_j>``. With ḡ the sample mean and ``V = Σ_i ‖g_i − ḡ‖² / (R − 1)`` the unbiased total
+    variance, ``‖ḡ‖²`` overestimates ``‖E g‖²`` by ``V / R``, so the estimate is ``(‖ḡ‖² − V/R) / V``: zero in
+    expectation when the mean gradient is 0 (it can come out negative), and the plain ratio minus 1/R
+    otherwise. ``idx`` picks subsets or resamples of the samples: (m,) gives one value, (M, m) an array of M
+    (nan where a subset has no variance).
     """
-    g = np.asarray(gram, dtype=np.float64)
-    if idx is not None:
-        g = g[np.ix_(idx, idx)]
-    r = g.shape[0]
+    g = _resampled(gram, idx)
+    r = g.shape[-1]
     if r < 2:
         return math.nan
-    mean_sq = g.sum() / (r * r)
-    total_var = (np.trace(g) - r * mean_sq) / (r - 1)
-    if total_var <= 0:
-        return math.nan
-    return float((mean_sq - total_var / r) / total_var)
+    mean_sq = g.sum(axis=(1, 2)) / (r * r)
+    total_var = (np.trace(g, axis1=1, axis2=2) - r * mean_sq) / (r - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(total_var > 0, (mean_sq - total_var / r) / total_var, np.nan)
+    return float(out[0]) if idx is None or np.ndim(idx) == 1 else out
 
 
-def gram_cosine(gram: np.ndarray, dots: np.ndarray, ref_sq_norm: float, idx: np.ndarray | None = None) -> float:
+def gram_cosine(gram: np.ndarray, dots: np.ndarray, ref_sq_norm: float,
+                idx: np.ndarray | None = None) -> float | np.ndarray:
     """Cosine between the mean of R gradient samples and a reference direction g*.
 
-    ``gram`` (R, R) as in :func:`gram_snr`, ``dots[i] = <g_i, g*>``, ``ref_sq_norm = ‖g*‖²``."""
-    g = np.asarray(gram, dtype=np.float64)
+    ``gram`` (R, R) as in :func:`gram_snr`, ``dots[i] = <g_i, g*>``, ``ref_sq_norm = ‖g*‖²``; ``idx`` as in
+    :func:`gram_snr`."""
+    g = _resampled(gram, idx)
     d = np.asarray(dots, dtype=np.float64)
-    if idx is not None:
-        g, d = g[np.ix_(idx, idx)], d[idx]
-    r = g.shape[0]
-    mean_sq = g.sum() / (r * r)
-    if mean_sq <= 0 or ref_sq_norm <= 0:
-        return math.nan
-    return float(d.mean() / math.sqrt(mean_sq * ref_sq_norm))
+    d = d[None] if idx is None else d[np.atleast_2d(idx)]
+    r = g.shape[-1]
+    mean_sq = g.sum(axis=(1, 2)) / (r * r)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where((mean_sq > 0) & (ref_sq_norm > 0), d.mean(1) / np.sqrt(mean_sq * ref_sq_norm), np.nan)
+    return float(out[0]) if idx is None or np.ndim(idx) == 1 else out
 
 
-def paired_resampled_difference(stat_a: Sequence[Callable[[np.ndarray | None], float]],
-                                stat_b: Sequence[Callable[[np.ndarray | None], float]], sizes: Sequence[int], *,
-                                confidence: float = 0.95, resamples: int = 2_000, seed: int = 0
-                                ) -> dict[str, float | list[float]]:
-    """Difference of a statistic between two estimators measured on the same samples, with its bootstrap
-    interval and p-value.
+def student_t_quantile(p_two_sided: float, df: float) -> float:
+    """t > 0 with ``P(|T| ≥ t) = p_two_sided`` for Student's t with ``df`` degrees of freedom (bisection)."""
+    lo, hi = 0.0, 1.0
+    while student_t_sf2(hi, df) > p_two_sided:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if student_t_sf2(mid, df) > p_two_sided:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
 
-    For each group k (a policy snapshot), ``stat_a[k](idx)`` and ``stat_b[k](idx)`` compute the statistic of
-    estimator a and b from the samples ``idx`` (None = all ``sizes[k]`` samples). The difference is the mean
-    over groups of ``stat_a − stat_b``; each bootstrap resample draws one index vector per group and uses it
-    for both estimators (paired: the same batches). p is the two-sided bootstrap p-value
-    ``min(1, 2·min(P*(d ≤ 0), P*(d ≥ 0)))``.
+
+def _delete_one(n: int) -> np.ndarray:
+    """(n, n − 1) index rows: row i holds every sample but i."""
+    return np.array([np.delete(np.arange(n), i) for i in range(n)])
+
+
+def jackknife(stat: Callable[[np.ndarray | None], Any], n: int) -> tuple[float, float]:
+    """Point estimate ``stat(None)`` and its delete-one jackknife standard error over n samples.
+
+    ``stat(idx)`` computes the statistic from the samples ``idx``: all of them for ``None``, and one value per
+    row of an (M, m) index array (:func:`gram_snr` and :func:`gram_cosine` work this way). The jackknife
+    standard error is ``√((n−1)/n · Σ_i (θ_(i) − θ̄)²)`` over the n leave-one-out estimates θ_(i).
     """
-    point = float(np.mean([fa(None) - fb(None) for fa, fb in zip(stat_a, stat_b)]))
-    rng = np.random.default_rng(seed)
-    dist = np.empty(resamples)
-    for i in range(resamples):
-        diffs = []
-        for fa, fb, n in zip(stat_a, stat_b, sizes):
-            idx = rng.integers(0, n, size=n)
-            diffs.append(fa(idx) - fb(idx))
-        dist[i] = np.mean(diffs)
-    dist = dist[np.isfinite(dist)]
-    if dist.size == 0 or not math.isfinite(point):
-        return {"diff": point, "ci": [math.nan, math.nan], "p": math.nan, "n": int(sum(sizes))}
-    tail = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(dist, [tail, 1.0 - tail])
-    p = min(1.0, 2.0 * min(float(np.mean(dist <= 0)), float(np.mean(dist >= 0))))
-    return {"diff": point, "ci": [float(lo), float(hi)], "p": p, "n": int(sum(sizes))}
+    point = float(stat(None))
+    values = np.asarray(stat(_delete_one(n)), dtype=np.float64)
+    if n < 2 or not np.all(np.isfinite(values)):
+        return point, math.nan
+    return point, float(math.sqrt((n - 1) / n * np.sum((values - values.mean()) ** 2)))
+
+
+def jackknife_interval(stat: Callable[[np.ndarray | None], Any], n: int, *,
+                       confidence: float = 0.95) -> dict[str, float | list[float]]:
+    """``{"mean", "ci", "se"}``: the statistic of all n samples ± the t quantile (n − 1 degrees of freedom)
+    times its jackknife standard error."""
+    point, se = jackknife(stat, n)
+    half = student_t_quantile(1.0 - confidence, n - 1) * se if math.isfinite(se) else math.nan
+    return {"mean": point, "ci": [point - half, point + half], "se": se}
+
+
+def paired_jackknife_difference(stat_a: Sequence[Callable[[np.ndarray | None], Any]],
+                                stat_b: Sequence[Callable[[np.ndarray | None], Any]], sizes: Sequence[int], *,
+                                confidence: float = 0.95) -> dict[str, float | list[float]]:
+    """Difference of a statistic between two estimators measured on the same samples, pooled over groups.
+
+    For each group k (a policy snapshot with ``sizes[k]`` batches), ``stat_a[k]`` and ``stat_b[k]`` compute
+    the statistic of estimator a and b as in :func:`jackknife`. The difference is the mean over groups of
+    ``d_k = a_k − b_k``; each d_k's standard error comes from deleting the same sample from both estimators
+    (paired), and ``se = √(Σ_k se_k²) / K``. Interval ``d ± t·se`` and two-sided p-value of ``d / se`` with
+    Student's t at ``min(sizes) − 1`` degrees of freedom; identical estimators give d = 0 and p = 1.
+    """
+    points, variances = [], []
+    for fa, fb, n in zip(stat_a, stat_b, sizes):
+        point, se = jackknife(lambda idx, fa=fa, fb=fb: np.asarray(fa(idx)) - np.asarray(fb(idx)), n)
+        points.append(point)
+        variances.append(se * se)
+    k = len(points)
+    diff = float(np.mean(points)) if k else math.nan
+    se = math.sqrt(sum(variances)) / k if k else math.nan
+    df = min(sizes) - 1 if sizes else 0
+    if not (math.isfinite(diff) and math.isfinite(se)) or df < 1:
+        return {"diff": diff, "ci": [math.nan, math.nan], "p": math.nan, "n": int(sum(sizes))}
+    if se == 0.0:
+        return {"diff": diff, "ci": [diff, diff], "p": 1.0 if diff == 0.0 else 0.0, "n": int(sum(sizes))}
+    half = student_t_quantile(1.0 - confidence, df) * se
+    return {"diff": diff, "ci": [diff - half, diff + half], "p": student_t_sf2(diff / se, df), "n": int(sum(sizes))}
 
 
 __all__ = ["band", "betainc", "bootstrap_ci", "curve_area", "describe", "gram_cosine", "gram_snr",
-           "paired_comparison", "paired_resampled_difference", "paired_t_test", "student_t_sf", "student_t_sf2",
-           "window_size", "window_trajectory"]
+           "jackknife", "jackknife_interval", "paired_comparison", "paired_jackknife_difference", "paired_t_test",
+           "student_t_quantile", "student_t_sf", "student_t_sf2", "window_size", "window_trajectory"]
