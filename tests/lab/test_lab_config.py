@@ -74,12 +74,18 @@ def test_an_entry_that_changes_the_budget_is_refused(tmp_path):
 
 
 def test_an_entry_may_change_what_is_not_the_budget(tmp_path):
-    grid = {"objectives": ["grpo", {"label": "rlvcr", "preset": "grpo", "train": {"rlvcr": {"enabled": True}}}],
+    grid = {"objectives": ["grpo", {"label": "rlvcr", "preset": "grpo", "train": {"rlvcr": {"enabled": True}}},
+                           {"label": "rloo", "preset": "grpo", "train": {"objective": {"advantage_estimator": "rloo"}}}],
             "seeds": [0]}
     cfg = _cfg(tmp_path, grid=grid)
     validate_lab_config(cfg)
-    cell = next(j for j in plan_jobs(cfg) if j.key.endswith("rlvcr/seed0"))
-    assert cell.spec["train"]["rlvcr"]["enabled"] is True
+    jobs = {j.key: j for j in plan_jobs(cfg)}
+    assert jobs["train/thinking_addition/rlvcr/seed0"].spec["train"]["rlvcr"]["enabled"] is True
+    rloo = jobs["train/thinking_addition/rloo/seed0"].spec["train"]["objective"]
+    assert rloo["advantage_estimator"] == "rloo" and rloo["preset"] == "grpo"
+    bad = {"objectives": ["grpo", {"label": "x", "preset": "grpo", "train": {"objective": {"preset": "gspo"}}}]}
+    with pytest.raises(ConfigError, match="sets itself"):
+        validate_lab_config(_cfg(tmp_path, grid=bad))
 
 
 def test_gradient_study_needs_an_off_policy_regime_and_a_known_reference(tmp_path):

@@ -54,7 +54,11 @@ def test_plain_lines_when_not_a_terminal():
     assert lines[0] == "[lab] start  warmup/s0"
     assert lines[1] == "[lab] done   warmup/s0 (1m05s)"
     assert lines[2].startswith("[lab] 3/6 done, 0 running, 3 left; elapsed 1m05s, time left ~")
-    assert "\r" not in out.getvalue() and len(lines) == 4  # tick within the minute prints nothing
+    # a tick within the minute prints nothing, and closing does not repeat an unchanged status line
+    assert "\r" not in out.getvalue() and len(lines) == 3
+    clock.t = 70.0
+    p.close()
+    assert out.getvalue().splitlines()[-1].startswith("[lab] 3/6 done, 0 running, 3 left; elapsed 1m10s")
 
 
 def test_one_redrawn_status_line_on_a_terminal():

@@ -22,6 +22,7 @@ import dataclasses
 import math
 import os
 import re
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +63,9 @@ class ObjectiveEntry:
     preset: str = _f("", "A preset of `lmpo.objectives.PRESETS`; empty: `Objective(**overrides)` from the "
                      "objective defaults.")
     overrides: dict = _f({}, "`Objective` keywords applied to the preset (or, without a preset, all of them).")
-    train: dict = _f({}, "Trainer overrides for this objective's cells only (e.g. `{rlvcr: {enabled: true}}`); "
-                     "they may not change the budget, the model, the task or the warm-up.")
+    train: dict = _f({}, "Trainer overrides for this objective's cells only (e.g. `{rlvcr: {enabled: true}}` or "
+                     "`{objective: {advantage_estimator: rloo}}`); they may not change the budget, the model, the "
+                     "task or the warm-up.")
 
 
 @dataclass(frozen=True)
@@ -280,11 +282,15 @@ def validate_lab_config(cfg: LabConfig) -> None:
             raise ConfigError(f"`grid.objectives[{i}].label` = {label!r} must be letters, digits, '_', '.' or '-' "
                               "(it names directories).")
         build_objective(entry)
-        bad = sorted(set(entry.train) & set(_SHARED_SECTIONS + ("objective",)))
+        bad = sorted(set(entry.train) & set(_SHARED_SECTIONS))
         if bad:
             raise ConfigError(f"grid objective {label!r}: `train` overrides section(s) {', '.join(bad)}, which "
-                              "every objective of a seed shares (model, task, warm-up, logging) or which the "
-                              "entry sets itself (objective); move them to the train section or the entry.")
+                              "every objective of a seed shares (model, task, warm-up, logging); move them to the "
+                              "train section.")
+        own = sorted(set(entry.train.get("objective") or {}) & {"preset", "overrides"})
+        if own:
+            raise ConfigError(f"grid objective {label!r}: `train.objective` sets {', '.join(own)}, which the entry "
+                              "sets itself; use the entry's `preset` and `overrides` keys.")
         labels.append(label)
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -368,8 +374,6 @@ LAB_DOC_END = "<!-- lab-config-reference:end -->"
 
 def render_lab_reference() -> str:
     """Markdown tables of every lab section except `train` (which is docs/trainer.md's config)."""
-    import typing
-
     from lmpo.trainer.config import _fmt_default, _type_name
 
     lines: list[str] = []

@@ -42,6 +42,7 @@ class Progress:
         self.running: dict[str, float] = {}
         self.t0 = clock()
         self._last_line = -1e9
+        self._last_text = ""
         self._status_width = 0
 
     # ------------------------------------------------------------------ events
@@ -76,7 +77,9 @@ class Progress:
             return
         if self.tty:
             self._clear()
-        self._print(self.status())
+        status = self.status()
+        if status != self._last_text:
+            self._print(status)
 
     # ------------------------------------------------------------------ numbers
     def counts(self) -> tuple[int, int, int]:
@@ -125,6 +128,7 @@ class Progress:
     def _print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
         self._last_line = self.clock()
+        self._last_text = line
 
     def _draw(self) -> None:
         line = self.status()
