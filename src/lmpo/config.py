@@ -395,7 +395,7 @@ def _fmt_default(v: Any) -> str:
     if dataclasses.is_dataclass(v):
         return "(section)"
     if isinstance(v, tuple):
-        v = list(v)
+        v = [to_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
     return "`" + yaml.safe_dump(v, default_flow_style=True, allow_unicode=True).strip().removesuffix("...").strip() \
         + "`"
 

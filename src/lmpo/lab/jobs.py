@@ -1,0 +1,194 @@
+"""Running one job: a warm-up, a training cell or a gradient-study snapshot.
+
+``run_job(job_dir)`` reads ``job_dir/job.json`` and runs it in this process; ``python -m lmpo.lab.worker`` is the
+same call in a process of its own. Every job writes its result file last and atomically (temporary file +
+rename), so a job is finished exactly when that file exists, whatever killed an earlier attempt.
+
+A training cell resumes from its newest checkpoint when it has one (a CPU run resumed this way equals the
+uninterrupted run bit for bit, docs/trainer.md) and otherwise starts over in a clean run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lmpo.lab import stats as st
+from lmpo.trainer.config import config_from_dict
+
+JOB_FILE = "job.json"
+RUN_SUBDIR = "run"
+"""A job's trainer run directory, below its job directory (the job's own files stay outside it)."""
+
+RESULT_FILES = {"warmup": "warmup.json", "train": "summary.json", "gradients": "result.json"}
+"""Job kind → the file whose presence marks the job finished (written last, atomically)."""
+
+
+def write_json_atomic(path: Path, data: Any, indent: int | None = 1) -> None:
+    """Write JSON to a temporary file and rename it into place: readers see the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=indent, allow_nan=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_job(job_dir: str | os.PathLike, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the job described by ``job_dir/job.json`` here; returns its result (also written to its file)."""
+
+    job_dir = Path(job_dir)
+    job = read_json(job_dir / JOB_FILE)
+    log = log or (lambda msg: print(msg, flush=True))
+    t0, c0 = time.perf_counter(), _cpu_seconds()
+    kind = job["kind"]
+    if kind == "warmup":
+        result = run_warmup(job_dir, job["spec"], log)
+    elif kind == "train":
+        result = run_cell(job_dir, job["spec"], log)
+    elif kind == "gradients":
+        from lmpo.lab.gradients import gradient_study
+
+        result = gradient_study(job["spec"], log)
+    else:
+        raise ValueError(f"{job_dir / JOB_FILE}: unknown job kind {kind!r}")
+    result["wall_seconds"] = time.perf_counter() - t0
+    result["cpu_seconds"] = _cpu_seconds() - c0
+    write_json_atomic(job_dir / RESULT_FILES[kind], result)
+    return result
+
+
+def _fresh(run_dir: Path) -> None:
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+
+
+def run_warmup(job_dir: Path, spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
+    """The supervised warm-up of one (task, seed); saves the model to ``job_dir/model``."""
+    from lmpo.trainer import Trainer
+
+    cfg = config_from_dict(spec["train"])
+    _fresh(Path(cfg.logging.run_dir))  # a warm-up has no checkpoints: an interrupted one starts over
+    trainer = Trainer(cfg, log=log)
+    result = trainer.train()
+    tmp, final = job_dir / ".model.tmp", job_dir / "model"
+    _fresh(tmp)
+    trainer.model.save_pretrained(tmp)
+    trainer.tokenizer.save_pretrained(tmp)
+    _fresh(final)
+    os.replace(tmp, final)
+    return {"eval": result.eval_after or {}, "sft_steps": len(result.sft_losses),
+            "sft_loss_last": result.sft_losses[-1] if result.sft_losses else None}
+
+
+def run_cell(job_dir: Path, spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
+    """One training cell: resume from its newest checkpoint or start clean; summarise its metrics."""
+    from lmpo.trainer import Trainer
+    from lmpo.trainer.checkpoint import checkpoint_dir, latest_checkpoint
+
+    cfg = config_from_dict(spec["train"])
+    run_dir = Path(cfg.logging.run_dir)
+    resume = latest_checkpoint(run_dir)
+    if resume is None:
+        _fresh(run_dir)
+    else:
+        log(f"resuming {run_dir} from {resume.name}")
+    result = Trainer(cfg, log=log).train(resume="auto" if resume is not None else None)
+    summary = summarise_run(run_dir)
+    summary["nonfinite_skipped"] = result.nonfinite_skipped
+    summary["resumed_from_step"] = int(resume.name.split("_")[-1]) if resume is not None else 0
+    if not spec.get("keep_checkpoints", False):
+        shutil.rmtree(checkpoint_dir(run_dir), ignore_errors=True)
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------------
+# What a cell contributes to the report
+# ----------------------------------------------------------------------------------------------------
+
+SERIES = {
+    "reward": "reward/mean",
+    "train_accuracy": "reward/accuracy",
+    "entropy": "entropy/mean",
+    "clip_frac": "clip/region_frac",
+    "clip_low_frac": "clip/low_frac",
+    "clip_high_frac": "clip/high_frac",
+    "length": "completion/length_mean",
+    "kl_behaviour": "kl/behaviour_k3",
+    "step_s": "perf/step_s",
+}
+"""Per-step series kept from a cell's metrics.jsonl: name → trainer metric key (docs/trainer.md)."""
+
+
+def _float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """A cell's series (per RL step and per evaluation) and its scalar metrics, from ``metrics.jsonl``.
+
+    Scalar metrics (docs/lab.md, "What is measured"): ``accuracy`` (held-out greedy accuracy at the end),
+    ``accuracy_start``, ``eval_length``, ``reward_auc`` (mean training reward over the run: the area under
+    the reward curve per step), ``train_accuracy_auc``, ``entropy_start`` / ``entropy_min`` / ``entropy_end`` /
+    ``entropy_change`` (windowed, ``lmpo.lab.stats.window_trajectory``), ``clip_frac`` (and its low / high
+    parts), ``mask_frac`` (Clip-Cov / KL-Cov token fraction), ``length`` (mean sampled completion length),
+    ``kl_behaviour`` and ``steps_per_s`` (RL steps per second of step time, evaluation excluded).
+    """
+    from lmpo.trainer.metrics import read_jsonl
+
+    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    train = sorted((r for r in rows if r.get("kind") == "train"), key=lambda r: r["step"])
+    evals = sorted((r for r in rows if r.get("kind") == "eval"), key=lambda r: r["step"])
+    series: dict[str, list[float]] = {name: [_float(r.get(key)) for r in train] for name, key in SERIES.items()}
+    series["step"] = [int(r["step"]) for r in train]
+    mask = []
+    for r in train:
+        masked = _float(r.get("cov/clipped_tokens", 0.0)) + _float(r.get("cov/penalised_tokens", 0.0))
+        tokens = _float(r.get("tokens/valid"))
+        mask.append(masked / tokens if tokens and tokens > 0 else 0.0)
+    series["mask_frac"] = mask
+    ev = {"step": [int(r["step"]) for r in evals], "accuracy": [_float(r.get("eval/accuracy")) for r in evals],
+          "length": [_float(r.get("eval/length_mean")) for r in evals],
+          "reward": [_float(r.get("eval/reward_mean")) for r in evals]}
+    ent = st.window_trajectory(series["entropy"])
+    step_time = sum(v for v in series["step_s"] if v == v)
+    metrics = {
+        "accuracy": ev["accuracy"][-1] if ev["accuracy"] else float("nan"),
+        "accuracy_start": ev["accuracy"][0] if len(ev["accuracy"]) > 1 else float("nan"),
+        "eval_length": ev["length"][-1] if ev["length"] else float("nan"),
+        "reward_auc": st.curve_area(series["reward"]),
+        "train_accuracy_auc": st.curve_area(series["train_accuracy"]),
+        "entropy_start": ent["start"], "entropy_min": ent["min"], "entropy_end": ent["end"],
+        "entropy_change": ent["end"] - ent["start"],
+        "clip_frac": st.curve_area(series["clip_frac"]),
+        "clip_low_frac": st.curve_area(series["clip_low_frac"]),
+        "clip_high_frac": st.curve_area(series["clip_high_frac"]),
+        "mask_frac": st.curve_area(series["mask_frac"]),
+        "length": st.curve_area(series["length"]),
+        "kl_behaviour": st.curve_area(series["kl_behaviour"]),
+        "steps_per_s": len(train) / step_time if step_time > 0 else float("nan"),
+    }
+    return {"steps": len(train), "metrics": metrics, "series": series, "eval": ev}
+
+
+__all__ = ["JOB_FILE", "RUN_SUBDIR", "SERIES", "read_json", "run_cell", "run_job", "run_warmup", "summarise_run",
+           "write_json_atomic"]

@@ -1,0 +1,356 @@
+"""The lab's report: ``lab.json`` (every number), ``lab.md`` (the tables) and ``plots/``.
+
+Built only from the jobs' result files (``summary.json``, ``result.json``, ``warmup.json``), never from the run
+directories, so that the report of a finished lab can be rebuilt, and compared, after its run directories
+are gone. Every interval and p-value is seeded (``report.seed``): the same results give the same report.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmpo.lab import stats as st
+from lmpo.lab.claims import CLAIMS, FAILS, HOLDS, INCONCLUSIVE, judge
+from lmpo.lab.config import (
+    LabConfig,
+    build_objective,
+    lab_config_to_dict,
+    objective_label,
+    task_entries,
+    task_label,
+)
+from lmpo.lab.grid import Job
+from lmpo.lab.jobs import read_json, write_json_atomic
+
+TRAIN_METRICS: dict[str, str] = {
+    "accuracy": "held-out greedy accuracy after the last RL step",
+    "accuracy_start": "held-out greedy accuracy before the first RL step",
+    "reward_auc": "area under the training reward curve per step (mean reward over the run)",
+    "train_accuracy_auc": "mean sampled training accuracy over the run",
+    "entropy_start": "mean token entropy over the first tenth of the steps",
+    "entropy_min": "lowest moving average (a tenth of the steps) of the token entropy",
+    "entropy_end": "mean token entropy over the last tenth of the steps",
+    "entropy_change": "entropy_end − entropy_start",
+    "clip_frac": "mean fraction clipped by the trust region (tokens; sequences for sequence levels)",
+    "clip_low_frac": "… at the lower bound (A < 0)",
+    "clip_high_frac": "… at the upper bound (A > 0)",
+    "mask_frac": "mean fraction of tokens masked (Clip-Cov) or penalised (KL-Cov)",
+    "length": "mean sampled completion length (tokens)",
+    "eval_length": "mean held-out greedy completion length after the last step (tokens)",
+    "kl_behaviour": "mean k3 KL(behaviour ‖ policy) over the optimizer steps",
+    "steps_per_s": "RL steps per second of step time (evaluation excluded)",
+}
+"""Per-cell metrics of the training study (``lmpo.lab.jobs.summarise_run``) with their meaning."""
+
+GRADIENT_METRICS: dict[str, str] = {
+    "snr": "gradient signal-to-noise ratio ‖E g‖² / E‖g − E g‖² over the R batches (bias-corrected)",
+    "cos_onpolicy": "cosine of the mean gradient to the on-policy policy-gradient direction",
+    "weight_var": "variance over valid tokens of the importance weight applied to each token's gradient",
+    "clip_frac": "fraction clipped by the trust region",
+    "mask_frac": "fraction of tokens masked (Clip-Cov) or penalised (KL-Cov)",
+    "ratio_max": "largest importance weight",
+    "grad_norm": "gradient norm",
+}
+"""Per-objective metrics of the gradient study, per snapshot."""
+
+PER_BATCH = ("weight_var", "clip_frac", "mask_frac", "ratio_max", "grad_norm")
+"""Gradient metrics measured per batch (paired over batches); snr and cos_onpolicy are per snapshot."""
+
+
+def _clean(x: Any) -> Any:
+    """JSON-safe copy: non-finite floats become null, numpy scalars plain numbers."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        return float(x) if math.isfinite(float(x)) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def _num(x: Any) -> float:
+    return float(x) if x is not None else math.nan
+
+
+# ----------------------------------------------------------------------------------------------------
+# The training study
+# ----------------------------------------------------------------------------------------------------
+
+
+def _baselines(cfg: LabConfig) -> set[str]:
+    names = {cfg.report.baseline}
+    for claim in _claims(cfg):
+        names.add(claim.baseline)
+    return names
+
+
+def _claims(cfg: LabConfig):
+    return [CLAIMS[n] for n in cfg.report.claims] if cfg.report.claims else list(CLAIMS.values())
+
+
+def training_study(cfg: LabConfig, summaries: dict[str, dict[int, dict]]) -> dict[str, Any]:
+    """Per-objective statistics over seeds, paired comparisons with the baselines, curves with bands."""
+    rp = cfg.report
+    kw = {"confidence": rp.confidence, "resamples": rp.resamples, "seed": rp.seed}
+    labels = list(summaries)
+    per_objective: dict[str, Any] = {}
+    for label in labels:
+        seeds = sorted(summaries[label])
+        per_objective[label] = {"seeds": seeds, **{
+            m: st.describe([summaries[label][s]["metrics"][m] for s in seeds], **kw) for m in TRAIN_METRICS}}
+    comparisons: dict[str, dict[str, dict[str, Any]]] = {}
+    for label in labels:
+        for base in sorted(_baselines(cfg)):
+            if base == label or base not in summaries:
+                continue
+            common = sorted(set(summaries[label]) & set(summaries[base]))
+            comparisons.setdefault(label, {})[base] = {m: st.paired_comparison(
+                [summaries[label][s]["metrics"][m] for s in common],
+                [summaries[base][s]["metrics"][m] for s in common], **kw) for m in TRAIN_METRICS}
+    one_sample = {label: {"entropy_change": st.paired_comparison(
+        [summaries[label][s]["metrics"]["entropy_change"] for s in sorted(summaries[label])],
+        [0.0] * len(summaries[label]), **kw)} for label in labels}
+    return {"metrics": per_objective, "comparisons": comparisons, "one_sample": one_sample,
+            "curves": {label: _curves(summaries[label], rp) for label in labels}}
+
+
+def _curves(by_seed: dict[int, dict], rp) -> dict[str, Any]:
+    seeds = sorted(by_seed)
+    out: dict[str, Any] = {}
+    first = by_seed[seeds[0]]
+    for name in ("reward", "entropy", "clip_frac", "length"):
+        rows = [by_seed[s]["series"][name] for s in seeds]
+        n = min(len(r) for r in rows)
+        out[name] = {"step": first["series"]["step"][:n],
+                     **st.band([r[:n] for r in rows], confidence=rp.confidence, seed=rp.seed)}
+    rows = [by_seed[s]["eval"]["accuracy"] for s in seeds]
+    n = min(len(r) for r in rows)
+    out["eval_accuracy"] = {"step": first["eval"]["step"][:n],
+                            **st.band([r[:n] for r in rows], confidence=rp.confidence, seed=rp.seed)}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# The gradient study
+# ----------------------------------------------------------------------------------------------------
+
+
+def gradient_report(cfg: LabConfig, snapshots: list[dict]) -> dict[str, Any]:
+    """Per snapshot and objective: SNR and cosine with delete-one jackknife intervals over the batches, per-batch
+    means with bootstrap intervals; pooled paired comparisons with the baselines."""
+    rp = cfg.report
+    per_snapshot = []
+    for snap in snapshots:
+        rows = {}
+        for label, res in snap["objectives"].items():
+            row = {"snr": st.jackknife_interval(_snr_fn(snap, label), snap["batches"], confidence=rp.confidence),
+                   "cos_onpolicy": st.jackknife_interval(_cos_fn(snap, label), snap["batches"],
+                                                         confidence=rp.confidence)}
+            for m in PER_BATCH:
+                row[m] = st.describe([_num(v) for v in res["per_batch"][m]], confidence=rp.confidence,
+                                     resamples=rp.resamples, seed=rp.seed)
+            rows[label] = row
+        per_snapshot.append({"step": snap["step"], "batches": snap["batches"],
+                             "updates_before_gradient": snap["updates_before_gradient"],
+                             "kl_behaviour": snap["kl_behaviour"],
+                             "onpolicy_snr": snap["onpolicy"]["snr"], "num_params": snap["num_params"],
+                             "objectives": rows})
+    labels = list(snapshots[0]["objectives"]) if snapshots else []
+    comparisons: dict[str, dict[str, dict[str, Any]]] = {}
+    for label in labels:
+        for base in sorted(_baselines(cfg)):
+            if base == label or base not in labels:
+                continue
+            out = {}
+            for metric, fn in (("snr", _snr_fn), ("cos_onpolicy", _cos_fn)):
+                out[metric] = st.paired_jackknife_difference(
+                    [fn(s, label) for s in snapshots], [fn(s, base) for s in snapshots],
+                    [s["batches"] for s in snapshots], confidence=rp.confidence)
+            for metric in PER_BATCH:
+                a = [_num(v) for s in snapshots for v in s["objectives"][label]["per_batch"][metric]]
+                b = [_num(v) for s in snapshots for v in s["objectives"][base]["per_batch"][metric]]
+                out[metric] = st.paired_comparison(a, b, confidence=rp.confidence, resamples=rp.resamples,
+                                                   seed=rp.seed)
+            comparisons.setdefault(label, {})[base] = out
+    return {"snapshots": per_snapshot, "comparisons": comparisons}
+
+
+def _snr_fn(snap: dict, label: str):
+    gram = np.asarray(snap["objectives"][label]["gram"])
+    return lambda idx: st.gram_snr(gram, idx)
+
+
+def _cos_fn(snap: dict, label: str):
+    res = snap["objectives"][label]
+    gram, dots, ref = np.asarray(res["gram"]), np.asarray(res["dots"]), snap["onpolicy"]["sq_norm"]
+    return lambda idx: st.gram_cosine(gram, dots, ref, idx)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The whole report
+# ----------------------------------------------------------------------------------------------------
+
+
+def collect(cfg: LabConfig, jobs: list[Job]) -> dict[str, Any]:
+    """The finished jobs' results, by task: ``summaries[label][seed]``, ``warmups[seed]``, ``snapshots``."""
+    out: dict[str, Any] = {}
+    for tentry in task_entries(cfg):
+        out[task_label(tentry, cfg)] = {"summaries": {objective_label(e): {} for e in cfg.grid.objectives},
+                                        "warmups": {}, "snapshots": [], "cpu_seconds": 0.0}
+    for job in jobs:
+        if not job.done():
+            continue
+        task = out[job.labels["task"]]
+        result = read_json(job.result_path)
+        task["cpu_seconds"] += float(result.get("cpu_seconds") or 0.0)
+        if job.kind == "train":
+            task["summaries"][job.labels["objective"]][job.labels["seed"]] = result
+        elif job.kind == "warmup":
+            task["warmups"][job.labels["seed"]] = result
+        else:
+            task["snapshots"].append(result)
+    for task in out.values():
+        task["snapshots"].sort(key=lambda s: s["step"])
+        task["summaries"] = {k: v for k, v in task["summaries"].items() if v}
+    return out
+
+
+def build_report(cfg: LabConfig, jobs: list[Job]) -> dict[str, Any]:
+    """Everything ``lab.json`` holds (see docs/lab.md, "Output")."""
+    results = collect(cfg, jobs)
+    tasks: dict[str, Any] = {}
+    for task, data in results.items():
+        training = training_study(cfg, data["summaries"]) if data["summaries"] else None
+        gradients = gradient_report(cfg, data["snapshots"]) if data["snapshots"] else None
+        studies = {"training": training, "gradients": gradients}
+        verdicts = [judge(claim, studies, cfg.report).__dict__ for claim in _claims(cfg)]
+        warm = {s: w["eval"].get("eval/accuracy") for s, w in sorted(data["warmups"].items())}
+        tasks[task] = {"training": training, "gradients": gradients, "verdicts": verdicts,
+                       "warmup_accuracy": warm, "cpu_seconds": data["cpu_seconds"]}
+    return {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "config": lab_config_to_dict(cfg),
+            "objectives": {objective_label(e): {"objective": build_objective(e).to_dict(), "train": dict(e.train)}
+                           for e in cfg.grid.objectives},
+            "metrics": {"training": TRAIN_METRICS, "gradients": GRADIENT_METRICS}, "tasks": tasks}
+
+
+def write_report(cfg: LabConfig, root: Path, jobs: list[Job]) -> dict[str, Any]:
+    """Write ``lab.json``, ``lab.md`` and ``plots/`` into the lab directory; returns the report."""
+    from lmpo.lab.plots import draw_plots
+
+    report = _clean(build_report(cfg, jobs))
+    root = Path(root)
+    plots = draw_plots(report, root / "plots")
+    report["plots"] = [str(p.relative_to(root)) for p in plots]
+    write_json_atomic(root / "lab.json", report, indent=None)  # compact: the published file is committed
+    (root / "lab.md").write_text(render_markdown(report), encoding="utf-8")
+    return report
+
+
+# ----------------------------------------------------------------------------------------------------
+# Markdown
+# ----------------------------------------------------------------------------------------------------
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    if isinstance(x, float) and x != 0 and (abs(x) < 10 ** -digits or abs(x) >= 10 ** 4):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def _ci(d: dict | None, digits: int = 3) -> str:
+    if not d:
+        return "—"
+    lo, hi = d.get("ci", [None, None])
+    return f"{_f(d.get('mean', d.get('diff')), digits)} [{_f(lo, digits)}, {_f(hi, digits)}]"
+
+
+def _cmp(d: dict | None, digits: int = 3) -> str:
+    if not d:
+        return "—"
+    lo, hi = d["ci"]
+    return f"{_f(d['diff'], digits)} [{_f(lo, digits)}, {_f(hi, digits)}] p={_f(d['p'], 3)}"
+
+
+_MARK = {HOLDS: "**holds**", FAILS: "**does not hold**", INCONCLUSIVE: "inconclusive at this budget"}
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    baseline = cfg["report"]["baseline"]
+    out = [f"# Lab report: {cfg['lab']['dir']}", "",
+           f"Created {report['created']}. Objectives: {', '.join(f'`{k}`' for k in report['objectives'])}; seeds "
+           f"{cfg['grid']['seeds']}; intervals: {int(cfg['report']['confidence'] * 100)}% bootstrap; paired tests vs "
+           f"`{baseline}`. Every number is in `lab.json`; the method and the verdict rule are in docs/lab.md.", ""]
+    for task, data in report["tasks"].items():
+        out += [f"## Task `{task}`", "", f"CPU time of the finished jobs: {data['cpu_seconds'] / 60:.1f} min.", ""]
+        if data["warmup_accuracy"]:
+            accs = ", ".join(f"seed {s}: {_f(a)}" for s, a in data["warmup_accuracy"].items())
+            out += [f"Held-out accuracy after the warm-up (the RL start): {accs}.", ""]
+        out += ["### Verdicts", "", "| claim | objective vs baseline | evidence | verdict |", "|---|---|---|---|"]
+        for v in data["verdicts"]:
+            evidence = "; ".join(
+                f"{c['says']}: {c['study']} `{c['metric']}` Δ {_cmp(c) if 'diff' in c else '—'} → {c['verdict']}"
+                for c in v["checks"]) or v["reason"]
+            if v["reason"] and v["checks"]:
+                evidence += f" ({v['reason']})"
+            out.append(f"| {v['text']} ({v['source']}) | `{v['objective']}` vs `{v['baseline']}` | {evidence} | "
+                       f"{_MARK.get(v['verdict'], v['verdict'])} |")
+        out.append("")
+        tr = data["training"]
+        if tr:
+            out += ["### Training study", "",
+                    f"Mean over seeds [{int(cfg['report']['confidence'] * 100)}% bootstrap interval]; Δ: paired "
+                    f"difference to `{baseline}` [interval] and paired t-test p.", "",
+                    "| objective | held-out accuracy | Δ accuracy | reward AUC | Δ reward AUC | entropy start → min → end "
+                    "| clip frac | mask frac | length (sampled / held-out) | steps/s |",
+                    "|---|---|---|---|---|---|---|---|---|---|"]
+            for label, m in tr["metrics"].items():
+                comp = tr["comparisons"].get(label, {}).get(baseline, {})
+                out.append(
+                    f"| `{label}` | {_ci(m['accuracy'])} | {_cmp(comp.get('accuracy'))} | {_ci(m['reward_auc'])} | "
+                    f"{_cmp(comp.get('reward_auc'))} | {_f(m['entropy_start']['mean'])} → {_f(m['entropy_min']['mean'])}"
+                    f" → {_f(m['entropy_end']['mean'])} | {_f(m['clip_frac']['mean'])} | {_f(m['mask_frac']['mean'])} | "
+                    f"{_f(m['length']['mean'], 1)} / {_f(m['eval_length']['mean'], 1)} | {_f(m['steps_per_s']['mean'], 2)} |")
+            out.append("")
+        gr = data["gradients"]
+        if gr:
+            out += ["### Gradient study", "",
+                    "Per snapshot of the reference run: every objective's gradient on the same R off-policy batches "
+                    "(SNR and cosine: estimate [jackknife interval over batches]; per-batch metrics: mean [bootstrap "
+                    "interval]).", ""]
+            for snap in gr["snapshots"]:
+                out += [f"Snapshot at RL step {snap['step']}: R = {snap['batches']} batches, k = "
+                        f"{snap['updates_before_gradient']} update(s) before the gradient, KL(behaviour ‖ policy) on the "
+                        f"batches {_f(snap['kl_behaviour'])}, on-policy "
+                        f"SNR {_f(snap['onpolicy_snr'])}, {snap['num_params']} parameters.", "",
+                        "| objective | SNR | cosine to on-policy | importance-weight variance | clip frac | mask frac |",
+                        "|---|---|---|---|---|---|"]
+                for label, row in snap["objectives"].items():
+                    out.append(f"| `{label}` | {_ci(row['snr'])} | {_ci(row['cos_onpolicy'])} | "
+                               f"{_ci(row['weight_var'])} | {_f(row['clip_frac']['mean'])} | "
+                               f"{_f(row['mask_frac']['mean'])} |")
+                out.append("")
+            out += [f"Pooled over snapshots, paired differences to `{baseline}`:", "",
+                    "| objective | Δ SNR | Δ cosine | Δ weight variance |", "|---|---|---|---|"]
+            for label, comps in gr["comparisons"].items():
+                c = comps.get(baseline)
+                if c:
+                    out.append(f"| `{label}` | {_cmp(c['snr'])} | {_cmp(c['cos_onpolicy'])} | "
+                               f"{_cmp(c['weight_var'])} |")
+            out.append("")
+    if report.get("plots"):
+        out += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in report["plots"]] + [""]
+    return "\n".join(out)
+
+
+__all__ = ["GRADIENT_METRICS", "PER_BATCH", "TRAIN_METRICS", "build_report", "collect", "render_markdown",
+           "training_study", "write_report"]

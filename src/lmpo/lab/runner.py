@@ -1,0 +1,261 @@
+"""Running a lab: plan its jobs, run the unfinished ones (in parallel processes, dependencies first), report.
+
+``run_lab(cfg)`` is the whole of ``lmpo lab``. It is resumable: a finished job (its result file exists) is
+skipped, a killed cell resumes from its newest checkpoint, and re-running a finished lab only rebuilds the
+report from the stored results (the same numbers). A job directory whose ``job.json`` describes another
+configuration than the one planned is refused, so that results of two configs never mix.
+
+Each job runs as ``python -m lmpo.lab.worker JOB_DIR`` with its console in ``JOB_DIR/log.txt``; on Linux a
+worker dies with the lab process, and a worker holds an exclusive lock on ``JOB_DIR/.lock`` while it runs, so
+a second lab started on the same directory waits for it instead of running it twice. ``inline=True`` runs
+every job in this process, one after another (tests, notebooks); the numbers are the same.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmpo.errors import RunError
+from lmpo.lab.config import ConfigError, LabConfig, lab_config_to_dict
+from lmpo.lab.grid import Job, plan_jobs, validate_lab_config
+from lmpo.lab.jobs import JOB_FILE, RUN_SUBDIR, read_json, run_job, write_json_atomic
+from lmpo.lab.progress import Progress
+
+LOCK_FILE = ".lock"
+LOG_FILE = "log.txt"
+
+
+@dataclass
+class LabResult:
+    """What ``run_lab`` returns."""
+
+    dir: Path
+    ran: list[str]
+    skipped: list[str]
+    report: dict[str, Any]
+    seconds: float
+
+
+def _job_record(job: Job) -> dict[str, Any]:
+    return {"kind": job.kind, "key": job.key, "spec": job.spec, "deps": list(job.deps), "labels": job.labels}
+
+
+def _prepare(job: Job) -> None:
+    """Write the job's ``job.json``; refuse a directory that holds another configuration's job."""
+    path = job.dir / JOB_FILE
+    record = _job_record(job)
+    if path.exists():
+        old = read_json(path)
+        if old.get("spec") == record["spec"]:
+            return
+        if job.done():
+            raise ConfigError(f"{job.dir} holds the finished result of a different configuration of {job.key}; "
+                              "run the changed lab into a fresh `lab.dir` (or delete that directory to re-run "
+                              "the job).")
+        shutil.rmtree(job.dir / RUN_SUBDIR, ignore_errors=True)  # an unfinished run of the other config
+    job.dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, record)
+
+
+def _locked(job_dir: Path) -> bool:
+    """Whether another process (a worker of an earlier lab still running) holds the job's lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no advisory locks on this platform
+        return False
+    path = job_dir / LOCK_FILE
+    if not path.exists():
+        return False
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort: without it an orphaned worker finishes its job and exits
+        pass
+
+
+class _Process:
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.log = open(job.dir / LOG_FILE, "a", encoding="utf-8")
+        self.log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {job.key}\n")
+        self.log.flush()
+        self.proc = subprocess.Popen([sys.executable, "-m", "lmpo.lab.worker", str(job.dir)], stdout=self.log,
+                                     stderr=subprocess.STDOUT,
+                                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def run_lab(cfg: LabConfig, *, inline: bool = False, report_only: bool = False, poll_s: float = 0.5,
+            stream=None, log: Callable[[str], None] | None = None) -> LabResult:
+    """Run (or continue) the lab and write its report; see the module docstring.
+
+    ``inline``: run the jobs in this process instead of worker processes (their console lines go to each job's
+    ``log.txt`` and to ``log``). ``report_only``: run nothing, rebuild the report from the finished jobs (an
+    unfinished job is an error). ``stream``: where the progress display writes (default stdout).
+    """
+    from lmpo.lab.report import write_report
+
+    validate_lab_config(cfg)
+    t0 = time.perf_counter()
+    root = Path(cfg.lab.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    import yaml
+
+    with open(root / "lab.yaml", "w", encoding="utf-8") as fh:
+        yaml.safe_dump(lab_config_to_dict(cfg), fh, sort_keys=False)
+    jobs = plan_jobs(cfg, root)
+    by_key = {j.key: j for j in jobs}
+    for job in jobs:
+        _prepare(job)
+    skipped = [j.key for j in jobs if j.done()]
+    todo = [j for j in jobs if not j.done()]
+    if report_only and todo:
+        raise RunError(f"lab {root}: {len(todo)} job(s) are not finished (first: {todo[0].key}); run `lmpo lab` "
+                       "without --report-only to finish them.")
+    progress = Progress({j.key: j.kind for j in todo}, len(skipped), jobs=1 if inline else cfg.lab.jobs,
+                        mode=cfg.lab.progress, stream=stream)
+    if todo:
+        progress.note(f"{root}: {len(jobs)} jobs, {len(skipped)} already finished, {len(todo)} to run"
+                      + (" (inline)" if inline else f" ({cfg.lab.jobs} at a time)"))
+    ran = _run_inline(todo, by_key, progress, log) if inline else _run_parallel(todo, by_key, cfg.lab.jobs,
+                                                                                progress, poll_s)
+    progress.close()
+    if progress.failed:
+        first = by_key[progress.failed[0]]
+        raise RunError(f"lab {root}: {len(progress.failed)} job(s) failed ({', '.join(progress.failed)}); see "
+                       f"{first.dir / LOG_FILE}. Fix the cause and re-run the same command: finished jobs are kept.")
+    report = write_report(cfg, root, jobs)
+    return LabResult(dir=root, ran=ran, skipped=skipped, report=report, seconds=time.perf_counter() - t0)
+
+
+def _ready(job: Job, by_key: dict[str, Job], failed: set[str]) -> str:
+    """``ready``, ``wait`` (a dependency is unfinished) or ``blocked`` (a dependency failed)."""
+    for dep in job.deps:
+        if dep in failed:
+            return "blocked"
+        if not by_key[dep].done():
+            return "wait"
+    return "ready"
+
+
+def _run_inline(todo: list[Job], by_key: dict[str, Job], progress: Progress,
+                log: Callable[[str], None] | None) -> list[str]:
+    ran: list[str] = []
+    failed: set[str] = set()
+    for job in todo:
+        if _ready(job, by_key, failed) != "ready":
+            failed.add(job.key)
+            progress.fail(job.key, "a job it depends on failed")
+            continue
+        progress.start(job.key)
+        with open(job.dir / LOG_FILE, "a", encoding="utf-8") as fh:
+            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {job.key} (inline)\n")
+
+            def to_file(msg: str, fh=fh) -> None:
+                fh.write(msg + "\n")
+                fh.flush()
+                if log is not None:
+                    log(msg)
+
+            try:
+                run_job(job.dir, log=to_file)
+            except Exception as e:  # noqa: BLE001 - a failed job is reported and its dependents skipped
+                failed.add(job.key)
+                progress.fail(job.key, f"{type(e).__name__}: {e}")
+                continue
+        progress.finish(job.key)
+        ran.append(job.key)
+    return ran
+
+
+def _run_parallel(todo: list[Job], by_key: dict[str, Job], jobs: int, progress: Progress, poll_s: float) -> list[str]:
+    pending = list(todo)
+    running: dict[str, _Process] = {}
+    failed: set[str] = set()
+    ran: list[str] = []
+    try:
+        while pending or running:
+            for key, proc in list(running.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                proc.stop()
+                del running[key]
+                if code == 0 and by_key[key].done():
+                    progress.finish(key)
+                    ran.append(key)
+                else:
+                    failed.add(key)
+                    progress.fail(key, f"exit status {code}: {_tail(by_key[key].dir / LOG_FILE)}")
+            for job in list(pending):
+                if len(running) >= jobs:
+                    break
+                state = _ready(job, by_key, failed)
+                if state == "blocked":
+                    pending.remove(job)
+                    failed.add(job.key)
+                    progress.fail(job.key, "a job it depends on failed")
+                elif state == "ready":
+                    if job.done():  # finished meanwhile by a worker of an earlier lab
+                        pending.remove(job)
+                        progress.finish(job.key)
+                        continue
+                    if _locked(job.dir):
+                        continue  # an orphaned worker of a killed lab still runs it: wait for its result
+                    pending.remove(job)
+                    running[job.key] = _Process(job)
+                    progress.start(job.key)
+            if not running and pending and all(_ready(j, by_key, failed) == "wait" for j in pending):
+                if not any(_locked(j.dir) for j in pending) and not any(
+                        _locked(by_key[d].dir) for j in pending for d in j.deps):
+                    raise RunError("lab scheduler: jobs wait on dependencies that nothing runs: "
+                                   + ", ".join(j.key for j in pending))
+            progress.tick()
+            time.sleep(poll_s)
+    except BaseException:
+        for proc in running.values():
+            proc.stop()
+        raise
+    return ran
+
+
+__all__ = ["LabResult", "run_lab"]

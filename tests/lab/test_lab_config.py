@@ -1,0 +1,148 @@
+"""Lab configs: YAML shorthands, refusals that name the fix, the fixed budget, the shipped configs, the docs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from lab_helpers import smoke_config
+
+from lmpo import cli
+from lmpo.lab import lab_config_from_dict, load_lab_config, plan_jobs, validate_lab_config
+from lmpo.lab.config import build_objective, render_lab_reference, trainer_objective_section
+from lmpo.lab.docs import render
+from lmpo.objectives import Objective
+from lmpo.trainer.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cfg(tmp_path, **sections):
+    return lab_config_from_dict(smoke_config(tmp_path / "lab", "tiny", **sections))
+
+
+def test_yaml_shorthands_and_overrides(tmp_path):
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(smoke_config(tmp_path / "lab", "tiny")))
+    cfg = load_lab_config(path, ["--grid.objectives", "[grpo, {label: wide, preset: gspo, overrides: {eps_high: "
+                                 "0.001}}]", "--lab.jobs", "2", "--train.loop.steps", "6"])
+    assert [(o.label, o.preset) for o in cfg.grid.objectives] == [("", "grpo"), ("wide", "gspo")]
+    assert cfg.lab.jobs == 2 and cfg.train.loop.steps == 6
+    assert build_objective(cfg.grid.objectives[1]) == Objective.preset("gspo", eps_high=1e-3)
+    validate_lab_config(cfg)
+
+
+def test_unknown_key_is_refused_with_a_close_match(tmp_path):
+    with pytest.raises(ConfigError, match="Did you mean `jobs`"):
+        lab_config_from_dict({"lab": {"jobz": 2}})
+    with pytest.raises(ConfigError, match="seeds"):
+        lab_config_from_dict({"grid": {"sedes": [0]}})
+
+
+def test_an_objective_without_preset_is_any_objective_keywords(tmp_path):
+    cfg = _cfg(tmp_path, grid={"objectives": ["grpo", {"label": "soft", "overrides": {
+        "level": "sequence_arith", "trust_region": "gaussian", "ptrw_sigma": 0.3}}], "seeds": [0]})
+    validate_lab_config(cfg)
+    entry = cfg.grid.objectives[1]
+    wanted = Objective(level="sequence_arith", trust_region="gaussian", ptrw_sigma=0.3)
+    assert build_objective(entry) == wanted
+    section = trainer_objective_section(entry)
+    assert Objective.preset(section["preset"], **section["overrides"]) == wanted
+
+
+@pytest.mark.parametrize("grid, match", [
+    ({"objectives": ["grpo", "grpo"]}, "more than once"),
+    ({"objectives": ["grpo", "nope"]}, "not one of"),
+    ({"objectives": ["grpo", {"preset": "gspo", "overrides": {"eps_hgh": 0.1}}]}, "eps_hgh"),
+    ({"objectives": ["grpo", {"overrides": {"level": "sequence"}}]}, "neither a label nor a preset"),
+    ({"objectives": ["grpo", {"label": "a/b", "preset": "gspo"}]}, "directories"),
+    ({"seeds": [0, 0]}, "repeats a seed"),
+    ({"objectives": ["grpo", {"label": "x", "preset": "gspo", "train": {"model": {"name": "tiny"}}}]},
+     "every objective of a seed shares"),
+])
+def test_bad_grids_are_refused(tmp_path, grid, match):
+    with pytest.raises(ConfigError, match=match):
+        validate_lab_config(_cfg(tmp_path, grid=grid))
+
+
+def test_an_entry_that_changes_the_budget_is_refused(tmp_path):
+    grid = {"objectives": ["grpo", {"label": "longer", "preset": "gspo", "train": {"loop": {"steps": 9}}}]}
+    with pytest.raises(ConfigError, match=r"loop\.steps: 4 vs 9"):
+        validate_lab_config(_cfg(tmp_path, grid=grid))
+
+
+def test_an_entry_may_change_what_is_not_the_budget(tmp_path):
+    grid = {"objectives": ["grpo", {"label": "rlvcr", "preset": "grpo", "train": {"rlvcr": {"enabled": True}}},
+                           {"label": "rloo", "preset": "grpo", "train": {"objective": {"advantage_estimator": "rloo"}}}],
+            "seeds": [0]}
+    cfg = _cfg(tmp_path, grid=grid)
+    validate_lab_config(cfg)
+    jobs = {j.key: j for j in plan_jobs(cfg)}
+    assert jobs["train/thinking_addition/rlvcr/seed0"].spec["train"]["rlvcr"]["enabled"] is True
+    rloo = jobs["train/thinking_addition/rloo/seed0"].spec["train"]["objective"]
+    assert rloo["advantage_estimator"] == "rloo" and rloo["preset"] == "grpo"
+    bad = {"objectives": ["grpo", {"label": "x", "preset": "grpo", "train": {"objective": {"preset": "gspo"}}}]}
+    with pytest.raises(ConfigError, match="sets itself"):
+        validate_lab_config(_cfg(tmp_path, grid=bad))
+
+
+def test_gradient_study_needs_an_off_policy_regime_and_a_known_reference(tmp_path):
+    with pytest.raises(ConfigError, match="off-policy"):
+        validate_lab_config(_cfg(tmp_path, train={**smoke_config(tmp_path, "tiny")["train"],
+                                                  "loop": {"steps": 4, "prompts_per_step": 2}}))
+    with pytest.raises(ConfigError, match="gradients.reference"):
+        validate_lab_config(_cfg(tmp_path, gradients={"reference": "gspo_token"}))
+    with pytest.raises(ConfigError, match="report.baseline"):
+        validate_lab_config(_cfg(tmp_path, report={"baseline": "dapo"}))
+
+
+def test_plan_orders_dependencies_first_and_shares_the_warm_up(tmp_path):
+    jobs = plan_jobs(_cfg(tmp_path))
+    keys = [j.key for j in jobs]
+    assert keys[:2] == ["warmup/thinking_addition/seed0", "warmup/thinking_addition/seed1"]
+    assert keys[2] == "train/thinking_addition/grpo/seed0"  # the reference run, before its snapshots
+    assert keys[3:5] == ["gradients/thinking_addition/snapshot_0", "gradients/thinking_addition/snapshot_4"]
+    for job in jobs:
+        assert all(keys.index(dep) < keys.index(job.key) for dep in job.deps)
+    cell = jobs[keys.index("train/thinking_addition/gspo/seed1")]
+    assert cell.deps == ("warmup/thinking_addition/seed1",)
+    assert cell.spec["train"]["model"]["name"].endswith("warmup/thinking_addition/seed1/model")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("lab_*.yaml")), ids=lambda p: p.name)
+def test_shipped_lab_configs_validate(path):
+    import torch
+
+    cfg = load_lab_config(path)
+    if cfg.train.loop.device == "cuda" and not torch.cuda.is_available():
+        # the GPU lab on a CPU machine: everything but the device is still checked
+        cfg = load_lab_config(path, ["--train.loop.device", "cpu"])
+    validate_lab_config(cfg)
+    labels = [o.label or o.preset for o in cfg.grid.objectives]
+    for preset in ("grpo", "gspo", "gspo_token", "amic", "ema", "ptrw", "decay", "grad_adaptive", "asym", "dapo",
+                   "clip_cov", "kl_cov", "adaptive_entropy", "rlvcr"):
+        assert preset in labels, f"{path.name} lacks {preset}"
+    assert len(cfg.grid.seeds) >= 5
+    assert cfg.train.loop.minibatches_per_step * cfg.train.loop.epochs_per_step > 1  # off-policy
+    assert cfg.train.rollout.max_new_tokens >= 16
+
+
+def test_docs_generated_blocks_are_up_to_date():
+    text = (ROOT / "docs" / "lab.md").read_text(encoding="utf-8")
+    assert render(text) == text, "run `python -m lmpo.lab.docs docs/lab.md`"
+    assert "### `gradients`" in render_lab_reference()
+
+
+def test_lab_help_and_plan(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert re.search(r"^\s+lab\s", capsys.readouterr().out, re.M)
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(smoke_config(tmp_path / "lab", "tiny")))
+    assert cli.main(["lab", str(path), "--plan", "--grid.seeds", "[3]"]) == 0
+    out = capsys.readouterr().out
+    assert "to run  train/thinking_addition/gspo/seed3" in out and "0/5 jobs finished" in out
+    assert cli.main(["lab", str(path), "--plan", "--lab.jobs", "0"]) == 2
+    assert "lab.jobs" in capsys.readouterr().err

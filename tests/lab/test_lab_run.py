@@ -1,0 +1,155 @@
+"""A smoke lab end to end: every output file with finite numbers, re-runs that reproduce it, a kill mid-cell."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from lab_helpers import smoke_config, without_timings
+
+from lmpo.lab import lab_config_from_dict, run_lab
+from lmpo.lab.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_RUN
+from lmpo.trainer.config import ConfigError
+
+TASK = "thinking_addition"
+
+
+@pytest.fixture(scope="module")
+def finished_lab(tmp_path_factory, small_model_dir):
+    lab_dir = tmp_path_factory.mktemp("lab") / "smoke"
+    cfg = lab_config_from_dict(smoke_config(lab_dir, small_model_dir))
+    result = run_lab(cfg, inline=True)
+    return cfg, result
+
+
+def _comparable(report: dict) -> dict:
+    report = without_timings(report)
+    report["config"]["lab"]["dir"] = None
+    return report
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def test_smoke_lab_writes_every_output_with_finite_numbers(finished_lab):
+    cfg, result = finished_lab
+    root = Path(cfg.lab.dir)
+    assert len(result.ran) == 2 + 4 + 2 and not result.skipped  # warm-ups, cells, snapshots
+    for name in ("lab.json", "lab.md", "lab.yaml"):
+        assert (root / name).stat().st_size > 0
+    for stem in ("accuracy", "reward", "entropy", "final", "gradients", "clipping"):
+        png = root / "plots" / f"{TASK}_{stem}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for label in ("grpo", "gspo"):
+        for seed in (0, 1):
+            assert (root / "cells" / TASK / label / f"seed{seed}" / "summary.json").exists()
+    report = json.loads((root / "lab.json").read_text())
+    assert report == json.loads(json.dumps(result.report))
+    task = report["tasks"][TASK]
+    for label in ("grpo", "gspo"):
+        metrics = task["training"]["metrics"][label]
+        for name in ("accuracy", "reward_auc", "entropy_start", "entropy_min", "entropy_end", "clip_frac",
+                     "length", "eval_length", "steps_per_s"):
+            assert _finite(metrics[name]["mean"]) and all(_finite(v) for v in metrics[name]["ci"]), name
+            assert len(metrics[name]["values"]) == 2
+        curves = task["training"]["curves"][label]
+        assert curves["eval_accuracy"]["step"] == [0, 2, 4]
+        assert all(_finite(v) for v in curves["entropy"]["mean"])
+    comp = task["training"]["comparisons"]["gspo"]["grpo"]
+    for name in ("accuracy", "reward_auc", "entropy_end", "clip_frac"):
+        assert _finite(comp[name]["diff"]) and all(_finite(v) for v in comp[name]["ci"]), name
+    assert [s["step"] for s in task["gradients"]["snapshots"]] == [0, 4]
+    for snap in task["gradients"]["snapshots"]:
+        for label in ("grpo", "gspo"):
+            row = snap["objectives"][label]
+            for name in ("snr", "cos_onpolicy", "weight_var", "clip_frac", "grad_norm"):
+                assert _finite(row[name]["mean"]), (snap["step"], label, name)
+    verdicts = {v["claim"]: v["verdict"] for v in task["verdicts"]}
+    assert verdicts["gspo_stable_efficient"] in (HOLDS, FAILS, INCONCLUSIVE)
+    assert verdicts["ema_weight_variance"] == NOT_RUN
+    md = (root / "lab.md").read_text()
+    assert "### Verdicts" in md and "### Training study" in md and "### Gradient study" in md
+
+
+def test_cells_are_ordinary_trainer_runs_sharing_the_warm_up(finished_lab):
+    cfg, _ = finished_lab
+    root = Path(cfg.lab.dir)
+    run = root / "cells" / TASK / "gspo" / "seed1" / "run"
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["objective"]["preset"] == "gspo" and saved["loop"]["seed"] == 1
+    assert saved["model"]["name"] == str(root / "warmup" / TASK / "seed1" / "model") and saved["sft"]["steps"] == 0
+    assert not (run / "checkpoints").exists()  # deleted once the summary is written
+    ref = root / "cells" / TASK / "grpo" / "seed0" / "run" / "checkpoints"
+    assert (ref / "step_00000004").is_dir()  # the reference run keeps its snapshots
+
+
+def test_rerunning_a_finished_lab_runs_nothing_and_reproduces_the_report(finished_lab):
+    cfg, result = finished_lab
+    again = run_lab(cfg, inline=True)
+    assert again.ran == [] and len(again.skipped) == len(result.ran)
+    assert _comparable(again.report) == _comparable(result.report)
+
+
+def test_a_changed_config_is_refused_in_a_finished_lab_directory(finished_lab, small_model_dir):
+    cfg, _ = finished_lab
+    changed = smoke_config(cfg.lab.dir, small_model_dir)
+    changed["train"]["optim"] = {"lr": 5e-3}
+    with pytest.raises(ConfigError, match="different configuration"):
+        run_lab(lab_config_from_dict(changed), inline=True)
+
+
+def test_killing_a_lab_mid_cell_and_rerunning_loses_nothing(finished_lab, tmp_path, small_model_dir):
+    """A second lab of the same config, in a fresh directory, killed inside a cell and run again: its report
+    equals the uninterrupted lab's (so a fresh run also reproduces the numbers)."""
+    _, result = finished_lab
+    lab_dir = tmp_path / "killed"
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(smoke_config(lab_dir, small_model_dir)))
+    cell = lab_dir / "cells" / TASK / "gspo" / "seed0"
+    checkpoint = cell / "run" / "checkpoints" / "step_00000002"
+    proc = subprocess.Popen([sys.executable, "-m", "lmpo.cli", "lab", str(path), "--inline"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 300
+    try:
+        while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert checkpoint.exists(), proc.stderr.read().decode()[-2000:]
+    assert not (cell / "summary.json").exists(), "the lab finished the cell before it could be killed"
+
+    resumed = run_lab(lab_config_from_dict(smoke_config(lab_dir, small_model_dir)), inline=True)
+    assert f"train/{TASK}/gspo/seed0" in resumed.ran
+    assert f"train/{TASK}/grpo/seed0" in resumed.skipped  # finished before the kill: kept
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["resumed_from_step"] >= 2
+    assert _comparable(resumed.report) == _comparable(result.report)
+
+
+def test_worker_processes_give_the_numbers_of_an_inline_run(tmp_path, small_model_dir):
+    """Two cells in two worker processes at once: the same numbers as the same lab run inline."""
+    train = {**smoke_config(tmp_path, small_model_dir)["train"], "sft": {"steps": 0}}
+    sections = {"lab": {"jobs": 2, "progress": "lines"}, "grid": {"objectives": ["grpo", "gspo"], "seeds": [0]},
+                "gradients": {"enabled": False}, "train": train}
+    log = tmp_path / "progress.txt"
+    with open(log, "w") as stream:
+        parallel = run_lab(lab_config_from_dict(smoke_config(tmp_path / "parallel", small_model_dir, **sections)),
+                           stream=stream, poll_s=0.05)
+    inline = run_lab(lab_config_from_dict(smoke_config(tmp_path / "inline", small_model_dir, **sections)),
+                     inline=True)
+    assert sorted(parallel.ran) == sorted(inline.ran) == [f"train/{TASK}/grpo/seed0", f"train/{TASK}/gspo/seed0"]
+    assert _comparable(parallel.report) == _comparable(inline.report)
+    lines = log.read_text().splitlines()
+    assert [line[:25] for line in lines[1:3]] == ["[lab] start  train/thinki"] * 2  # both started at once
+    assert lines[-1].startswith("[lab] 2/2 done, 0 running, 0 left")
+    assert "lmpo train:" in (tmp_path / "parallel" / "cells" / TASK / "gspo" / "seed0" / "log.txt").read_text()
