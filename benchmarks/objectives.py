@@ -1,12 +1,16 @@
-"""Speed of every objective preset relative to ``grpo``, and of the vectorised EMA against a Python loop.
+"""Speed of every objective preset relative to ``grpo``, against the peers' own losses, and of the vectorised
+EMA against a Python loop.
 
-    .venv/bin/python benchmarks/objectives.py            # B=64, T=4096 on CPU (the SPEC targets)
+    .venv/bin/python benchmarks/objectives.py            # B=64, T=4096 on CPU
     .venv/bin/python benchmarks/objectives.py --quick    # small shapes, a smoke run
 
-Targets (issue #2): forward+backward of every preset ≤ 2.0× ``grpo`` measured in the same run; the
-vectorised ``token_ema`` scan ≥ 50× faster than the naive loop over T. Repetitions of all presets are
-interleaved (preset order shuffled each round) and medians are reported, so background load affects
-every preset alike. The naive EMA loop runs on all B rows (no scaling: its per-step cost is mostly
+Targets: forward+backward of every preset ≤ 2.0× ``grpo`` measured in the same run; lmpo's ``cispo`` / ``sapo``
+/ ``gmpo`` ≤ 1.1× verl's own ``cispo`` / ``sapo`` / ``geo_mean``, ``gspo`` ≤ 0.9× TRL's sequence-level loss
+(``GRPOTrainer._compute_loss`` with ``importance_sampling_level="sequence"``) and ``grpo`` ≤ 0.5× verl's
+``vanilla``, each pair configured alike and fed the same tensors; the vectorised ``token_ema`` scan ≥ 50×
+faster than the naive loop over T. Repetitions of all presets (and, separately, of all peer pairs) are
+interleaved (order shuffled each round) and medians are reported, so background load affects every entry
+alike. The naive EMA loop runs on all B rows (no scaling: its per-step cost is mostly
 dispatch overhead that does not grow with rows, so scaling a few-row timing up would flatter the scan).
 The EMA comparison is reported twice: forward only (the ``local`` mode the ``ema`` preset uses runs the
 scan without autograd) and forward+backward through the recurrence (``full`` mode vs the loop under
@@ -90,20 +94,108 @@ def time_once(fn) -> float:
     return time.perf_counter() - start
 
 
-def bench_presets(batch: int, length: int, rounds: int, names: list[str] | None = None) -> dict[str, float]:
-    data = make_inputs(batch, length)
-    names = ["grpo"] + [n for n in (names or PRESETS) if n != "grpo"]
-    fns = {name: step_fn(Objective.preset(name), data) for name in names}
-    for fn in fns.values():  # warm-up
+def interleaved_medians(fns: dict[str, object], rounds: int, seed: int = 0) -> dict[str, float]:
+    """Median seconds of each function: one warm-up call each, then ``rounds`` rounds in a shuffled order, so
+    that background load affects every function alike."""
+    for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    rng = random.Random(0)
+    rng = random.Random(seed)
     for _ in range(rounds):
         order = list(fns)
         rng.shuffle(order)
         for name in order:
             times[name].append(time_once(fns[name]))
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def bench_presets(batch: int, length: int, rounds: int, names: list[str] | None = None) -> dict[str, float]:
+    data = make_inputs(batch, length)
+    names = ["grpo"] + [n for n in (names or PRESETS) if n != "grpo"]
+    return interleaved_medians({name: step_fn(Objective.preset(name), data) for name in names}, rounds)
+
+
+def _trl_sequence_loss(data: dict[str, torch.Tensor]):
+    """TRL 1.16's own ``GRPOTrainer._compute_loss`` (``loss_type="grpo"``, ``importance_sampling_level="sequence"``,
+    GSPO's ε) on a stub ``self`` that supplies the log-probs, as tests/objectives/test_obj_trl_crosscheck.py does."""
+    import types
+    from collections import defaultdict
+
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    batch, length = data["logp"].shape
+    accelerator = types.SimpleNamespace(num_processes=1, gather=lambda x: x, gather_for_metrics=lambda x: x,
+                                        reduce=lambda x, reduction="sum": x, sync_gradients=True)
+    inputs = {"prompt_ids": torch.zeros(batch, 1, dtype=torch.long),
+              "prompt_mask": torch.ones(batch, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(batch, length, dtype=torch.long),
+              "completion_mask": data["mask"].long(), "advantages": data["adv"],
+              "old_per_token_logps": data["old"], "num_items_in_batch": data["mask"].sum()}
+
+    def loss(logp: torch.Tensor) -> torch.Tensor:
+        stub = types.SimpleNamespace(
+            _get_per_token_logps_and_entropies=lambda model, *a, **k: (logp, torch.zeros_like(logp), None),
+            top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="sequence",
+            beta=0.0, loss_type="grpo", epsilon_low=3e-4, epsilon_high=4e-4,
+            args=types.SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
+            use_vllm=False, vllm_importance_sampling_correction=False, model=types.SimpleNamespace(training=True),
+            current_gradient_accumulation_steps=1, max_completion_length=length, accelerator=accelerator,
+            _entropy_bonus_enabled=False, aux_loss_enabled=False,
+            _metrics={"train": defaultdict(list), "eval": defaultdict(list)})
+        return GRPOTrainer._compute_loss(stub, None, inputs)
+
+    return loss
+
+
+def peer_pairs(data: dict[str, torch.Tensor]) -> dict[str, tuple[Objective, object, float, str]]:
+    """name → (lmpo objective, the peer's loss as a function of logp, target ratio, peer function), every pair
+    configured alike (the cross-check tests show each pair computes the same loss and gradient)."""
+    from verl.trainer.ppo import core_algos
+    from verl.workers.config import ActorConfig
+
+    batch, length = data["logp"].shape
+    adv_bt = data["adv"][:, None].expand(batch, length)  # verl takes (B, T) advantages
+    mask = data["mask"]
+
+    def verl_fn(name: str, mode: str, **config):
+        cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=mode, **config)
+        fn = getattr(core_algos, f"compute_policy_loss_{name}")
+        return lambda logp: fn(data["old"], logp, adv_bt, mask, mode, cfg)[0]
+
+    clip = dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    return {
+        "cispo": (Objective.preset("cispo", eps_low=0.2, eps_high=0.28), verl_fn("cispo", "token-mean", **clip), 1.1,
+                  "verl compute_policy_loss_cispo"),
+        "sapo": (Objective.preset("sapo"), verl_fn("sapo", "seq-mean-token-mean", tau_pos=1.0, tau_neg=1.05), 1.1,
+                 "verl compute_policy_loss_sapo"),
+        "gmpo": (Objective.preset("gmpo"), verl_fn("geo_mean", "token-mean", clip_ratio=0.4, clip_ratio_low=0.4,
+                                                    clip_ratio_high=0.4), 1.1, "verl compute_policy_loss_geo_mean"),
+        "gspo": (Objective.preset("gspo"), _trl_sequence_loss(data), 0.9,
+                 "TRL GRPOTrainer._compute_loss, sequence level"),
+        "grpo": (Objective.preset("grpo"), verl_fn("vanilla", "seq-mean-token-mean", clip_ratio=0.2), 0.5,
+                 "verl compute_policy_loss_vanilla"),
+    }
+
+
+def bench_peers(batch: int, length: int, rounds: int) -> dict[str, tuple[float, float, float, str]] | None:
+    """Median seconds of each lmpo objective and its peer's loss, all interleaved: name → (lmpo, peer, target,
+    peer). None when TRL or verl is not installed."""
+    try:
+        data = make_inputs(batch, length)
+        pairs = peer_pairs(data)
+    except ImportError:
+        return None
+    fns = {}
+    for name, (objective, peer, _, _) in pairs.items():
+        fns[f"lmpo {name}"] = step_fn(objective, data)
+
+        def run_peer(peer=peer) -> None:
+            peer(data["logp"].clone().requires_grad_()).backward()
+
+        fns[f"peer {name}"] = run_peer
+    medians = interleaved_medians(fns, rounds, seed=1)
+    return {name: (medians[f"lmpo {name}"], medians[f"peer {name}"], target, peer)
+            for name, (_, _, target, peer) in pairs.items()}
 
 
 def bench_ema(batch: int, length: int, rounds: int, beta: float) -> dict[str, float]:
@@ -148,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="B=8, T=512, 5 rounds")
     parser.add_argument("--presets", nargs="*", default=None, help="only these presets (grpo always runs)")
     parser.add_argument("--skip-ema", action="store_true", help="skip the EMA scan-vs-loop comparison")
+    parser.add_argument("--skip-peers", action="store_true", help="skip the comparison with TRL's and verl's losses")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (1 by default: on a shared machine, thread hand-offs "
                              "between busy cores add noise that swamps the ratios)")
@@ -170,6 +263,17 @@ def main(argv: list[str] | None = None) -> None:
         worst = max(worst, ratio)
         print(f"| `{name}` | {t * 1e3:.1f} | {ratio:.2f} | {'yes' if ratio <= 2.0 else 'NO'} |")
     print(f"\nworst preset ratio: {worst:.2f} (target ≤ 2.0: {'met' if worst <= 2.0 else 'NOT met'})")
+    if not args.skip_peers:
+        peers = bench_peers(args.batch, args.length, args.rounds)
+        if peers is None:
+            print("\npeer comparison skipped: install TRL and verl (pip install 'lmpo[trl,verl]')")
+        else:
+            print("\nlmpo vs the peers' own losses on the same tensors (forward+backward, interleaved)")
+            print("| lmpo | peer | lmpo ms | peer ms | lmpo / peer | target | met |\n|---|---|---|---|---|---|---|")
+            for name, (ours, theirs, target, peer) in peers.items():
+                ratio = ours / theirs
+                print(f"| `{name}` | {peer} | {ours * 1e3:.1f} | {theirs * 1e3:.1f} | {ratio:.2f} | ≤ {target} | "
+                      f"{'yes' if ratio <= target else 'NO'} |")
     if args.skip_ema:
         return
     beta = Objective.preset("ema").ema_beta

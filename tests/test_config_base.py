@@ -44,6 +44,7 @@ class _Outer:
 
 
 def test_every_file_in_configs_loads_unchanged():
+    from lmpo.lab.config import load_lab_config
     from lmpo.sac.config import load_config as load_sac
     from lmpo.trainer.config import load_config as load_train
     from lmpo.trainer.config import validate_config
@@ -54,6 +55,8 @@ def test_every_file_in_configs_loads_unchanged():
         if path.name.startswith("sac_"):
             cfg = load_sac(path)
             assert cfg.corpus  # the corpus resolves (bundled copy when the path is elsewhere)
+        elif path.name.startswith("lab_"):
+            load_lab_config(path)  # validated with its cells in tests/lab/test_lab_config.py
         else:
             validate_config(load_train(path))
 

@@ -19,7 +19,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from lmpo.integrations.trl import CONTROLLER_STATE_FILE, LmpoGRPOTrainer, check_trl_args
+from lmpo.integrations.trl import CONTROLLER_STATE_FILE, LmpoGRPOTrainer, check_trl_args, objective_for_trl
 from lmpo.models import CharTokenizer, build_tiny_model
 from lmpo.objectives import PRESETS, Objective, lm_head_grad_norm, logits_grad_norm
 
@@ -255,11 +255,14 @@ def test_eval_mode_logs_immediately_without_accumulation(trainer):
     [
         ("grpo", dict(beta=0.04), "beta=0.04"),
         ("grpo", dict(entropy_coef=0.01), "entropy_coef"),
-        ("grpo", dict(top_entropy_quantile=0.2), "top_entropy_quantile"),
-        ("grpo", dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold"),
+        (Objective.preset("grpo", credit="temporal_decay"), dict(top_entropy_quantile=0.2), "top_entropy_quantile"),
+        (Objective.preset("grpo", rejection="divergence"), dict(off_policy_mask_threshold=0.5),
+         "off_policy_mask_threshold"),
         ("dr_grpo", dict(), "scale_rewards"),
         (Objective.preset("grad_adaptive", grad_norm_mode="exact"), dict(), "exact"),
         (Objective.preset("grpo", kl_coef=0.05), dict(beta=0.05), "use_bias_correction_kl"),
+        (Objective.preset("grpo", kl_coef=0.05, kl_ratio_weighted=True), dict(beta=0.05, use_bias_correction_kl=False),
+         "kl_ratio_weighted=True"),
     ],
 )
 def test_unsupported_settings_are_refused(objective, settings, match):
@@ -308,28 +311,120 @@ def test_example_script_builds_the_trainer(tmp_path):
     assert trainer.args.scale_rewards == "none" and len(trainer.train_dataset) == 32
 
 
-@pytest.mark.parametrize(
-    ("name", "trl_settings", "ratio_shape"),
-    [
-        ("dapo", dict(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28, importance_sampling_level="token"),
-         "token"),
-        ("gspo", dict(loss_type="grpo", epsilon_low=3e-4, epsilon_high=4e-4, importance_sampling_level="sequence"),
-         "sequence"),
-    ],
-)
-def test_vllm_importance_sampling_correction_equals_trl(trainer, monkeypatch, name, trl_settings, ratio_shape):
-    """vLLM IS ratios folded into the advantages give TRL's ``per_token_loss * importance_sampling_ratio``."""
-    monkeypatch.setattr(trainer, "use_vllm", True)
-    monkeypatch.setattr(trainer, "vllm_importance_sampling_correction", True)
+def scored_batch(trainer, monkeypatch, noise, seed=0):
+    """A batch made by TRL's own ``_generate_and_score_completions`` with "vLLM" sampler log-probs: only the
+    engine call is replaced, by fixed completions whose sampler log-probs are the model's own plus noise. TRL then
+    computes the old log-probs, rewards, advantages and its importance-sampling ratios itself."""
+    model, vocab = trainer.model, len(trainer.processing_class)
+    g = torch.Generator().manual_seed(seed)
+
+    def single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        completions, logprobs = [], []
+        for i, ids in enumerate(prompt_ids):
+            completion = torch.randint(4, vocab, (2 + i % 4,), generator=g).tolist()
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ids + completion])).logits[0, len(ids) - 1:-1]
+                logp = torch.log_softmax(logits.float() / trainer.temperature, -1)
+                logp = logp.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+            completions.append(completion)
+            logprobs.append((logp + noise * torch.randn(logp.shape, generator=g)).tolist())
+        return completions, logprobs
+
+    monkeypatch.setattr(trainer, "_generate_single_turn", single_turn)
+    return trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS[:2] for _ in range(4)])
+
+
+def use_vllm_is(trainer, monkeypatch, mode, clip_min, clip_max):
+    """TRL's vLLM importance-sampling settings on the trainer and its args (no vLLM engine is started)."""
+    settings = dict(use_vllm=True, vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=mode,
+                    vllm_importance_sampling_clip_min=clip_min, vllm_importance_sampling_clip_max=clip_max)
+    for key, value in settings.items():
+        monkeypatch.setattr(trainer, key, value)
+        monkeypatch.setattr(trainer.args, key, value)
+
+
+VLLM_CASES = [
+    ("token_truncate", 0.8, 1.15, "dapo", dict(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28,
+                                               importance_sampling_level="token"), 0.3),
+    ("token_mask", 0.8, 1.25, "grpo", dict(loss_type="grpo", epsilon_low=0.2, epsilon_high=0.2,
+                                           importance_sampling_level="token"), 0.3),
+    ("sequence_truncate", None, 1.1, "gspo", dict(loss_type="grpo", epsilon_low=3e-4, epsilon_high=4e-4,
+                                                  importance_sampling_level="sequence"), 0.15),
+    ("sequence_mask", 0.85, 1.2, "grpo", dict(loss_type="grpo", epsilon_low=0.2, epsilon_high=0.2,
+                                              importance_sampling_level="token"), 0.15),
+    ("token_mask", 0.8, 1.25, "vespo", dict(loss_type="vespo", importance_sampling_level="token"), 0.3),
+]
+
+
+@pytest.mark.parametrize(("mode", "clip_min", "clip_max", "name", "trl_settings", "noise"), VLLM_CASES,
+                         ids=[f"{c[0]}-{c[3]}" for c in VLLM_CASES])
+def test_vllm_importance_sampling_modes_equal_trl(trainer, monkeypatch, mode, clip_min, clip_max, name,
+                                                  trl_settings, noise):
+    """TRL's four ``vllm_importance_sampling_mode``s become lmpo's ``tis`` / ``mis`` correction computed from the
+    sampler's log-probs; the loss and parameter gradients equal TRL's ``_compute_loss`` on the batch TRL's own
+    rollout code scored (its ratios ``importance_sampling_ratio``; VESPO folds them into its weight)."""
+    use_vllm_is(trainer, monkeypatch, mode, clip_min, clip_max)
     trainer.objective = Objective.preset(name, advantage_scale="group")
+    correction = trainer.objective.parts["correction"]
+    assert (correction.name, correction.is_min, correction.is_max) == ("tis" if "truncate" in mode else "mis",
+                                                                       clip_min, clip_max)
     trainer.current_gradient_accumulation_steps = 2
     model = trainer.model
     model.train()
-    seq = ratio_shape == "sequence"
-    inputs, logp = _inputs_with_old_logps(trainer, model, seed=41, seq=seq)
-    g = torch.Generator().manual_seed(5)
-    B, T = logp.shape
-    ratio = torch.rand(B, 1 if seq else T, generator=g) * 2  # TRL: (B, 1) sequence modes, (B, T) token modes
-    ratio[0, 0] = 0.0  # a masked-out ("*_mask" mode) entry
-    inputs["importance_sampling_ratio"] = ratio
+    inputs = scored_batch(trainer, monkeypatch, noise)
+    ratio = inputs["importance_sampling_ratio"]
+    raw = torch.exp(((inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"])
+                     * inputs["completion_mask"]).sum(-1, keepdim=ratio.shape[-1] == 1) if ratio.shape[-1] == 1
+                    else (inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]))
+    valid = inputs["completion_mask"].bool() if ratio.shape[-1] != 1 else torch.ones_like(ratio, dtype=torch.bool)
+    changed = (ratio != raw) & valid
+    assert changed.any() and not changed[valid].all()  # the thresholds bind for some weights only
     _assert_equals_trl_loss(trainer, model, inputs, trl_settings, monkeypatch)
+
+
+def test_cov_control_runs_under_vllm_correction(trainer, monkeypatch):
+    """clip_cov / kl_cov under vLLM: no longer refused; the weights multiply the terms, the selection sees A."""
+    use_vllm_is(trainer, monkeypatch, "token_truncate", None, 1.2)
+    trainer.objective = Objective.preset("kl_cov", advantage_scale="group")
+    trainer.current_gradient_accumulation_steps = 1
+    model = trainer.model
+    model.train()
+    inputs = scored_batch(trainer, monkeypatch, 0.3, seed=1)
+    logp, entropy, *_ = reference_logps(model, inputs, trainer.temperature)
+    got = trainer.compute_loss(model, inputs)
+    want, _ = trainer.objective(logp, inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"],
+                                entropy=entropy, rollout_logp=inputs["sampling_per_token_logps"],
+                                num_tokens=inputs["num_items_in_batch"] / trainer.args.steps_per_generation)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-6)
+    assert trainer.lmpo_driver.pending[-1]["rollout/weight_mean"] > 0
+    trainer.lmpo_driver.discard_step()
+
+
+@pytest.mark.parametrize(
+    ("settings", "kind", "part"),
+    [(dict(top_entropy_quantile=0.2), "credit", "high_entropy"),
+     (dict(off_policy_mask_threshold=0.5), "rejection", "off_policy_seq")],
+)
+def test_trl_part_settings_become_objective_parts(settings, kind, part):
+    args = grpo_args(**settings)
+    check_trl_args(Objective.preset("grpo"), args)
+    objective = objective_for_trl(Objective.preset("grpo"), args)
+    assert objective.parts[kind].name == part
+    with pytest.raises(ValueError, match=f"objective already has {kind}="):
+        check_trl_args(Objective.preset("grpo", **{kind: "temporal_decay" if kind == "credit" else "divergence"}),
+                       args)
+
+
+def test_composed_objective_trains_under_trl():
+    """CISPO × sequence level × TIS × low_var_kl runs real TRL GRPO steps (the sampler is the policy here, so the
+    sampler log-probs are TRL's old log-probs and the correction weights are 1)."""
+    objective = Objective(level="sequence", trust_region="cispo", correction="tis", kl_estimator="low_var_kl",
+                          kl_coef=0.01, kl_ratio_weighted=True, advantage_scale="group")
+    trainer = make_trainer(objective, from_path=True, beta=0.01)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    change = max(float((a - b.detach()).abs().max()) for a, b in zip(before, trainer.model.parameters()))
+    assert change > 1e-4 and trainer.state.global_step == 2
+    logged = trainer.state.log_history[0]
+    assert {"rollout/weight_mean", "rollout/kl_k3", "loss/kl_ref", "clip/high_frac"} <= set(logged)
+    assert logged["rollout/weight_mean"] == pytest.approx(1.0) and logged["rollout/kl_k3"] == pytest.approx(0.0)

@@ -85,15 +85,16 @@ def test_adapter_equals_core_for_every_preset(name):
             fn(old, logp, adv, mask, mode, actor_config(mode))
         return
     info = {"dp_size": 2, "batch_num_tokens": 70, "global_batch_size": 13, "loss_scale_factor": None}
-    use_weights = preset.cov_control == "none"  # cov presets refuse IS weights (tested below)
-    core = preset.replace(norm_constant=float(mask.shape[-1]) if preset.aggregation == "seq_sum_norm" else None)
+    # verl's rollout-correction weights become correction="given": they multiply the per-token policy terms
+    core = preset.replace(norm_constant=float(mask.shape[-1]) if preset.aggregation == "seq_sum_norm" else None,
+                          correction="given")
     norm = {"num_tokens": 35.0} if preset.aggregation == "token_mean" else {"num_seqs": 6.5}  # global / dp_size
     torch.manual_seed(0)  # clip_cov draws from the global RNG in both paths
     want_loss, want_grad, _ = loss_and_grad(
-        lambda o, lp, *a: core(lp, o, adv * w if use_weights else adv, mask, **norm), old, logp)
+        lambda o, lp, *a: core(lp, o, adv, mask, rollout_is_weights=w, **norm), old, logp)
     torch.manual_seed(0)
     got_loss, got_grad, metrics = loss_and_grad(fn, old, logp, adv, mask, mode, actor_config(mode, global_batch_info=info),
-                                                w if use_weights else None)
+                                                w)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-6, atol=1e-7)
     assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "loss/policy"} <= set(metrics)
@@ -223,10 +224,29 @@ def test_refusals_name_the_alternative(name, lmpo, match):
         get_policy_loss_fn(f"lmpo_{name}")(old, logp, adv, mask, "seq-mean-token-mean", actor_config(lmpo=lmpo))
 
 
-def test_cov_presets_refuse_rollout_weights():
-    old, logp, adv, mask, w = batch(seed=29)
+@pytest.mark.parametrize("name", ["clip_cov", "kl_cov"])
+def test_cov_presets_with_rollout_weights_equal_verl(name):
+    """verl's weights multiply the policy terms; the covariance selection sees the plain advantages, as verl's."""
+    old, logp, adv, mask, w = batch(seed=29, B=8, T=16, noise=0.3, empty_row=False)
+    adv = adv * 4
+    if name == "clip_cov":
+        verl_cfg = dict(clip_cov_ratio=1.0, clip_cov_lb=0.5, clip_cov_ub=5.0)
+        lmpo = {"clip_cov_ratio": 1.0, "clip_cov_lb": 0.5, "clip_cov_ub": 5.0}
+    else:
+        verl_cfg, lmpo = dict(kl_cov_ratio=0.05, ppo_kl_coef=0.1), {"kl_cov_frac": 0.05, "kl_cov_coef": 0.1}
+    config = actor_config("token-mean", lmpo=lmpo, **verl_cfg)
+    got = loss_and_grad(get_policy_loss_fn(f"lmpo_{name}"), old, logp, adv, mask, "token-mean", config, w)
+    want = loss_and_grad(get_policy_loss_fn(name), old, logp, adv, mask, "token-mean", config, w)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-7)
+    assert got[2]["rollout/weight_mean"] > 0
+
+
+def test_lmpo_corrections_are_refused_with_verls_alternative():
+    old, logp, adv, mask, w = batch(seed=31)
     with pytest.raises(NotImplementedError, match="rollout_correction"):
-        get_policy_loss_fn("lmpo_clip_cov")(old, logp, adv, mask, "token-mean", actor_config(), w)
+        get_policy_loss_fn("lmpo_grpo")(old, logp, adv, mask, "seq-mean-token-mean",
+                                        actor_config(lmpo={"correction": "tis"}), w)
 
 
 def test_example_hydra_config_builds_the_actor_config():

@@ -54,6 +54,8 @@ def aggregate_loop(per_token, mask, mode, norm_constant=None):
         return sum(r / max(n, 1) for r, n in rows) / batch
     if mode == "seq_mean_token_sum":
         return sum(r for r, _ in rows) / batch
-    if mode == "seq_sum_norm":
+    if mode in ("seq_sum_norm", "seq_mean_token_sum_norm"):
         return sum(r for r, _ in rows) / (batch * (length if norm_constant is None else norm_constant))
+    if mode == "token_sum":
+        return sum(r for r, _ in rows)
     raise ValueError(mode)

@@ -105,7 +105,8 @@ def _through_yaml(preset: str, overrides: dict) -> Objective:
 def _through_cli(preset: str, overrides: dict) -> Objective:
     argv = ["--objective.preset", preset]
     for key, value in overrides.items():
-        argv += [f"--objective.overrides.{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+        text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        argv += [f"--objective.overrides.{key}", text]
     cfg = load_config(overrides=argv)
     return Objective.preset(cfg.objective.preset, **cfg.objective.overrides)
 

@@ -52,7 +52,7 @@ def test_aggregation_matches_loop(mode, dtype):
         per_token = torch.randn(5, 11, generator=g, dtype=dtype)
         mask = torch.rand(5, 11, generator=g) > 0.4
         mask[3] = False  # an empty row
-        got = aggregate(per_token, mask.to(dtype), mode, norm_constant=16.0 if mode == "seq_sum_norm" else None)
+        got = aggregate(per_token, mask.to(dtype), mode, norm_constant=16.0 if mode.endswith("_norm") else None)
         ref = aggregate_loop(per_token, mask, mode, norm_constant=16.0)
         torch.testing.assert_close(got, ref)
 

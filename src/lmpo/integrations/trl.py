@@ -13,8 +13,10 @@ objective with
 
 - ``old_logp``: TRL's ``old_per_token_logps``, or ``per_token_logps.detach()`` when TRL skipped it
   (on-policy: ``num_iterations == 1`` and ``steps_per_generation <= gradient_accumulation_steps``);
-- ``advantages``: TRL's, times vLLM's ``importance_sampling_ratio`` when TRL's vLLM IS correction is
-  on (every lmpo policy term is positively homogeneous in A, so this is TRL's ``per_token_loss * ratio``);
+- ``advantages``: TRL's, unchanged;
+- ``rollout_logp`` (objectives with a rollout correction or rejection): vLLM's ``sampling_per_token_logps``
+  (tokens vLLM could not score, NaN there, get the old log-prob: ratio 1, as TRL treats them), or the old
+  log-probs when TRL generates with the training model itself (the sampler is then the policy);
 - ``ref_logp`` (TRL computes it when ``beta != 0``, so ``beta`` must equal ``objective.kl_coef``),
   ``entropy`` (always; TRL computes it anyway), ``token_grad_norm`` (``logits``/``lm_head`` modes, from
   one extra no-grad forward with full logits, through ``lmpo.objectives.grad_norms``);
@@ -40,11 +42,26 @@ converted to floats once per optimizer step. The adaptive entropy controller is 
 with the token-weighted mean entropy of the window over all processes (``entropy/coef``), and saved with
 checkpoints.
 
+TRL settings that select a part the objective leaves at ``none`` become that part (``trl_parts``), so TRL's own
+numbers are reproduced:
+
+==========================================================  ==============================================
+GRPOConfig                                                  objective part
+==========================================================  ==============================================
+``use_vllm`` + ``vllm_importance_sampling_correction``,      ``correction="tis"`` (``*_truncate``) or ``"mis"``
+``vllm_importance_sampling_mode``, ``…_clip_min/max``        (``*_mask``), ``is_level`` token / sequence,
+                                                            ``is_min`` / ``is_max`` = clip_min / clip_max
+``off_policy_mask_threshold=δ``                              ``rejection="off_policy_seq"``, ``opsm_delta=δ``
+``top_entropy_quantile=ρ < 1``                               ``credit="high_entropy"``, ``entropy_top_frac=ρ``
+==========================================================  ==============================================
+
+The weights multiply the policy terms, so ``clip_cov`` / ``kl_cov`` see the plain advantages and work under vLLM.
+
 The objective replaces TRL's ``loss_type``, ``epsilon``, ``epsilon_high``, ``importance_sampling_level``
 (ignored, with a warning when set). Refused at construction, with what to do instead: TRL's own entropy
-bonus, ``top_entropy_quantile < 1``, ``off_policy_mask_threshold``, ``delta``, ``use_bias_correction_kl``,
+bonus, ``delta``, ``use_bias_correction_kl`` different from ``objective.kl_ratio_weighted`` (with ``beta != 0``),
 ``beta != objective.kl_coef``, ``scale_rewards != objective.advantage_scale``, ``grad_norm_mode="exact"``,
-and ``clip_cov``/``kl_cov`` together with vLLM importance-sampling correction.
+and a TRL setting of the table above together with an objective that selects that kind of part itself.
 """
 
 from __future__ import annotations
@@ -57,6 +74,7 @@ from typing import Any
 
 import torch
 
+from lmpo.errors import UnsupportedError
 from lmpo.objectives import Objective, ObjectiveDriver, lm_head_grad_norm, logits_grad_norm
 from lmpo.objectives.driver import Host, host_problems, refuse
 
@@ -107,13 +125,59 @@ def _as_objective(objective: Objective | str) -> Objective:
 
 TRL_HOST = Host(
     "LmpoGRPOTrainer",
-    frozenset({"entropy", "ref_logp", "step_hook", "token_grad_norm:lm_head", "token_grad_norm:logits"}),
+    frozenset({"entropy", "ref_logp", "rollout_logp", "step_hook", "token_grad_norm:lm_head",
+               "token_grad_norm:logits"}),
     reports_entropy=True,  # TRL computes token entropies in its log-prob forward anyway
     advice={"token_grad_norm:exact": "grad_norm_mode='exact' needs one backward pass per token, which is not "
                                      "feasible inside TRL; use grad_norm_mode='lm_head' (exact over the output "
-                                     "head) or 'logits'."},
+                                     "head) or 'logits'.",
+            "rollout_is_weights": "TRL passes the sampler's log-probs; use correction='tis' or 'mis' (or TRL's "
+                                  "vllm_importance_sampling_* settings, which become that correction)."},
 )
-"""What TRL's GRPOTrainer gives an objective through this adapter."""
+"""What TRL's GRPOTrainer gives an objective through this adapter (``rollout_logp``: vLLM's sampler log-probs,
+or the old log-probs when TRL generates with the policy itself)."""
+
+_TRL_IS_MODES = {
+    "token_truncate": ("tis", "token"),
+    "sequence_truncate": ("tis", "sequence"),
+    "token_mask": ("mis", "token"),
+    "sequence_mask": ("mis", "sequence"),
+}
+"""TRL ``vllm_importance_sampling_mode`` → (lmpo correction, ``is_level``)."""
+
+
+def trl_parts(args: GRPOConfig) -> dict[str, tuple[str, dict[str, Any]]]:
+    """kind → (the GRPOConfig setting, Objective keywords) for the TRL settings that select an objective part."""
+    parts: dict[str, tuple[str, dict[str, Any]]] = {}
+    if args.use_vllm and args.vllm_importance_sampling_correction:
+        mode = args.vllm_importance_sampling_mode
+        if mode not in _TRL_IS_MODES:
+            raise UnsupportedError(f"vllm_importance_sampling_mode={mode!r} is not one of TRL's modes "
+                                   f"({', '.join(_TRL_IS_MODES)}); set one of them.")
+        name, level = _TRL_IS_MODES[mode]
+        parts["correction"] = (f"vllm_importance_sampling_mode={mode!r}", {
+            "correction": name, "is_level": level, "is_min": args.vllm_importance_sampling_clip_min,
+            "is_max": args.vllm_importance_sampling_clip_max})
+    if args.off_policy_mask_threshold is not None:
+        parts["rejection"] = (f"off_policy_mask_threshold={args.off_policy_mask_threshold}", {
+            "rejection": "off_policy_seq", "opsm_delta": float(args.off_policy_mask_threshold)})
+    if args.top_entropy_quantile < 1.0:
+        parts["credit"] = (f"top_entropy_quantile={args.top_entropy_quantile}", {
+            "credit": "high_entropy", "entropy_top_frac": float(args.top_entropy_quantile)})
+    return parts
+
+
+_TRL_OFF = {"correction": "vllm_importance_sampling_correction=False", "rejection": "off_policy_mask_threshold=None",
+            "credit": "top_entropy_quantile=1.0"}
+
+
+def objective_for_trl(objective: Objective, args: GRPOConfig) -> Objective:
+    """The objective with the parts ``args`` selects (``trl_parts``) filled in where it has none."""
+    keywords: dict[str, Any] = {}
+    for kind, (_, words) in trl_parts(args).items():
+        if objective.parts[kind].name == "none":
+            keywords.update(words)
+    return objective.replace(**keywords) if keywords else objective
 
 
 def check_trl_args(objective: Objective, args: GRPOConfig) -> None:
@@ -132,37 +196,30 @@ def check_trl_args(objective: Objective, args: GRPOConfig) -> None:
             f"bonus is part of the loss this trainer replaces; use the objective's entropy_coef or "
             f"adaptive_entropy=True (Objective.preset('adaptive_entropy')) and leave TRL's at 0/False."
         )
-    if args.top_entropy_quantile < 1.0:
-        problems.append(
-            f"top_entropy_quantile={args.top_entropy_quantile}: high-entropy token masking is not an lmpo "
-            f"objective part; set top_entropy_quantile=1.0 or use TRL's GRPOTrainer."
-        )
-    if args.off_policy_mask_threshold is not None:
-        problems.append(
-            f"off_policy_mask_threshold={args.off_policy_mask_threshold}: the off-policy sequence mask is not an "
-            f"lmpo objective part; set it to None or use TRL's GRPOTrainer."
-        )
+    for kind, (setting, words) in trl_parts(args).items():
+        chosen = objective.parts[kind].name
+        if chosen != "none":
+            problems.append(
+                f"{setting} selects {kind}={words[kind]!r}, but the objective already has {kind}={chosen!r}; keep "
+                f"one: turn the TRL setting off ({_TRL_OFF[kind]}) or build the objective with {kind}='none'."
+            )
     if args.delta is not None:
         problems.append(
             f"delta={args.delta}: TRL's two-sided ratio cap is not an lmpo part; set delta=None (for a cap on "
             f"negative-advantage terms use Objective(dual_clip=True, dual_clip_c={args.delta}))."
         )
-    if args.beta != 0.0 and args.use_bias_correction_kl:
+    if args.beta != 0.0 and bool(args.use_bias_correction_kl) != bool(objective.kl_ratio_weighted):
         problems.append(
-            "use_bias_correction_kl=True (TRL's default) multiplies TRL's KL by the importance ratio; the lmpo "
-            "objective's KL term (kl_estimator) does not, so set GRPOConfig(use_bias_correction_kl=False)."
+            f"use_bias_correction_kl={args.use_bias_correction_kl} (TRL's default is True) but the objective has "
+            f"kl_ratio_weighted={objective.kl_ratio_weighted}: set GRPOConfig(use_bias_correction_kl="
+            f"{objective.kl_ratio_weighted}) or build the objective with kl_ratio_weighted="
+            f"{bool(args.use_bias_correction_kl)}."
         )
     if args.scale_rewards != objective.advantage_scale:
         problems.append(
             f"scale_rewards={args.scale_rewards!r} but preset {objective.name!r} expects advantage_scale="
             f"{objective.advantage_scale!r}; set GRPOConfig(scale_rewards={objective.advantage_scale!r}) or "
             f"build the objective with advantage_scale={args.scale_rewards!r}."
-        )
-    if objective.cov_control != "none" and args.use_vllm and args.vllm_importance_sampling_correction:
-        problems.append(
-            f"cov_control={objective.cov_control!r} selects tokens by the covariance of the advantages, which "
-            f"vLLM's importance-sampling correction (applied through the advantages) would change; set "
-            f"vllm_importance_sampling_correction=False or pick another preset."
         )
     refuse("LmpoGRPOTrainer", problems, "with these settings")
 
@@ -204,10 +261,12 @@ class LmpoGRPOTrainer(GRPOTrainer):
 
     @objective.setter
     def objective(self, objective: Objective | str) -> None:
-        """Set (or swap) the objective: checked against ``self.args``; a fresh entropy controller."""
+        """Set (or swap) the objective: checked against ``self.args``, TRL's part settings filled in
+        (``objective_for_trl``); a fresh entropy controller."""
         objective = _as_objective(objective)
         check_trl_args(objective, self.args)
         _warn_ignored_fields(self.args)
+        objective = objective_for_trl(objective, self.args)
         if objective.aggregation == "seq_sum_norm" and objective.norm_constant is None:
             # Dr. GRPO's constant, as TRL's loss_type="dr_grpo" uses
             objective = objective.replace(norm_constant=float(self.args.max_completion_length))
@@ -237,10 +296,10 @@ class LmpoGRPOTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = per_token_logps.detach() if old is None else old
         advantages = inputs["advantages"]  # (B,) or (B, T)
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            weights = inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
-            advantages = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages) * weights
-            advantages = advantages.expand_as(per_token_logps)
+        rollout = None
+        if self.lmpo_driver.needs.rollout_logp:
+            rollout = inputs.get("sampling_per_token_logps")  # (B, T) vLLM's; absent when TRL generates itself
+            rollout = old if rollout is None else torch.where(torch.isnan(rollout), old, rollout)
         token_grad_norm = None
         if self.lmpo_driver.needs.token_grad_norm:
             token_grad_norm = self._token_grad_norm(model, input_ids, attention_mask, completion_ids, extra)
@@ -260,6 +319,7 @@ class LmpoGRPOTrainer(GRPOTrainer):
         loss = driver.loss(
             per_token_logps, old, advantages, mask,
             ref_logp=inputs.get("ref_per_token_logps") if driver.needs.ref_logp else None,
+            rollout_logp=rollout,
             entropy=entropies,
             token_grad_norm=token_grad_norm,
             **normalisers,
@@ -334,4 +394,4 @@ _MULTIMODAL_KEYS = (
 """Optional inputs TRL forwards to the model (multimodal models); passed through unchanged."""
 
 __all__ = ["CONTROLLER_STATE_FILE", "TESTED_TRL_VERSION", "TRL_HOST", "LmpoGRPOTrainer", "check_trl_args",
-           "check_trl_version"]
+           "check_trl_version", "objective_for_trl", "trl_parts"]

@@ -19,22 +19,25 @@ The loss function does no maths of its own; per call (one micro-batch) it
    ``actor.loss_agg_mode``, which wins over the preset's own aggregation, because verl aggregates its
    entropy and KL terms with the same mode and defines the global-batch normalisation per mode:
 
-   ==========================  ========================  ==========================================
-   verl ``loss_agg_mode``      lmpo ``aggregation``      normaliser passed (global_batch_info)
-   ==========================  ========================  ==========================================
-   token-mean                  token_mean                num_tokens = batch_num_tokens / dp_size
-   token-sum                   token_mean                num_tokens = 1 / dp_size
-   seq-mean-token-mean         seq_mean_token_mean       num_seqs = global_batch_size / dp_size
-   seq-mean-token-sum          seq_mean_token_sum        num_seqs = global_batch_size / dp_size
-   seq-mean-token-sum-norm     seq_sum_norm              same, norm_constant = loss_scale_factor or T
-   ==========================  ========================  ==========================================
+   ==========================  ===========================  ==========================================
+   verl ``loss_agg_mode``      lmpo ``aggregation``         normaliser passed (global_batch_info)
+   ==========================  ===========================  ==========================================
+   token-mean                  token_mean                   num_tokens = batch_num_tokens / dp_size
+   token-sum                   token_sum                    none; the loss is multiplied by dp_size
+   seq-mean-token-mean         seq_mean_token_mean          num_seqs = global_batch_size / dp_size
+   seq-mean-token-sum          seq_mean_token_sum           num_seqs = global_batch_size / dp_size
+   seq-mean-token-sum-norm     seq_mean_token_sum_norm      same, norm_constant = loss_scale_factor or T
+   ==========================  ===========================  ==========================================
 
    (verl's DDP/FSDP averages gradients over ranks, so a rank-local ``Σ/(global count/dp_size)`` is the
-   global mean; without global info the counts are the micro-batch's own: valid tokens, non-empty rows.)
-2. folds ``rollout_is_weights`` w ≥ 0 into the advantages: every per-token policy term of lmpo is
-   positively homogeneous in A (ψ(ρ, w·A) = w·ψ(ρ, A) for the clips, dual clip, PTRW and the plain
-   term), so this equals verl's ``pg_losses * rollout_is_weights``. ``clip_cov``/``kl_cov`` select tokens
-   by a covariance of A, so with rollout weights they are refused rather than changed.
+   global mean; without global info the counts are the micro-batch's own: valid tokens, non-empty rows.
+   A preset whose own aggregation is verl's mode under another name, e.g. dr_grpo's ``seq_sum_norm``, keeps it.)
+2. applies verl's ``rollout_is_weights`` (``algorithm.rollout_correction``: verl's truncation, IcePop masks and
+   batch normalisation, computed by verl from its rollout log-probs) as ``correction="given"``: they multiply
+   the per-token policy terms as in verl's own losses, and the advantages stay as they are, so ``clip_cov`` /
+   ``kl_cov`` select their tokens exactly as verl's do. verl's hook receives those weights, not the rollout
+   log-probs, so lmpo's own corrections (``tis``, ``mis``, rejections) are refused here with that advice; verl's
+   rejection sampling (``rollout_rs``) has already shrunk the response mask the hook receives.
 3. calls the objective through its driver (``lmpo.objectives.ObjectiveDriver``, shared with lmpo's trainer
    and the TRL adapter) and returns ``(loss, metrics)``: the objective's statistics under the same keys the
    trainer and the TRL adapter log (``loss/policy``, ``clip/low_frac``, …), plus verl's own names for verl's
@@ -99,17 +102,19 @@ check_verl_version(getattr(verl, "__version__", None))
 
 AGGREGATION_FROM_VERL: Mapping[str, str] = {
     "token-mean": "token_mean",
-    "token-sum": "token_mean",  # with num_tokens = 1/dp_size, i.e. Σ·dp_size as verl does
+    "token-sum": "token_sum",
     "seq-mean-token-mean": "seq_mean_token_mean",
     "seq-mean-token-sum": "seq_mean_token_sum",
-    "seq-mean-token-sum-norm": "seq_sum_norm",
+    "seq-mean-token-sum-norm": "seq_mean_token_sum_norm",
 }
-"""verl ``actor.loss_agg_mode`` → lmpo ``Objective.aggregation``."""
+"""verl ``actor.loss_agg_mode`` → lmpo ``Objective.aggregation`` (one to one, the same names)."""
 
 AGGREGATION_TO_VERL: Mapping[str, str] = {
     "token_mean": "token-mean",
+    "token_sum": "token-sum",
     "seq_mean_token_mean": "seq-mean-token-mean",
     "seq_mean_token_sum": "seq-mean-token-sum",
+    "seq_mean_token_sum_norm": "seq-mean-token-sum-norm",
     "seq_sum_norm": "seq-mean-token-sum-norm",
 }
 """The ``loss_agg_mode`` that reproduces a preset's own aggregation."""
@@ -170,9 +175,12 @@ def _overrides_from_config(config: Any) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=256)
 def _build_objective(preset: str, overrides: tuple[tuple[str, Any], ...], aggregation: str,
-                     norm_constant: float | None) -> Objective:
+                     norm_constant: float | None, given_weights: bool) -> Objective:
     objective = Objective.preset(preset, **dict(overrides))
-    return objective.replace(aggregation=aggregation, norm_constant=norm_constant, name=f"lmpo_{preset}")
+    objective = objective.replace(aggregation=aggregation, norm_constant=norm_constant, name=f"lmpo_{preset}")
+    if given_weights and objective.correction == "none":
+        objective = objective.replace(correction="given")
+    return objective
 
 
 @functools.cache
@@ -193,7 +201,7 @@ def _warn_aggregation_once(preset: str, preset_aggregation: str, loss_agg_mode: 
 
 
 def objective_for_verl(preset: str, loss_agg_mode: str, config: Any = None, loss_scale_factor: Any = None,
-                       response_length: int | None = None) -> Objective:
+                       response_length: int | None = None, rollout_is_weights: bool = False) -> Objective:
     """The ``Objective`` an ``lmpo_<preset>`` loss runs with under verl's config (cached; refusals checked).
 
     Args:
@@ -201,6 +209,7 @@ def objective_for_verl(preset: str, loss_agg_mode: str, config: Any = None, loss
         loss_agg_mode: verl's ``actor.loss_agg_mode``.
         config: verl's actor config (reads ``policy_loss.lmpo``); None for the preset's defaults.
         loss_scale_factor: verl's ``seq-mean-token-sum-norm`` constant; None uses ``response_length`` (T).
+        rollout_is_weights: verl passes rollout-correction weights (they become ``correction="given"``).
     """
     if loss_agg_mode not in AGGREGATION_FROM_VERL:
         raise ValueError(
@@ -208,26 +217,34 @@ def objective_for_verl(preset: str, loss_agg_mode: str, config: Any = None, loss
             f"({', '.join(AGGREGATION_FROM_VERL)}); set actor_rollout_ref.actor.loss_agg_mode."
         )
     overrides = _overrides_from_config(config)
-    aggregation = AGGREGATION_FROM_VERL[loss_agg_mode]
-    norm_constant = None
-    if aggregation == "seq_sum_norm":
-        norm_constant = float(loss_scale_factor) if loss_scale_factor is not None else response_length
-    objective = _build_objective(preset, tuple(sorted(overrides.items())), aggregation, norm_constant)
-    _driver(objective)  # refuses what verl's hook cannot give, naming what to use instead
     preset_aggregation = _preset_aggregation(preset)
-    if loss_agg_mode == "token-sum" or aggregation != preset_aggregation:
+    same = AGGREGATION_TO_VERL[preset_aggregation] == loss_agg_mode
+    aggregation = preset_aggregation if same else AGGREGATION_FROM_VERL[loss_agg_mode]
+    norm_constant = None
+    if aggregation in ("seq_sum_norm", "seq_mean_token_sum_norm"):
+        norm_constant = float(loss_scale_factor) if loss_scale_factor is not None else response_length
+    objective = _build_objective(preset, tuple(sorted(overrides.items())), aggregation, norm_constant,
+                                 bool(rollout_is_weights))
+    _driver(objective)  # refuses what verl's hook cannot give, naming what to use instead
+    if not same:
         _warn_aggregation_once(preset, preset_aggregation, loss_agg_mode)
     return objective
 
 
 VERL_HOST = Host(
     "verl's policy-loss hook",
-    frozenset(),  # the hook receives log-probs, advantages and the mask only
+    frozenset({"rollout_is_weights"}),  # the hook receives log-probs, advantages, the mask and verl's IS weights
     advice={
-        "entropy": "set policy_loss.lmpo.entropy_coef=0 / adaptive_entropy=false and use verl's own "
-                   "actor_rollout_ref.actor.entropy_coeff=<c> (calculate_entropy=True, aggregated with "
-                   "loss_agg_mode), or run this objective with lmpo's trainer or "
-                   "lmpo.integrations.trl.LmpoGRPOTrainer.",
+        "rollout_logp": "verl's policy-loss hook receives verl's rollout_is_weights, not the rollout log-probs: "
+                        "set policy_loss.lmpo.correction=none / rejection=none and configure verl's "
+                        "algorithm.rollout_correction (rollout_is, rollout_is_threshold, rollout_rs); the adapter "
+                        "applies verl's weights (correction='given').",
+        "rollout_is_weights": "verl passes rollout_is_weights only when algorithm.rollout_correction.rollout_is is "
+                              "set; set it, or drop policy_loss.lmpo.correction=given.",
+        "entropy": "the hook receives no entropies: for a bonus set policy_loss.lmpo.entropy_coef=0 / "
+                   "adaptive_entropy=false and use verl's own actor_rollout_ref.actor.entropy_coeff=<c> "
+                   "(calculate_entropy=True, aggregated with loss_agg_mode); for credit='high_entropy' run the "
+                   "objective with lmpo's trainer or lmpo.integrations.trl.LmpoGRPOTrainer.",
         "step_hook": "use verl's static bonus (actor_rollout_ref.actor.entropy_coeff=<c>) with another preset, or "
                      "run this preset with lmpo's trainer or lmpo.integrations.trl.LmpoGRPOTrainer.",
         "ref_logp": "set policy_loss.lmpo.kl_coef=0 and use verl's actor_rollout_ref.actor.use_kl_loss=True "
@@ -249,7 +266,7 @@ def _normalisers(loss_agg_mode: str, mask: torch.Tensor, global_batch_info: Mapp
     """num_tokens / num_seqs for one micro-batch from verl's ``config.global_batch_info``."""
     dp_size = global_batch_info.get("dp_size", 1) or 1
     if loss_agg_mode == "token-sum":
-        return {"num_tokens": 1.0 / dp_size}
+        return {}
     if loss_agg_mode == "token-mean":
         batch_num_tokens = global_batch_info.get("batch_num_tokens")
         if batch_num_tokens is None:
@@ -311,18 +328,17 @@ def make_policy_loss(preset: str) -> Callable[..., tuple[torch.Tensor, dict[str,
         """
         global_batch_info = dict(_config_get(config, "global_batch_info") or {})
         loss_scale_factor = global_batch_info.get("loss_scale_factor", _config_get(config, "loss_scale_factor"))
-        objective = objective_for_verl(preset, loss_agg_mode, config, loss_scale_factor, log_prob.shape[-1])
-        if rollout_is_weights is not None:
-            if objective.cov_control != "none":
-                refuse(VERL_HOST.name, [
-                    f"cov_control={objective.cov_control!r} selects tokens by the covariance of the advantages, and "
-                    f"lmpo applies rollout-correction weights through the advantages, so the selection would change; "
-                    f"disable algorithm.rollout_correction for this run or use verl's own "
-                    f"loss_mode={objective.cov_control}."], f"objective {objective.name!r}")
-            advantages = advantages * rollout_is_weights
+        objective = objective_for_verl(preset, loss_agg_mode, config, loss_scale_factor, log_prob.shape[-1],
+                                       rollout_is_weights is not None)
         driver = _driver(objective)
-        loss = driver.loss(log_prob, old_log_prob, advantages, response_mask,
+        weights = rollout_is_weights if driver.needs.rollout_is_weights else None
+        if driver.needs.rollout_is_weights and weights is None:
+            refuse(VERL_HOST.name, [f"correction='given' applies verl's rollout_is_weights, but verl passed none; "
+                                    f"{VERL_HOST.advice['rollout_is_weights']}"], f"objective {objective.name!r}")
+        loss = driver.loss(log_prob, old_log_prob, advantages, response_mask, rollout_is_weights=weights,
                            **_normalisers(loss_agg_mode, response_mask, global_batch_info))
+        if loss_agg_mode == "token-sum":  # verl scales a rank's token sum by dp_size (DDP averages over ranks)
+            loss = loss * (global_batch_info.get("dp_size", 1) or 1)
         return loss, verl_metrics(driver.end_step())  # verl merges the per-micro-batch metrics itself
 
     policy_loss.__name__ = policy_loss.__qualname__ = f"{LOSS_MODE_PREFIX}{preset}"

@@ -45,6 +45,8 @@ class Needs:
     """The mode of per-token gradient norms the objective reads (``lmpo.objectives.grad_norms``), or None."""
     rollout_logp: bool = False
     """The sampler's log-probs of the sampled tokens (rollout/trainer mismatch corrections)."""
+    rollout_is_weights: bool = False
+    """Rollout-correction weights the host computed itself (``correction="given"``)."""
     step_hook: bool = False
     """The driver must see ``end_step()`` once per optimizer step (adaptive entropy controller)."""
 
@@ -55,7 +57,7 @@ class Host:
 
     Args:
         name: how errors name the host, e.g. "TRL's GRPOTrainer".
-        provides: the inputs it can compute: ``entropy``, ``ref_logp``, ``rollout_logp``,
+        provides: the inputs it can compute: ``entropy``, ``ref_logp``, ``rollout_logp``, ``rollout_is_weights``,
             ``token_grad_norm:<mode>`` for each gradient-norm mode, ``step_hook`` (it calls ``end_step`` once
             per optimizer step).
         reports_entropy: it computes token entropies anyway, so they are passed (and reported) for every
@@ -71,11 +73,17 @@ class Host:
 
 TRAINER_HOST = Host(
     "lmpo's trainer",
-    frozenset({"entropy", "ref_logp", "rollout_logp", "step_hook", "token_grad_norm:exact",
-               "token_grad_norm:lm_head", "token_grad_norm:logits"}),
+    frozenset({"entropy", "ref_logp", "step_hook", "token_grad_norm:exact", "token_grad_norm:lm_head",
+               "token_grad_norm:logits"}),
     reports_entropy=True,
+    advice={"rollout_logp": "the trainer samples with the training model itself and does not pass the sampler's "
+                            "log-probs to the objective yet; use correction='none' and rejection='none' here, or run "
+                            "the objective under lmpo.integrations.trl.LmpoGRPOTrainer (vLLM's log-probs).",
+            "rollout_is_weights": "correction='given' is for hosts that compute their own weights (verl); use "
+                                  "correction='none' here."},
 )
-"""lmpo's own trainer computes everything an objective can ask for."""
+"""lmpo's own trainer: everything except sampler log-probs (it samples with the policy it trains) and host-made
+rollout weights."""
 
 
 def needs_of(objective: Objective, host: Host) -> Needs:
@@ -84,10 +92,11 @@ def needs_of(objective: Objective, host: Host) -> Needs:
     mode = credit.value("grad_norm_mode") if "token_grad_norm" in wanted else None
     return Needs(
         entropy="entropy" in wanted or (host.reports_entropy and "entropy" in host.provides),
-        entropy_grad="entropy" in wanted,
+        entropy_grad=objective.entropy_in_loss,
         ref_logp="ref_logp" in wanted,
         token_grad_norm=mode,
         rollout_logp="rollout_logp" in wanted,
+        rollout_is_weights="rollout_is_weights" in wanted,
         step_hook="entropy_coef" in wanted,
     )
 
@@ -110,16 +119,19 @@ def host_problems(objective: Objective, host: Host) -> list[str]:
     """One line per need of ``objective`` that ``host`` cannot meet, with what to do instead."""
     needs = needs_of(objective, host)
     required = {
-        "entropy": needs.entropy_grad,
+        "entropy": needs.entropy_grad or "entropy" in objective.needs,
         "ref_logp": needs.ref_logp,
         "rollout_logp": needs.rollout_logp,
+        "rollout_is_weights": needs.rollout_is_weights,
         "step_hook": needs.step_hook,
         f"token_grad_norm:{needs.token_grad_norm}": needs.token_grad_norm is not None,
     }
     why = {
-        "entropy": "token entropies inside the loss",
+        "entropy": "token entropies inside the loss" if needs.entropy_grad else "token entropies (as a mask)",
         "ref_logp": f"reference log-probs (kl_coef={objective.kl_coef})",
-        "rollout_logp": "the sampler's log-probs (rollout correction)",
+        "rollout_logp": f"the sampler's log-probs (correction={objective.correction!r}, "
+                        f"rejection={objective.rejection!r})",
+        "rollout_is_weights": "rollout-correction weights computed by the host (correction='given')",
         "step_hook": "an adaptive entropy controller updated once per optimizer step",
         f"token_grad_norm:{needs.token_grad_norm}": f"per-token gradient norms in mode {needs.token_grad_norm!r}",
     }

@@ -1,8 +1,9 @@
 """The composed policy objective: one chosen part of each kind, one pure call.
 
-Per token (before aggregation), with ρ from the level, ψ the trust-region term and c_t the credit weight:
+Per token (before aggregation), with ρ from the level, ψ the trust-region term, c_t the credit weight,
+w_t the rollout-correction weight and k_t the rejection mask:
 
-    ℓ_t = c_t·ψ(ρ, A_t)·(1 − clipcov_t) + β_cov·|r_t|·klcov_t + β·KL_t(π‖π_ref) − coef·H_t
+    ℓ_t = w_t·k_t·[c_t·ψ(ρ, A_t)·(1 − clipcov_t) + β_cov·|r_t|·klcov_t] + β·KL_t(π‖π_ref) − coef·H_t
     loss = aggregate(ℓ, mask)
 
 Example::
@@ -15,7 +16,8 @@ host sync, see ``check_finite``), moves nothing between devices and mutates none
 Statistics are detached 0-dim tensors with keys ``component/name``.
 
 Construction. ``Objective(**keywords)`` takes one keyword per kind of part selecting it by name (``level``,
-``trust_region``, ``credit``, ``cov_control``, ``kl_estimator``, ``aggregation``; ``adaptive_entropy=True``
+``trust_region``, ``credit``, ``correction``, ``rejection``, ``cov_control``, ``kl_estimator``, ``aggregation``;
+``adaptive_entropy=True``
 selects the adaptive entropy control), each part's own parameters (``eps_high``, ``ema_beta``, …), and the
 objective-wide fields (``kl_coef``, ``entropy_coef``, ``log_ratio_clamp``, ``advantage_scale``,
 ``check_finite``, ``name``). Every route resolves the same way: ``Objective.preset(name, **o)``,
@@ -71,6 +73,8 @@ DEFAULT_PARTS: dict[str, str] = {
     "level": "token",
     "trust_region": "ppo",
     "credit": "none",
+    "correction": "none",
+    "rejection": "none",
     "entropy_control": "static",
     "cov_control": "none",
     "kl_estimator": "k3",
@@ -251,6 +255,15 @@ class Objective:
         return "token_grad_norm" in self.needs
 
     @property
+    def requires_rollout_logp(self) -> bool:
+        return "rollout_logp" in self.needs
+
+    @property
+    def entropy_in_loss(self) -> bool:
+        """Whether the entropies enter the loss with their gradient (a bonus), not only as a mask or a statistic."""
+        return self._general.entropy_coef != 0.0 or self.adaptive_entropy
+
+    @property
     def is_sequence_level(self) -> bool:
         return self._parts["level"].per_sequence
 
@@ -275,6 +288,8 @@ class Objective:
         ref_logp: torch.Tensor | None = None,
         entropy: torch.Tensor | None = None,
         token_grad_norm: torch.Tensor | None = None,
+        rollout_logp: torch.Tensor | None = None,
+        rollout_is_weights: torch.Tensor | None = None,
         num_tokens: torch.Tensor | float | None = None,
         num_seqs: torch.Tensor | float | None = None,
         entropy_coef: float | torch.Tensor | None = None,
@@ -292,6 +307,9 @@ class Objective:
             entropy:    (B, T) token entropies (with gradient for the bonus); required when
                         ``requires_entropy``, otherwise only reported.
             token_grad_norm: (B, T) ‖∇θ log π(y_t)‖; required when ``requires_token_grad_norm``.
+            rollout_logp: (B, T) the sampler's log-probs of the sampled tokens; required by the rollout
+                        corrections and rejections (``requires_rollout_logp``).
+            rollout_is_weights: (B, T) correction weights the host computed (``correction="given"``).
             num_tokens: global valid-token count for ``token_mean`` (exact accumulation / DP).
             num_seqs:   global sequence count for the ``seq_*`` aggregations.
             entropy_coef: coefficient overriding ``self.entropy_coef`` (the adaptive controller's
@@ -300,38 +318,53 @@ class Objective:
         Returns:
             ``(loss, stats)``: 0-dim loss; dict of detached 0-dim statistics.
         """
-        optional = {"ref_logp": ref_logp, "entropy": entropy, "token_grad_norm": token_grad_norm}
+        optional = {"ref_logp": ref_logp, "entropy": entropy, "token_grad_norm": token_grad_norm,
+                    "rollout_logp": rollout_logp, "rollout_is_weights": rollout_is_weights}
         valid = self._check_inputs(logp, old_logp, advantages, mask, optional, num_tokens, num_seqs, entropy_coef)
         parts = self._parts
         dtype = torch.promote_types(logp.dtype, torch.float32)  # low-precision inputs are computed in fp32
         m = valid.to(dtype)
         lengths = m.sum(-1)  # (B,) |y|
         num_valid = lengths.sum()  # N
-        # One masked select keeps garbage (even NaN) at invalid positions out of values and gradients.
-        diff = torch.where(valid, logp.to(dtype) - old_logp.detach().to(dtype), 0.0)  # (B, T) log-ratio
-        if advantages.dim() == 1:
-            adv_check = torch.where(lengths > 0, advantages.detach().to(dtype), 0.0)  # empty rows may hold NaN
-            adv = adv_check.unsqueeze(-1)  # (B, 1)
-        else:
-            adv = adv_check = torch.where(valid, advantages.detach().to(dtype), 0.0)  # (B, T)
-        inputs = {k: torch.where(valid, x.to(dtype), 0.0) for k, x in optional.items() if x is not None}
-        if self._general.check_finite:
-            self._check_values(diff, adv_check, inputs, mask, valid, logp, old_logp, advantages)
-
         clamp = self._general.log_ratio_clamp
+        # Inputs are zeroed at invalid positions so that garbage there (even NaN) reaches no value or gradient.
+        # With the finiteness check on, a product with the mask does it (a multiplication costs a fraction of a
+        # masked select on CPU) and the check's one reduction per tensor shows whether anything, garbage
+        # included, was not finite; only then are the inputs masked again with selects and checked once more
+        # (reporting a bad value at a valid position). Without the check the selects are used directly.
+        clean = self._general.check_finite
+        diff, adv, adv_check, inputs = _masked_inputs(clean, logp, old_logp, advantages, optional, valid, m, lengths,
+                                                      dtype)
+        clamped = True  # whether some |log-ratio| may exceed the clamp (unknown without the check)
+        if clean:
+            finite, clamped, mask_ok = _scan(diff, adv_check, inputs, mask, clamp)
+            if not (finite and mask_ok):
+                clean = False
+                diff, adv, adv_check, inputs = _masked_inputs(False, logp, old_logp, advantages, optional, valid, m,
+                                                              lengths, dtype)
+                clamped = self._check_values(diff, adv_check, inputs, mask, valid, logp, old_logp, advantages, clamp)
+
+        # When no log-ratio reaches the clamp the clamp is the identity (in value and gradient): skip it.
         ctx = Context(logp=logp, old_logp=old_logp, valid=valid, m=m, lengths=lengths, num_valid=num_valid, diff=diff,
-                      log_ratio=diff.clamp(-clamp, clamp), adv=adv, dtype=dtype, inputs=inputs,
-                      generator=generator, clamp=clamp)
+                      log_ratio=diff.clamp(-clamp, clamp) if clamped else diff, adv=adv, dtype=dtype, inputs=inputs,
+                      generator=generator, clamp=clamp, clean=clean)
+        stats: dict[str, torch.Tensor] = {}
         ctx.credit = parts["credit"].weights(ctx)
+        ctx.correction = parts["correction"].apply(ctx, stats)
+        ctx.keep = parts["rejection"].keep(ctx, stats)
         rho, rho_value = parts["level"].weight(ctx)
-        term = parts["trust_region"].term(rho, adv, ctx)
+        trust_region = parts["trust_region"]
+        term = trust_region.term(rho, adv, ctx)
         per_token = term.loss
         if ctx.credit is not None and not parts["level"].credit_inside:
             per_token = per_token * ctx.credit
 
-        stats: dict[str, torch.Tensor] = {}
         policy_m = m  # clip_cov replaces it by a copy with the picked tokens at 0
         per_token, policy_m = parts["cov_control"].apply(ctx, term, per_token, policy_m, stats)
+        if ctx.correction is not None and not trust_region.absorbs_correction:
+            per_token = per_token * ctx.correction
+        if ctx.keep is not None:
+            per_token = per_token * ctx.keep
         aggregation = parts["aggregation"]
         norm = {"num_tokens": num_valid.clamp(min=1.0) if num_tokens is None else num_tokens, "num_seqs": num_seqs}
         same = policy_m is m
@@ -341,7 +374,7 @@ class Objective:
         stats["loss/policy"] = policy_loss.detach()
 
         if "ref_logp" in inputs:
-            loss = self._reference_kl(ctx, loss, stats, norm)
+            loss = self._reference_kl(ctx, loss, stats, norm, rho)
         if "entropy" in inputs:
             ent = inputs["entropy"]
             stats["entropy/mean"] = ent.detach().sum() / num_valid.clamp(min=1.0)
@@ -353,16 +386,17 @@ class Objective:
                 stats["entropy/coef"] = torch.as_tensor(coef, dtype=dtype, device=logp.device).detach().clone()
 
         with torch.no_grad():
-            self._ratio_stats(stats, ctx, term, rho, rho_value)
+            self._ratio_stats(stats, ctx, term, rho, rho_value, clamped)
         return loss, stats
 
     # ------------------------------------------------------------------ internals
-    def _reference_kl(self, ctx: Context, loss: torch.Tensor, stats: dict, norm: dict) -> torch.Tensor:
+    def _reference_kl(self, ctx: Context, loss: torch.Tensor, stats: dict, norm: dict, rho: torch.Tensor
+                      ) -> torch.Tensor:
         estimator = self._parts["kl_estimator"]
-        logp_m = ctx.diff + torch.where(ctx.valid, ctx.old_logp.detach().to(ctx.dtype), 0.0)  # logp at valid tokens
+        logp_m = ctx.diff + ctx.old_valid  # logp at valid tokens
         ref = ctx.inputs["ref_logp"]
         if self.requires_ref_logp:
-            kl_term = estimator.estimate(logp_m, ref, ctx.clamp)
+            kl_term = estimator.term(logp_m, ref, ctx.clamp, rho)
             kl_loss = self._general.kl_coef * self._parts["aggregation"].reduce(kl_term, ctx.m, lengths=ctx.lengths,
                                                                                 **norm)
             loss = loss + kl_loss
@@ -373,7 +407,8 @@ class Objective:
         stats["kl/ref"] = (kl_term * ctx.m).sum() / ctx.num_valid.clamp(min=1.0)
         return loss
 
-    def _ratio_stats(self, stats: dict, ctx: Context, term, rho: torch.Tensor, rho_value: torch.Tensor) -> None:
+    def _ratio_stats(self, stats: dict, ctx: Context, term, rho: torch.Tensor, rho_value: torch.Tensor,
+                     clamped: bool) -> None:
         dtype, m, valid, adv = ctx.dtype, ctx.m, ctx.valid, ctx.adv
         n = ctx.num_valid.clamp(min=1.0)
         trust_region = self._parts["trust_region"]
@@ -383,32 +418,41 @@ class Objective:
             low, high = trust_region.activity(rho_value, adv)
         # Sequence levels with per-sequence advantages count per non-empty sequence, all else per token.
         per_sequence = low.shape[-1] == 1
-        weight = (ctx.lengths > 0).to(dtype).unsqueeze(-1) if per_sequence else m  # (B, 1) or (B, T)
-        count = weight.sum().clamp(min=1.0) if per_sequence else n
+        if per_sequence:
+            weight = (ctx.lengths > 0).to(dtype).unsqueeze(-1)  # (B, 1)
+            rows = weight.sum()
+            count, empty = rows.clamp(min=1.0), rows == 0
+        else:
+            weight, count, empty = m, n, ctx.num_valid == 0  # no valid token: report ratio 1
         values = rho_value if rho_value.shape == weight.shape else rho_value.expand_as(weight)
         # ratios are positive and ≤ e^{20}: masked min/max/mean need no select
         weighted = values * weight
-        empty = weight.sum() == 0  # no valid token: report ratio 1
         stats["ratio/mean"] = torch.where(empty, 1.0, weighted.sum() / count)
         stats["ratio/max"] = torch.where(empty, 1.0, weighted.amax())
         stats["ratio/min"] = torch.where(empty, 1.0, weighted.add_(weight.sub(1.0).mul_(-1e30)).amin())
-        stats["ratio/clamped_tokens"] = (ctx.log_ratio != ctx.diff).sum().to(dtype)
-        if per_sequence:
+        if clamped:
+            stats["ratio/clamped_tokens"] = (ctx.log_ratio != ctx.diff).sum().to(dtype)
+        else:  # the check saw every |log-ratio| within the clamp
+            stats["ratio/clamped_tokens"] = torch.zeros((), dtype=dtype, device=valid.device)
+        if per_sequence or low.dtype != torch.bool:  # float 0/1 flags, or a few (B, 1) ones
             stats["clip/low_frac"] = (low * weight).sum() / count
             stats["clip/high_frac"] = (high * weight).sum() / count
-        else:  # bool ands are far cheaper than float products
-            stats["clip/low_frac"] = (low & valid).sum().to(dtype) / count
-            stats["clip/high_frac"] = (high & valid).sum().to(dtype) / count
+        else:
+            stats["clip/low_frac"] = torch.count_nonzero(low & valid).to(dtype) / count
+            stats["clip/high_frac"] = torch.count_nonzero(high & valid).to(dtype) / count
         stats["clip/region_frac"] = stats["clip/low_frac"] + stats["clip/high_frac"]
         if getattr(trust_region, "dual_clip", False):
             dual = (adv < 0) & (values > trust_region.dual_clip_c)
             stats["clip/dual_frac"] = (dual * weight).sum() / count
         if term.phi is not None:
             phi = term.phi if term.phi.shape == weight.shape else term.phi.expand_as(weight)
-            stats["ptrw/phi_mean"] = (phi * weight).sum() / count
+            stats[trust_region.phi_key] = (phi * weight).sum() / count
         # k3 estimate of KL(π_old‖π_θ) = E_old[e^{−r} + r − 1]: exactly 0 at the masked zeros (exp(0) = 1)
         lr = ctx.log_ratio
-        stats["kl/behaviour_k3"] = (torch.exp(-lr).add_(lr).sub_(1.0)).sum() / n
+        if self._parts["level"].unit_off_mask:  # ρ = e^{r} is there already: e^{−r} = 1/ρ costs no exp
+            stats["kl/behaviour_k3"] = torch.reciprocal(rho_value).add_(lr).sub_(1.0).sum() / n
+        else:
+            stats["kl/behaviour_k3"] = torch.neg(lr).exp_().add_(lr).sub_(1.0).sum() / n
         if ctx.credit is not None:
             stats["credit/max"] = ctx.credit.amax()
         stats["tokens/valid"] = ctx.num_valid.detach().clone()
@@ -449,21 +493,18 @@ class Objective:
                 raise ValueError(f"{name}={x!r} must be positive (the global count over the optimizer step).")
         return mask if mask.dtype == torch.bool else mask != 0
 
-    def _check_values(self, diff, adv, masked, mask, valid, logp, old_logp, advantages) -> None:
+    def _check_values(self, diff, adv, masked, mask, valid, logp, old_logp, advantages, clamp) -> bool:
         """One cheap reduction per tensor the call computes anyway, a single host sync, then a slow report.
 
         A sum is non-finite iff some element is (inf − inf gives NaN), barring overflow of a sum of
-        finite values, which needs magnitudes near 1e38 / (B·T) that log-probs never reach.
+        finite values, which needs magnitudes near 1e38 / (B·T) that log-probs never reach. The log-ratios are
+        reduced to their min and max instead (finite iff every element is), which also tells whether any of
+        them reaches the clamp; returns that.
         """
-        with torch.no_grad():
-            sums = [diff.detach().sum(), adv.sum()] + [x.detach().sum() for x in masked.values()]
-            flags = [torch.isfinite(torch.stack(sums)).all()]
-            if mask.dtype != torch.bool:
-                flags.append(((mask == 0) | (mask == 1)).all())
-            ok = torch.stack(flags).tolist()  # the one host sync of the call
-        if all(ok):
-            return
-        if mask.dtype != torch.bool and not ok[-1]:
+        finite, clamped, mask_ok = _scan(diff, adv, masked, mask, clamp)
+        if finite and mask_ok:
+            return clamped
+        if not mask_ok:
             report_bad_mask(mask)
         report_nonfinite({"logp": logp, "old_logp": old_logp, "advantages": advantages, **masked}, valid)
         raise ValueError("logp − old_logp overflowed at a valid token; check the scale of the log-probs.")
@@ -471,10 +512,44 @@ class Objective:
     def _why(self, name: str) -> str:
         if name == "ref_logp":
             return f"kl_coef={self.kl_coef}"
-        if name == "entropy":
+        if name == "entropy" and self.entropy_in_loss:
             return f"entropy_coef={self.entropy_coef}, adaptive_entropy={self.adaptive_entropy}"
         owners = [f"{kind}={part.name!r}" for kind, part in self._parts.items() if name in part.needs]
         return ", ".join(owners)
+
+
+def _masked_inputs(clean: bool, logp, old_logp, advantages, optional, valid, m, lengths, dtype):
+    """``(diff, adv, adv_check, inputs)``: the log-ratio (B, T), advantages (B, 1) or (B, T), the advantages to check,
+    and the optional inputs, each 0 at invalid positions: by a product with the float mask ``m`` when ``clean``
+    (garbage there must be caught by the finiteness check), else by selects."""
+    def zero_invalid(x: torch.Tensor) -> torch.Tensor:
+        return x * m if clean else torch.where(valid, x, 0.0)
+
+    diff = zero_invalid(logp.to(dtype) - old_logp.detach().to(dtype))  # (B, T) log-ratio
+    if advantages.dim() == 1:
+        adv_check = torch.where(lengths > 0, advantages.detach().to(dtype), 0.0)  # (B,): empty rows may hold NaN
+        adv = adv_check.unsqueeze(-1)  # (B, 1)
+    else:
+        adv = adv_check = zero_invalid(advantages.detach().to(dtype))  # (B, T)
+    inputs = {k: zero_invalid(x.to(dtype)) for k, x in optional.items() if x is not None}
+    return diff, adv, adv_check, inputs
+
+
+def _scan(diff, adv, inputs, mask, clamp) -> tuple[bool, bool, bool]:
+    """One reduction per tensor and a single host sync: ``(finite, clamped, mask_ok)``.
+
+    A sum is non-finite iff some element is (inf − inf gives NaN), barring overflow of a sum of finite values,
+    which needs magnitudes near 1e38 / (B·T) that log-probs never reach. The log-ratios are reduced to their min
+    and max instead (finite iff every element is), which also tells whether any reaches the clamp.
+    """
+    with torch.no_grad():
+        low, high = torch.aminmax(diff.detach())
+        sums = [low, high, adv.sum()] + [x.detach().sum() for x in inputs.values()]
+        flags = [torch.isfinite(torch.stack(sums)).all(), (low < -clamp) | (high > clamp)]
+        if mask.dtype != torch.bool:
+            flags.append(((mask == 0) | (mask == 1)).all())
+        ok = torch.stack(flags).tolist()  # the one host sync of the call
+    return bool(ok[0]), bool(ok[1]), bool(ok[2]) if len(ok) > 2 else True
 
 
 def _rebuild(spec: dict[str, Any]) -> Objective:
@@ -570,6 +645,12 @@ def _check_combinations(general: General, parts: dict[str, Part]) -> None:
     if parts["entropy_control"].name == "adaptive" and general.entropy_coef != 0.0:
         raise ValueError(f"entropy_coef={general.entropy_coef!r} and adaptive_entropy=True: the adaptive controller "
                          f"sets the entropy coefficient itself; drop entropy_coef or set adaptive_entropy=False.")
+    trust_region, level = parts["trust_region"], parts["level"]
+    if trust_region.levels is not None and level.name not in trust_region.levels:
+        wanted = " or ".join(repr(name) for name in trust_region.levels)
+        raise ValueError(f"trust_region={trust_region.name!r} builds its own weight from the token log-ratios and "
+                         f"ignores the level's, so level={level.name!r} has no effect; set level={wanted} or pick "
+                         f"another trust region.")
 
 
 __all__ = ["ADVANTAGE_SCALES", "COMMON_STATS", "DEFAULT_PARTS", "GENERAL_FIELDS", "General", "Objective",

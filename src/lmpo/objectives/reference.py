@@ -27,7 +27,8 @@ def preset_table_markdown() -> str:
     for preset in PRESETS.values():
         obj = Objective.preset(preset.name)
         parts = f"`{obj.level}` · `{obj.trust_region}` · `{obj.aggregation}`"
-        extras = [f"`{obj.parts[kind].name}`" for kind in ("credit", "cov_control") if obj.parts[kind].name != "none"]
+        extras = [f"`{obj.parts[kind].name}`" for kind in ("credit", "correction", "rejection", "cov_control")
+                  if obj.parts[kind].name != "none"]
         if obj.adaptive_entropy:
             extras.append("`adaptive_entropy`")
         if obj.advantage_scale != "group":

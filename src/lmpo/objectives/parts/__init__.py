@@ -5,6 +5,8 @@
 | importance weight | ``LEVELS`` | ``levels.py`` |
 | trust region | ``TRUST_REGIONS`` | ``trust_regions.py`` |
 | token credit | ``CREDITS`` | ``credit.py`` |
+| rollout correction | ``CORRECTIONS`` | ``correction.py`` |
+| rejection | ``REJECTIONS`` | ``rejection.py`` |
 | entropy control | ``ENTROPY_CONTROLS`` | ``entropy.py`` |
 | covariance control | ``COV_CONTROLS`` | ``covariance.py`` |
 | reference-KL estimator | ``KL_ESTIMATORS`` | ``kl.py`` |
@@ -17,17 +19,21 @@ from __future__ import annotations
 
 from .aggregation import AGGREGATIONS
 from .base import INPUTS, Context, Part, Registry, param
+from .correction import CORRECTIONS
 from .covariance import COV_CONTROLS
 from .credit import CREDITS
 from .entropy import ENTROPY_CONTROLS, AdaptiveEntropyController
 from .kl import KL_ESTIMATORS
 from .levels import LEVELS
+from .rejection import REJECTIONS
 from .trust_regions import TRUST_REGIONS
 
 KINDS: dict[str, Registry] = {
     "level": LEVELS,
     "trust_region": TRUST_REGIONS,
     "credit": CREDITS,
+    "correction": CORRECTIONS,
+    "rejection": REJECTIONS,
     "entropy_control": ENTROPY_CONTROLS,
     "cov_control": COV_CONTROLS,
     "kl_estimator": KL_ESTIMATORS,
@@ -37,6 +43,6 @@ KINDS: dict[str, Registry] = {
 except ``entropy_control``, selected by ``adaptive_entropy``)."""
 
 __all__ = [
-    "AGGREGATIONS", "COV_CONTROLS", "CREDITS", "ENTROPY_CONTROLS", "INPUTS", "KINDS", "KL_ESTIMATORS", "LEVELS",
-    "TRUST_REGIONS", "AdaptiveEntropyController", "Context", "Part", "Registry", "param",
+    "AGGREGATIONS", "CORRECTIONS", "COV_CONTROLS", "CREDITS", "ENTROPY_CONTROLS", "INPUTS", "KINDS", "KL_ESTIMATORS",
+    "LEVELS", "REJECTIONS", "TRUST_REGIONS", "AdaptiveEntropyController", "Context", "Part", "Registry", "param",
 ]

@@ -8,6 +8,8 @@ With ℓ (B, T) per-token terms, m the mask, |y_i| = Σ_t m_it:
 | ``seq_mean_token_mean``| ``(1/S) Σ_i Σ_t ℓ m / |y_i|``                    | GRPO paper; TRL ``grpo``; GSPO     |
 | ``seq_mean_token_sum`` | ``(1/S) Σ_i Σ_t ℓ m``                            | verl ``seq-mean-token-sum``        |
 | ``seq_sum_norm``       | ``Σ_it ℓ m / (S·L)``, L = ``norm_constant``      | Dr. GRPO (arXiv 2503.20783); TRL ``dr_grpo`` |
+| ``seq_mean_token_sum_norm`` | the same as ``seq_sum_norm``                 | verl ``seq-mean-token-sum-norm``   |
+| ``token_sum``          | ``Σ_it ℓ m``                                     | verl ``token-sum``                 |
 
 S = ``num_seqs`` if given, else B (every row counts, including empty ones, as TRL's ``.mean()`` does).
 L defaults to T (the padded response length; pass the max completion length to match Dr. GRPO exactly
@@ -119,9 +121,34 @@ class SeqSumNorm(Aggregation):
         return _row_sums(per_token, m, lengths).sum() / (seqs * constant)
 
 
+@AGGREGATIONS.register
+@dataclass(frozen=True)
+class SeqMeanTokenSumNorm(SeqSumNorm):
+    """verl's name for Dr. GRPO's aggregation: token sums divided by S·L (L = verl's ``loss_scale_factor``, else T),
+    so that every verl ``loss_agg_mode`` has an lmpo aggregation of the same name."""
+
+    name = "seq_mean_token_sum_norm"
+    formula = "Σ_it ℓ_it / (S·L)"
+    source = "verl loss_agg_mode='seq-mean-token-sum-norm' (= Dr. GRPO's seq_sum_norm)"
+
+
+@AGGREGATIONS.register
+@dataclass(frozen=True)
+class TokenSum(Aggregation):
+    """The plain sum over every valid token of the micro-batch (no normaliser: the loss scale grows with the
+    number of tokens, so the learning rate must absorb it)."""
+
+    name = "token_sum"
+    formula = "Σ_it ℓ_it"
+    source = "verl loss_agg_mode='token-sum'"
+
+    def reduce(self, per_token, m, *, lengths=None, num_tokens=None, num_seqs=None, seq_lengths=None):
+        return _row_sums(per_token, m, lengths).sum()
+
+
 def aggregate(per_token: torch.Tensor, m: torch.Tensor, mode: str, *, lengths: torch.Tensor | None = None,
               num_tokens: torch.Tensor | float | None = None, num_seqs: torch.Tensor | float | None = None,
               norm_constant: float | None = None) -> torch.Tensor:
-    """Scalar loss from per-token terms by registry name (``norm_constant`` for ``seq_sum_norm`` only)."""
+    """Scalar loss from per-token terms by registry name (``norm_constant`` for the ``*_norm`` modes only)."""
     part = AGGREGATIONS[mode](norm_constant=norm_constant) if norm_constant is not None else AGGREGATIONS[mode]()
     return part.reduce(per_token, m, lengths=lengths, num_tokens=num_tokens, num_seqs=num_seqs)

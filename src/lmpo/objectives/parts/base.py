@@ -26,11 +26,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
+
 INPUTS: Mapping[str, str] = {
     "ref_logp": "(B, T) log-probs of the sampled tokens under the reference policy",
     "entropy": "(B, T) entropy of the policy's next-token distribution (with gradient for a bonus)",
     "token_grad_norm": "(B, T) per-token gradient norms ‖∇θ log π(y_t)‖ (mode named by the credit part)",
     "rollout_logp": "(B, T) log-probs the sampler (e.g. vLLM) gave the sampled tokens",
+    "rollout_is_weights": "(B, T) rollout-correction weights the host computed itself (verl's rollout_is_weights)",
     "entropy_coef": "the adaptive controller's current coefficient (the driver passes it)",
 }
 """Optional inputs a part may need, by the keyword the objective takes them under."""
@@ -196,18 +199,50 @@ class Context:
         log_ratio: (B, T) ``diff`` clamped to ±``clamp`` (the log-ratio every level exponentiates).
         adv:       (B, 1) or (B, T) detached advantages, 0 on empty rows / invalid positions.
         inputs:    optional inputs (``INPUTS``) at valid positions, 0 elsewhere.
+        clean:     every input is finite everywhere (the check saw it), so a product with ``m`` zeroes the invalid
+                   positions as a select would (a product is several times cheaper on CPU).
         generator: torch.Generator for parts that draw random numbers, or None.
         credit:    (B, T) detached token credit weights, or None (set by the objective before the level runs).
+        correction: (B, T) or (B, 1) detached rollout-correction weights, or None (set before the level runs).
+        keep:      (B, T) or (B, 1) detached 0/1 rejection mask, or None (set before the level runs).
     """
 
     __slots__ = ("logp", "old_logp", "valid", "m", "lengths", "num_valid", "diff", "log_ratio", "adv", "dtype", "inputs",
-                 "generator", "clamp", "credit", "_carrier")
+                 "generator", "clamp", "clean", "credit", "correction", "keep", "_carrier", "_logp_valid", "_old_valid",
+                 "_rollout_delta")
 
     def __init__(self, **values: Any) -> None:
-        self._carrier = None
-        self.credit = None
+        self._carrier = self._logp_valid = self._old_valid = self._rollout_delta = None
+        self.credit = self.correction = self.keep = None
+        self.clean = False
         for k, v in values.items():
             setattr(self, k, v)
+
+    def zero_invalid(self, x: Any) -> Any:
+        """(B, T) ``x`` at valid positions, 0 elsewhere (a product with the mask when the inputs are clean)."""
+        return x * self.m if self.clean else torch.where(self.valid, x, 0.0)
+
+    @property
+    def logp_valid(self) -> Any:
+        """(B, T) ``logp`` at valid tokens (with its gradient), 0 elsewhere: the ``−w·A·log π`` parts' factor."""
+        if self._logp_valid is None:
+            with torch.enable_grad():  # cached: built with its gradient even when first read under no_grad
+                self._logp_valid = self.zero_invalid(self.logp.to(self.dtype))
+        return self._logp_valid
+
+    @property
+    def old_valid(self) -> Any:
+        """(B, T) detached ``old_logp`` at valid tokens, 0 elsewhere."""
+        if self._old_valid is None:
+            self._old_valid = self.zero_invalid(self.old_logp.detach().to(self.dtype))
+        return self._old_valid
+
+    @property
+    def rollout_delta(self) -> Any:
+        """(B, T) ``Δ_t = old_logp − rollout_logp`` (log π_old/π_rollout) at valid tokens, 0 elsewhere; detached."""
+        if self._rollout_delta is None:
+            self._rollout_delta = self.zero_invalid(self.old_logp.detach().to(self.dtype) - self.inputs["rollout_logp"])
+        return self._rollout_delta
 
     @property
     def carrier(self) -> Any:

@@ -118,12 +118,13 @@ def clip_cov_pick(
     ``trust_free`` (float 0/1, 1 where the trust region did not clip) may replace ``trust_clipped``.
     """
     with torch.no_grad():
-        candidates = cov > lb  # −inf (invalid, when so filled) is never a candidate
-        candidates &= cov < ub
+        # float 0/1 candidates lb < cov < ub by sign arithmetic (bool comparisons and their conversion cost far
+        # more on CPU); −inf or the lowest float (invalid, when so filled) is never a candidate
+        candidates = torch.sign(cov - lb).clamp_(min=0.0).mul_(torch.sign(ub - cov).clamp_(min=0.0))
         if valid is not None:
-            candidates &= valid
+            candidates.mul_(valid)
         if trust_clipped is not None:
-            candidates &= ~trust_clipped
+            candidates.mul_(~trust_clipped)
         # keys: uniform in [1, 2) for candidates, in [0, 1) or 0 for everything else (no ties among the
         # candidates, so topk stays fast)
         keys = torch.rand(cov.shape, generator=generator, device=cov.device, dtype=cov.dtype)
@@ -211,11 +212,26 @@ _COV_STATS = {"cov/mean": "clip_cov / kl_cov: mean covariance between advantage 
 
 
 def _covariances(ctx: Context, stats: dict[str, torch.Tensor]) -> torch.Tensor:
-    """cov (B, T) with −inf at invalid positions (range tests and top-k then skip them with no extra pass)."""
+    """cov (B, T) with the dtype's lowest finite value at invalid positions, below every covariance and below
+    −_MAX, so range tests and top-k skip them with no extra pass (filled by arithmetic: a masked fill costs
+    several times more on CPU)."""
     with torch.no_grad():
-        logp_valid = torch.where(ctx.valid, ctx.logp.detach().to(ctx.dtype), 0.0)
+        logp_valid = ctx.zero_invalid(ctx.logp.detach().to(ctx.dtype))
         stats["cov/mean"] = covariance_mean(logp_valid, ctx.adv, ctx.m, ctx.num_valid)
-        return token_covariance(logp_valid, ctx.adv, ctx.m, ctx.num_valid, inplace=True, invalid_fill=-math.inf)
+        cov = token_covariance(logp_valid, ctx.adv, ctx.m, ctx.num_valid, inplace=True)  # 0 at invalid positions
+        return cov.add_(ctx.m - 1.0, alpha=-torch.finfo(cov.dtype).min)
+
+
+def _trust_free(term, dtype: torch.dtype) -> torch.Tensor | None:
+    """Float 0/1, 0 where the trust region clipped (lower, upper or dual bound): those tokens are no clip_cov
+    candidates. None when the trust region never clips."""
+    if term.free is not None:
+        return term.free
+    flags = [f for f in (term.low, term.high, term.dual) if f is not None]
+    if not flags:
+        return None
+    clipped = sum(f.to(dtype) for f in flags)
+    return 1.0 - clipped.clamp_(max=1.0)
 
 
 @COV_CONTROLS.register
@@ -242,7 +258,7 @@ class ClipCov(CovControl):
         cov = _covariances(ctx, stats)
         # The picks are a handful of tokens: edit them through their flat indices instead of building (B, T)
         # masks (fewer full-size allocations, which dominate the cost on CPU).
-        index, keep = clip_cov_pick(cov, None, None, ctx.num_valid, trust_free=term.free,
+        index, keep = clip_cov_pick(cov, None, None, ctx.num_valid, trust_free=_trust_free(term, ctx.dtype),
                                     ratio=self.clip_cov_ratio, lb=self.clip_cov_lb, ub=self.clip_cov_ub,
                                     generator=ctx.generator)
         policy_m = policy_m.clone()

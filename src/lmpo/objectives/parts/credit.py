@@ -60,6 +60,32 @@ def gradient_adaptive_weights(
     return torch.where(valid, c, 0.0)
 
 
+def high_entropy_mask(entropy: torch.Tensor, valid: torch.Tensor, num_valid: torch.Tensor, top_frac: float
+                      ) -> torch.Tensor:
+    """Keep the top-ρ fraction of valid tokens by entropy: ``c_t = 1[H_t ≥ q]``, q the (1−ρ)-quantile of the valid
+    entropies (linear interpolation, as ``torch.quantile`` and TRL's ``get_high_entropy_mask``).
+
+    Args:
+        entropy: (B, T); valid: (B, T) bool; num_valid: 0-dim count N; top_frac: ρ ∈ [0, 1].
+    Returns:
+        (B, T) detached 0/1 weights in entropy's dtype. Without a host sync: the valid entropies are sorted with
+        +inf at invalid positions and the quantile is read at the tensor-valued rank (N − 1)·(1 − ρ).
+
+    Naive equivalent::
+
+        q = torch.quantile(entropy[valid], 1 - top_frac);  c = (entropy >= q) & valid
+    """
+    with torch.no_grad():
+        h = entropy.detach()
+        ordered = torch.where(valid, h, torch.inf).reshape(-1).sort().values
+        last = (num_valid.to(h.dtype) - 1.0).clamp(min=0.0)  # rank of the largest valid entropy
+        rank = last * (1.0 - top_frac)
+        below = rank.floor()
+        above = torch.minimum(below + 1.0, last)
+        q = torch.lerp(ordered[below.long()], ordered[above.long()], rank - below)
+        return ((h >= q) & valid).to(h.dtype)
+
+
 @dataclass(frozen=True)
 class Credit(Part):
     """Base of the credit parts: ``weights(ctx)`` → (B, T) detached weights, 0 at invalid positions, or None."""
@@ -117,3 +143,23 @@ class GradientAdaptive(Credit):
 
     def weights(self, ctx: Context) -> torch.Tensor:
         return gradient_adaptive_weights(ctx.inputs["token_grad_norm"], ctx.valid, ctx.lengths, self.grad_tau)
+
+
+@CREDITS.register
+@dataclass(frozen=True)
+class HighEntropy(Credit):
+    """The 80/20 rule: only the top-ρ fraction of tokens by entropy (the "forking" tokens) carry the policy
+    gradient: ``c_t = 1[H_t ≥ quantile_{1−ρ}(H)]`` over the valid tokens of the call (TRL gathers the quantile
+    over all processes; here it is over the tensors passed, so pass the whole batch for the global quantile).
+    The entropies are read, not differentiated, and the entropy bonus (if any) is not masked. Peer: TRL
+    ``GRPOTrainer.get_high_entropy_mask`` / ``top_entropy_quantile`` (grpo_trainer.py)."""
+
+    name = "high_entropy"
+    needs = frozenset({"entropy"})
+    formula = "c_t = 1[H_t ≥ quantile_{1−ρ}(H)]"
+    source = "Wang et al. 2025, Beyond the 80/20 Rule (arXiv 2506.01939); TRL top_entropy_quantile"
+    entropy_top_frac: float = param(0.2, "ρ: the fraction of valid tokens (highest entropy) that keep their terms",
+                                    low=0.0, low_inclusive=True, high=1.0, hint="The paper keeps the top 20%: 0.2.")
+
+    def weights(self, ctx: Context) -> torch.Tensor:
+        return high_entropy_mask(ctx.inputs["entropy"], ctx.valid, ctx.num_valid, self.entropy_top_frac)

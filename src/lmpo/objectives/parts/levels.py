@@ -10,6 +10,7 @@ With ``r_t = clamp(logp_t − old_logp_t, −C, C)`` (C = ``log_ratio_clamp``, d
 | ``sequence_token``| ``exp(sg[log s] + logp_t − sg[logp_t])`` (GSPO-token)          | value s, grad s·∇logπ_t     |
 | ``sequence_arith``| ``s' = Σ_t c_t·mask_t·exp(r_t) / |y|`` (AMIC)                   | through every token ratio   |
 | ``token_ema``    | ``w'_0 = 1, w'_t = (1−β)w'_{t−1} + β·w_t`` over valid tokens     | ``local`` or ``full``       |
+| ``sequence_clipped``| ``exp(Σ_t c_t·clip_sgn(A)(r_t) / |y|)`` (GMPO, arXiv 2507.20673)| through the unclipped tokens |
 
 ``c_t`` are the (detached) token credit weights (all ones unless a credit mode is on). Putting them
 inside the sequence mean is what makes the per-token gradient of a sequence-level objective
@@ -138,6 +139,9 @@ class Level(Part):
     credit_inside: ClassVar[bool] = False
     """Whether the level puts the credit weights c_t inside its sequence mean (else the objective multiplies
     the per-token loss terms by them)."""
+    unit_off_mask: ClassVar[bool] = False
+    """The weight's value is ``exp(r_t)`` per token (exactly 1 at masked positions, where r = 0), so statistics
+    can reuse it instead of exponentiating the log-ratios again."""
 
     def weight(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -155,6 +159,7 @@ class Token(Level):
     name = "token"
     formula = "w_t = exp(r_t)"
     source = "Shao et al. 2024, DeepSeekMath (arXiv 2402.03300)"
+    unit_off_mask = True
 
     def weight(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
         rho = torch.exp(ctx.log_ratio)
@@ -240,4 +245,42 @@ class TokenEMA(Level):
             return rho, rho.detach()
         with torch.no_grad():
             smoothed = ema_scan(w.detach(), ctx.valid, self.ema_beta)
-        return smoothed * torch.exp(ctx.carrier), smoothed  # value w'_t, gradient w'_t·∇logπ_t
+        # 1 + carrier is exp(carrier) in value (1) and gradient (∇logπ_t) without the exp
+        return smoothed * (1.0 + ctx.carrier), smoothed  # value w'_t, gradient w'_t·∇logπ_t
+
+
+@LEVELS.register
+@dataclass(frozen=True)
+class SequenceClipped(Level):
+    """GMPO's sequence weight: the geometric mean of sign-aware clipped token ratios::
+
+        s = exp(Σ_t c_t·r̃_t / |y|),   r̃_t = min(r_t, ε_high) if A_t > 0,  max(r_t, −ε_low) if A_t < 0,  0 if A_t = 0
+
+    (``r_t`` the token log-ratio, the clip in log space: ratios in [e^{−ε_low}, e^{ε_high}]). Each token is clipped
+    only in the direction its advantage pushes it, before the mean, so one extreme token cannot move the
+    sequence weight and a clipped token contributes no gradient; the geometric mean is less sensitive to
+    outliers than GRPO's arithmetic mean of token terms. With ``trust_region="none"`` this is GMPO:
+    ``ℓ_i = −A_i·s_i``. Peer: verl ``compute_policy_loss_geo_mean`` (trainer/ppo/core_algos.py), which does not
+    clamp the log-ratios to ±20 first (lmpo does, like every level).
+    """
+
+    name = "sequence_clipped"
+    formula = "s = exp(Σ_t c_t·clip_sgn(A)(r_t) / |y|)"
+    source = "GMPO, geometric-mean policy optimization (arXiv 2507.20673); verl compute_policy_loss_geo_mean"
+    per_sequence = True
+    credit_inside = True
+    log_clip_low: float = param(0.4, "ε_low: log-ratios of A < 0 tokens are clipped at −ε_low", low=0.0,
+                                hint="GMPO uses 0.4 (ratios in [e^-0.4, e^0.4]).")
+    log_clip_high: float = param(0.4, "ε_high: log-ratios of A > 0 tokens are clipped at ε_high", low=0.0,
+                                 hint="GMPO uses 0.4.")
+
+    def weight(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        adv = ctx.adv
+        # one clamp with per-row (or per-token) bounds: ±inf where the sign does not bind
+        lower = torch.where(adv < 0, adv.new_tensor(-self.log_clip_low), adv.new_tensor(-math.inf))
+        upper = torch.where(adv > 0, adv.new_tensor(self.log_clip_high), adv.new_tensor(math.inf))
+        clipped = torch.clamp(ctx.log_ratio, min=lower, max=upper) * (adv != 0)
+        if ctx.credit is not None:
+            clipped = clipped * ctx.credit
+        s = torch.exp(clipped.sum(-1, keepdim=True) / _seq_denominator(ctx))  # (B, 1)
+        return s, s.detach()
