@@ -122,6 +122,17 @@ _CLAIM_LIST = [
                    "Cui et al. 2025, Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617)"),
     _entropy_claim("adaptive_entropy_entropy", "adaptive_entropy", "Adaptive entropy control",
                    "He et al. 2025, Skywork-OR1 (arXiv 2505.22312)"),
+    Claim("cispo_faster", "Clipping the importance weight instead of the token update (CISPO) keeps every token's "
+          "gradient and learns faster than a hard clip.", "MiniMax 2025, MiniMax-M1 (arXiv 2506.13585)", "cispo", "grpo",
+          (Check("training", "reward_auc", "greater", 0.0, "larger area under the reward curve than GRPO"), _ACC)),
+    Claim("gmpo_stable", "The geometric mean of token ratios (GMPO) is less sensitive to outlier ratios than GRPO's "
+          "arithmetic mean: narrower importance weights and a steadier gradient.",
+          "GMPO, geometric-mean policy optimization (arXiv 2507.20673)", "gmpo", "grpo",
+          (Check("gradients", "weight_var", "less", 0.0, "lower importance-weight variance"),
+           Check("gradients", "snr", "greater", 0.0, "higher gradient SNR"))),
+    Claim("sapo_stable", "A soft sigmoid gate (SAPO) gives steadier updates than a hard clip while keeping accuracy.",
+          "SAPO (arXiv 2511.20347)", "sapo", "grpo",
+          (Check("gradients", "snr", "greater", 0.0, "higher gradient SNR"), _ACC)),
     Claim("rlvcr_shorter", "RLVCR teaches shorter thinking at equal accuracy.", "docs/rlvcr.md", "rlvcr", "grpo",
           (Check("training", "eval_length", "less", 0.0, "shorter held-out completions than GRPO"), _ACC)),
 ]
