@@ -546,12 +546,12 @@ def _check_kl_fields(cfg: TrainConfig, objective) -> None:
     """The KL-in-reward, β-controller and reference-sync fields: each needs the others it acts through."""
     ob = cfg.objective
     if not ob.kl_in_reward:
-        changed = [f"objective.{k} = {getattr(ob, k)!r}" for k, v in _KL_REWARD_DEFAULTS.items()
-                   if getattr(ob, k) != v]
+        changed = [k for k, v in _KL_REWARD_DEFAULTS.items() if getattr(ob, k) != v]
         if changed:
-            raise ConfigError(f"`{changed[0].split(' = ')[0]}` is set ({', '.join(changed)}) but "
-                              "`objective.kl_in_reward` is false, so it has no effect: these fields shape the KL "
-                              "penalty in the reward. Set objective.kl_in_reward: true, or remove them.")
+            more = f" (and {', '.join('objective.' + k for k in changed[1:])})" if changed[1:] else ""
+            raise ConfigError(f"`objective.{changed[0]}` = {getattr(ob, changed[0])!r}{more} has no effect while "
+                              "`objective.kl_in_reward` is false: it shapes the KL penalty in the reward. Set "
+                              "objective.kl_in_reward: true, or leave it at its default.")
     else:
         if ob.kl_ctrl_type == "adaptive":
             if not ob.kl_ctrl_target > 0:

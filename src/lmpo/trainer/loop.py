@@ -2,7 +2,7 @@
 
     prompts (P = prompts_per_step)  →  rollout: G completions each (B = P·G sequences)
     →  rewards (B,)  →  advantages (B,)  [optional zero-variance group filter]
-    →  behaviour log-probs (only when off-policy)  →  reference log-probs (only when the objective needs them)
+    →  behaviour log-probs (only when off-policy)  →  reference log-probs (only for a KL in the loss or the reward)
     →  for epoch in epochs_per_step, minibatch in minibatches_per_step: one optimizer step
            for microbatch: logp (B_μ,T) [+ entropy, token_grad_norm when needed] → objective → backward
            clip grad-norm → (skip if non-finite) → AdamW step → schedule → entropy controller
@@ -623,7 +623,7 @@ class Trainer:
         beta = float(self.kl_ctrl.value)
         shaped, stats = kl_penalised_rewards(rewards, logp, ref_logp, ro.completion_mask.to(self.device),
                                              beta, ob.kl_reward_estimator, self.objective.log_ratio_clamp)
-        stats["kl/coef"] = torch.tensor(beta)
+        stats["kl/coef"] = beta  # a float: logged exactly, no float32 round trip
         # one host sync for the controller's input, as verl's .item()
         self.kl_ctrl.update(float(stats["kl/reward_kl"]), int(rewards.numel()))
         return shaped, stats, ref_logp
