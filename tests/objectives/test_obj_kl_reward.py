@@ -4,6 +4,8 @@
   source, executed with verl's ``core_algos``, ``masked_mean`` and ``DataProto``: the module itself imports the
   whole Ray trainer, which needs packages the CPU test environment lacks) summed over tokens, for every
   ``kl_penalty`` lmpo names, and end to end through verl's GRPO outcome advantage;
+- the same summed over tokens against OpenRLHF's ``compute_reward`` / ``compute_approx_kl`` (transcribed, not
+  installed; float32 as OpenRLHF casts);
 - the controllers against verl ``AdaptiveKLController`` / ``FixedKLController`` on one sequence of KL values;
 - hand-computed cases and hypothesis properties (finite in → finite out, β = 0 and π = π_ref change nothing).
 """
@@ -188,3 +190,41 @@ def test_adaptive_controller_hand_case_and_state_round_trip():
     with pytest.raises(ValueError, match="unknown KL controller"):
         make_kl_controller("pid", 0.1)
 
+
+
+# OpenRLHF is not installed: a transcription of openrlhf/models/utils.py @ 02a2605 (``compute_approx_kl`` lines
+# 7-40, ``compute_reward`` lines 43-71). Its per-token rewards put r on the last valid token and −β·kl on every
+# token; the experience maker passes kl already multiplied by the action mask.
+def openrlhf_compute_approx_kl(log_probs, log_probs_base, kl_estimator="k1"):
+    if kl_estimator == "k1":
+        log_ratio = log_probs.float() - log_probs_base.float()
+    if kl_estimator == "k2":
+        log_ratio = log_probs.float() - log_probs_base.float()
+        log_ratio = log_ratio**2 / 2.0
+    if kl_estimator == "k3":
+        log_ratio = log_probs.float() - log_probs_base.float()
+        log_ratio = -log_ratio
+        log_ratio = log_ratio.exp() - 1 - log_ratio
+    return log_ratio
+
+
+def openrlhf_compute_reward(r, kl_coef, kl, action_mask):
+    if kl_coef <= 0.0:
+        kl_coef = 0.0
+    kl_reward = -kl_coef * kl
+    eos_indices = action_mask.size(1) - 1 - action_mask.long().fliplr().argmax(dim=1, keepdim=True)
+    last_reward = torch.zeros_like(kl).scatter_(dim=1, index=eos_indices, src=r.unsqueeze(1).to(kl.dtype))
+    return last_reward + kl_reward
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_in_reward_equals_openrlhf_compute_reward_summed(estimator):
+    rewards, logp, ref, mask = _batch(3)
+    keep = mask.sum(-1) > 0  # OpenRLHF never sees an empty response (its action mask keeps the first token)
+    rewards, logp, ref, mask = rewards[keep], logp[keep], ref[keep], mask[keep]
+    # .float() in OpenRLHF's estimator: compare in float32 with float32 inputs
+    logp32, ref32 = logp.float(), ref.float()
+    kl = openrlhf_compute_approx_kl(logp32, ref32, estimator) * mask.float()
+    theirs = openrlhf_compute_reward(rewards.float(), 0.2, kl, mask.float()).sum(-1)
+    ours, _ = kl_penalised_rewards(rewards.float(), logp32, ref32, mask, 0.2, estimator)
+    torch.testing.assert_close(ours, theirs, rtol=0.0, atol=1e-5)
