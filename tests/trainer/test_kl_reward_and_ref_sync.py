@@ -17,7 +17,7 @@ import torch
 from trainer_helpers import make_trainer, small_config, small_model
 from trl.trainer.callbacks import SyncRefModelCallback
 
-from lmpo.checkpoints import list_checkpoints
+from lmpo.checkpoints import list_checkpoints, load_state
 from lmpo.config import ConfigError
 from lmpo.errors import InputError
 from lmpo.objectives.kl_reward import AdaptiveKLController
@@ -85,6 +85,10 @@ def test_kl_in_reward_adaptive_beta_moves_and_resume_restores_it(tmp_path):
     assert rows[0]["kl/reward_penalty"] == 0.0 and rows[1]["kl/reward_penalty"] > 0  # k3 ≥ 0, β > 0
     assert {"kl/coef", "kl/reward_kl", "kl/reward_penalty"} <= set(METRIC_DOCS)
 
+    # the checkpoint's state.json carries β (plain JSON through lmpo.checkpoints, no pickle)
+    last = list_checkpoints(tmp_path / "full")[-1]
+    assert load_state(last, "state")["kl_controller"] == full.kl_ctrl.state_dict()
+
     part, resumed = _killed_then_resumed(tmp_path / "part", KL_ON)
     assert [p.name for p in list_checkpoints(tmp_path / "part")][:2] == ["step_00000001", "step_00000002"]
     assert resumed.kl_ctrl.state_dict() == full.kl_ctrl.state_dict()
@@ -104,6 +108,7 @@ def test_kl_in_reward_changes_the_advantages_not_the_reward_metrics(tmp_path):
     # at step 1 policy = reference: k1 is 0 token by token, so the advantages and the update are the same
     assert b["kl/reward_penalty"] == 0.0 and a["adv/abs_mean"] == b["adv/abs_mean"]
     assert "kl/coef" not in a and plain.ref_model is None and plain.kl_ctrl is None
+    assert "kl_controller" not in plain.state_dict(1)  # default checkpoints hold what they always did
 
 
 def test_sync_reference_equals_trl_sync_target_model_and_hand_mix():

@@ -651,7 +651,8 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "controller": self.driver.state_dict()["controller"],
-            "kl_controller": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None,
+            # β of the KL in the reward; absent otherwise, so default checkpoints hold what they always did
+            **({"kl_controller": self.kl_ctrl.state_dict()} if self.kl_ctrl is not None else {}),
             "data": {"epoch": self.data_epoch, "pos": self.data_pos},
             "nonfinite": {"total": self.nonfinite_total, "in_row": self.nonfinite_in_row},
             "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
