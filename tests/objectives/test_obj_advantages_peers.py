@@ -345,9 +345,10 @@ def test_required_inputs_follow_the_options():
     assert make_estimator("remax").required_inputs() == {"baseline_rewards"}
     assert make_estimator("grpo").required_inputs() == set()
     # the objective's scale fills the estimator's own scale, and nothing else
-    assert make_estimator("gdpo", scale="none").scale == "none"
-    assert make_estimator("rloo", scale="group").scale == "group"
-    assert make_estimator("opo", scale="group") == make_estimator("opo")
+    assert make_estimator("gdpo", default_scale="none").scale == "none"
+    assert make_estimator("gdpo", default_scale="none", scale="batch").scale == "batch"
+    assert make_estimator("rloo", default_scale="group").scale == "group"
+    assert make_estimator("opo", default_scale="group") == make_estimator("opo")
 
 
 def test_missing_and_bad_inputs_raise_input_error():

@@ -22,8 +22,8 @@ statistics under ``adv/…``. Some take more inputs, by keyword (:data:`ADVANTAG
 ``required_inputs()`` and raises :class:`lmpo.errors.InputError` naming a missing one. Inputs it does not use are
 ignored, so a caller may pass everything it has. ``ADVANTAGE_ESTIMATORS`` is the registry (each entry a frozen
 dataclass of its options, like the objective parts); ``compute_advantages(name, rewards, group_ids, **options)``
-runs one (``options`` holds its parameters and its inputs); ``make_estimator(name, scale=…, **params)`` builds
-one the way the trainer does.
+runs one (``options`` holds its parameters and its inputs); ``make_estimator(name, default_scale=…, **params)``
+builds one the way the trainer does.
 
 Groups of one: lmpo's group baselines are the group's own statistic, so a singleton gets centred reward 0
 (verl's estimators use baseline 0 there and pass the raw reward on). The cross-checks use groups of two or more.
@@ -151,12 +151,13 @@ def batch_whiten(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     With ``w`` = token counts this is verl's ``masked_whiten`` (``verl.utils.torch_functional``) of ``x``
     broadcast over each response's tokens: its mean and Bessel-corrected variance run over the batch's tokens.
     With ``w`` = 1 the moments are over sequences. A total weight ≤ 1 leaves nothing to standardise against:
-    the denominators are clamped to 1 (verl raises there), which gives 0 for a single unit-weight entry.
+    the denominators are clamped to 1 (verl raises there), which gives 0 for a single unit-weight entry; a total
+    weight of 0 (every completion empty: no token would carry the advantage) gives 0 throughout.
     """
     total = weight.sum()
     mean = (weight * x).sum() / total.clamp(min=1.0)
     var = (weight * (x - mean) ** 2).sum() / (total - 1.0).clamp(min=1.0)
-    return (x - mean) * torch.rsqrt(var + eps)
+    return torch.where(total > 0, (x - mean) * torch.rsqrt(var + eps), 0.0)
 
 
 ADVANTAGE_ESTIMATORS = Registry("advantage_estimator", "Advantage estimator")
@@ -495,10 +496,10 @@ class GDPOAdvantage(AdvantageEstimator):
         return adv, _stats(adv, g["zero_variance"])
 
 
-def make_estimator(name: str, scale: str | None = None, **params: object) -> AdvantageEstimator:
-    """``ADVANTAGE_ESTIMATORS[name](**params)``; ``scale`` (the objective's ``advantage_scale``) fills the
+def make_estimator(name: str, *, default_scale: str | None = None, **params: object) -> AdvantageEstimator:
+    """``ADVANTAGE_ESTIMATORS[name](**params)``; ``default_scale`` (the objective's ``advantage_scale``) fills the
     estimator's own ``scale`` when it has one and ``params`` does not set it, and is ignored otherwise.
-    Unknown names and parameters raise ValueError naming them."""
+    Unknown names and parameters raise ValueError naming them; numbers written as strings become numbers."""
     if name not in ADVANTAGE_ESTIMATORS:
         close = difflib.get_close_matches(str(name), list(ADVANTAGE_ESTIMATORS), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -511,8 +512,8 @@ def make_estimator(name: str, scale: str | None = None, **params: object) -> Adv
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"advantage estimator {name!r} has no option {unknown[0]!r}; its options are "
                          f"{', '.join(fields) or '(none)'}.{hint}")
-    if scale is not None and "scale" in fields:
-        params = {"scale": scale, **params}
+    if default_scale is not None and "scale" in fields:
+        params = {"scale": default_scale, **params}
     hints = typing.get_type_hints(cls)
     params = {k: coerce_param(f"advantage_estimator {name!r}", k, v, hints[k]) for k, v in params.items()}
     return cls(**params)
