@@ -448,10 +448,11 @@ class Trainer:
                       "optim/nonfinite_skipped": float(self.nonfinite_total)})
         return to_host(stats)
 
-    def _advantage_inputs(self, examples, ro, per_fn: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _advantage_inputs(self, examples, ro, per_fn: dict[str, torch.Tensor], engine=None) -> dict[str, torch.Tensor]:
         """What the advantage estimator needs beyond (rewards, group ids), computed only when it asks: completion
         lengths, each reward function's values (undefined → 0, as in the total) with their weights, or the reward
-        of each prompt's greedy completion (ReMax: one extra greedy generation per prompt)."""
+        of each prompt's greedy completion (ReMax: one extra greedy generation per prompt, from ``engine``, by
+        default the run's rollout engine)."""
         needs = self.estimator.required_inputs()
         inputs: dict[str, torch.Tensor] = {}
         if "lengths" in needs:
@@ -463,7 +464,7 @@ class Trainer:
             inputs["reward_weights"] = torch.tensor([self.scorer.weights[n] for n in names], device=self.device)
         if "baseline_rewards" in needs:
             with torch.no_grad(), self._autocast():
-                greedy = self.rollout_engine.generate([e.prompt for e in examples], 1, greedy=True)
+                greedy = (engine or self.rollout_engine).generate([e.prompt for e in examples], 1, greedy=True)
             prompts, completions, answers, columns = reward_arguments(examples, greedy.completions)
             greedy_rewards, _ = self.scorer.score(prompts, completions, answers, **columns)  # (P,)
             inputs["baseline_rewards"] = greedy_rewards.to(self.device)[ro.group_ids.to(self.device)]  # (B,)
