@@ -314,7 +314,7 @@ class ReinforcePlusPlusAdvantage(AdvantageEstimator):
     name = "reinforce_plus_plus"
     grouped = False
     formula = "(r_i − μ_B)/sqrt(σ²_B + ε), moments over the batch (token-weighted by default)"
-    source = ("Hu 2025, REINFORCE++ (arXiv 2501.03262); verl core_algos.py "
+    source = ("Hu et al. 2025, REINFORCE++ (arXiv 2501.03262); verl core_algos.py "
               "compute_reinforce_plus_plus_outcome_advantage (γ = 1)")
     whiten: str = param("tokens", "batch moments weighted by token count (verl) or one weight per sequence",
                         choices=WHITEN_WEIGHTS)
@@ -345,7 +345,7 @@ class ReinforcePlusPlusBaselineAdvantage(AdvantageEstimator):
 
     name = "reinforce_plus_plus_baseline"
     formula = "whiten_B(r_i − mean_g r)"
-    source = ("Hu 2025, REINFORCE++ (arXiv 2501.03262); verl core_algos.py "
+    source = ("Hu et al. 2025, REINFORCE++ (arXiv 2501.03262); verl core_algos.py "
               "compute_reinforce_plus_plus_baseline_outcome_advantage")
     whiten: str = param("tokens", "batch moments weighted by token count (verl) or one weight per sequence",
                         choices=WHITEN_WEIGHTS)
@@ -468,7 +468,8 @@ class GDPOAdvantage(AdvantageEstimator):
     name = "gdpo"
     needs = frozenset({"reward_components"})
     formula = "whiten_B(Σ_k w_k (r_k,i − mean_g r_k)/(std_g r_k + ε))"
-    source = ("Liu et al. 2026, GDPO (arXiv 2601.05242); verl core_algos.py compute_gdpo_outcome_advantage")
+    source = "GDPO, group reward-decoupled normalisation (arXiv 2601.05242); verl core_algos.py " \
+             "compute_gdpo_outcome_advantage"
     scale: str = param("group", "per reward function: divide by the group std, the batch std, or nothing",
                        choices=ADVANTAGE_SCALES)
     eps: float = param(1e-6, "ε added to each function's std", low=0.0, low_inclusive=True)
