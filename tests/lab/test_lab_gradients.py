@@ -69,3 +69,35 @@ def test_every_objective_sees_the_same_batches(tmp_path, small_model_dir):
     assert out["kl_behaviour"] > 0  # k = 1 update from the snapshot: the ratios are not 1
     again = gradient_study(job.spec, log=lambda msg: None)
     assert again["objectives"]["gspo"]["gram"] == c["gram"]
+
+
+
+@pytest.mark.parametrize("estimator", ["remax", "gdpo"])
+def test_gradient_study_gives_the_estimator_its_inputs(tmp_path, small_model_dir, estimator, monkeypatch):
+    """The study's batches carry what the run's advantage estimator needs (ReMax: the rewards of greedy completions
+    decoded from the sampling model; GDPO: each reward function's values and the lengths), as the trainer
+    computes them, and its advantages are the estimator's on them."""
+    from lmpo.lab import gradients
+
+    seen = []
+    plain = gradients._advantages
+    monkeypatch.setattr(gradients, "_advantages", lambda trainer, batch, scale: seen.append(
+        (batch, plain(trainer, batch, scale))) or seen[-1][1])
+    train = {**smoke_config(tmp_path, small_model_dir)["train"], "sft": {"steps": 0},
+             "objective": {"advantage_estimator": estimator}}
+    sections = {"grid": {"objectives": ["grpo"], "seeds": [0]}, "train": train,
+                "gradients": {"batches": 2, "onpolicy_batches": 1, "snapshots": [0.0]}}
+    job = next(j for j in plan_jobs(lab_config_from_dict(smoke_config(tmp_path, small_model_dir, **sections)))
+               if j.kind == "gradients")
+    out = gradient_study(job.spec, log=lambda msg: None)
+    assert np.isfinite(np.asarray(out["objectives"]["grpo"]["gram"])).all()
+    assert seen
+    for batch, adv in seen:
+        inputs = batch["adv_inputs"]
+        if estimator == "remax":
+            assert set(inputs) == {"baseline_rewards"}
+            torch.testing.assert_close(adv, batch["rewards"] - inputs["baseline_rewards"])
+        else:
+            assert set(inputs) == {"reward_components", "reward_weights", "lengths"}
+            torch.testing.assert_close(inputs["reward_components"].sum(1), batch["rewards"])
+            torch.testing.assert_close(inputs["lengths"], batch["mask"].sum(-1))

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from lmpo.objectives.advantages import (
-    ADVANTAGE_ESTIMATORS,
     compute_advantages,
     filter_zero_variance_groups,
     grpo_advantages,
@@ -36,7 +35,7 @@ def test_rloo_hand_case():
     torch.testing.assert_close(adv, torch.tensor([1.0, -0.5, -0.5, 0.0]))
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("name", ["grpo", "rloo"])  # the others: test_obj_advantages_peers.py
 def test_matches_loop_and_permutation_equivariant(name):
     g = torch.Generator().manual_seed(0)
     groups = torch.arange(6).repeat_interleave(4)

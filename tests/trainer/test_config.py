@@ -161,3 +161,33 @@ def test_demo_yaml_equals_embedded_demo_config():
     from lmpo.trainer.demo import demo_config
 
     assert load_config(ROOT / "configs" / "demo.yaml") == demo_config()
+
+
+@pytest.mark.parametrize("name", ["reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "gpg",
+                                  "gdpo"])
+def test_peer_advantage_estimators_are_accepted(name):
+    validate_config(config_from_dict({"objective": {"advantage_estimator": name}}))
+    # only the estimators that compare a prompt's completions need G >= 2
+    one = {"objective": {"advantage_estimator": name}, "rollout": {"completions_per_prompt": 1}}
+    if name in ("reinforce_plus_plus", "remax"):
+        validate_config(config_from_dict(one))
+    else:
+        msg = _error(one)
+        assert "rollout.completions_per_prompt" in msg and repr(name) in msg
+
+
+def test_advantage_options_are_validated_naming_the_option():
+    ok = {"objective": {"advantage_estimator": "gdpo",
+                        "advantage_options": {"whiten": "sequences", "eps": "1e-4", "scale": "none"}}}
+    validate_config(config_from_dict(ok))  # YAML 1.1 reads 1e-4 as a string: coerced like every number
+    msg = _error({"objective": {"advantage_estimator": "reinforce_plus_plus", "advantage_options": {"whitten": "x"}}})
+    assert "objective.advantage_options.whitten" in msg and "Did you mean 'whiten'" in msg
+    msg = _error({"objective": {"advantage_estimator": "gpg", "advantage_options": {"valid": "all"}}})
+    assert "objective.advantage_options.valid" in msg and "'all'" in msg and "group_signal" in msg
+    msg = _error({"objective": {"advantage_estimator": "gpg", "advantage_options": {"f_norm": -1.0}}})
+    assert "objective.advantage_options.f_norm" in msg and "-1.0" in msg and "out of range" in msg
+    msg = _error({"objective": {"advantage_estimator": "remax", "advantage_options": {"scale": "group"}}})
+    assert "objective.advantage_options.scale" in msg and "'remax' has no option 'scale'" in msg
+    msg = _error({"objective": {"advantage_estimator": "reinforce_plus_plus"}, "rollout": {}}
+                 | {"objective": {"advantage_estimator": "reinforce_pp"}})
+    assert "objective.advantage_estimator" in msg and "reinforce_plus_plus" in msg

@@ -45,10 +45,11 @@ from lmpo.trainer.config import config_from_dict
 
 
 def _sample(trainer, model, prompts: list[str], seed: int):
-    """G sampled completions per prompt from ``model`` with the train section's sampling settings."""
+    """G sampled completions per prompt from ``model`` with the train section's sampling settings, and the engine
+    (which also decodes ReMax's greedy baselines from ``model``)."""
     engine = trainer._make_rollout_engine()
     engine.sync_weights(model)
-    return engine.generate(prompts, trainer.cfg.rollout.completions_per_prompt, seed=seed)
+    return engine.generate(prompts, trainer.cfg.rollout.completions_per_prompt, seed=seed), engine
 
 
 def _token_logp(trainer, driver, model, batch: dict, rows: torch.Tensor, T: int) -> dict[str, torch.Tensor]:
@@ -66,14 +67,15 @@ def _no_grad_logp(trainer, model, batch: dict, T: int) -> torch.Tensor:
     return trainer._logprobs(model, batch, with_grad=False).logp
 
 
-def _score(trainer, examples: list, rollout) -> torch.Tensor:
-    """(B,) total rewards of a rollout, scored as the trainer scores its own."""
+def _score(trainer, examples: list, rollout, engine) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(B,) total rewards of a rollout, scored as the trainer scores its own, and what the advantage estimator
+    needs beyond them (computed by the trainer's own ``_advantage_inputs``)."""
     from lmpo.trainer.evaluate import reward_arguments
 
     rows = [examples[i] for i in rollout.group_ids.tolist()]
     prompts, completions, answers, columns = reward_arguments(rows, rollout.completions)
-    rewards, _ = trainer.scorer.score(prompts, completions, answers, **columns)
-    return rewards
+    rewards, per_fn = trainer.scorer.score(prompts, completions, answers, **columns)
+    return rewards, trainer._advantage_inputs(examples, rollout, per_fn, engine=engine)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -99,21 +101,24 @@ class _Batches:
         gen = torch.Generator().manual_seed(_seed(self.seed, self.step, tag, index, 0))
         pick = torch.randperm(len(self.pool), generator=gen)[: cfg.loop.prompts_per_step].tolist()
         examples = [self.pool[i] for i in pick]
-        ro = _sample(self.trainer, model, [e.prompt for e in examples], _seed(self.seed, self.step, tag, index, 1))
-        rewards = _score(self.trainer, examples, ro).to(self.device)
+        ro, engine = _sample(self.trainer, model, [e.prompt for e in examples],
+                             _seed(self.seed, self.step, tag, index, 1))
+        rewards, adv_inputs = _score(self.trainer, examples, ro, engine)
+        rewards = rewards.to(self.device)
         d = self.device
         return {"input_ids": torch.cat([ro.prompt_ids, ro.completion_ids], 1).to(d),
                 "attention_mask": torch.cat([ro.prompt_mask, ro.completion_mask], 1).to(d),
                 "completion_ids": ro.completion_ids.to(d), "mask": ro.completion_mask.to(d).bool(),
-                "group": ro.group_ids.to(d), "rewards": rewards, "adv": {}}
+                "group": ro.group_ids.to(d), "rewards": rewards, "adv_inputs": adv_inputs, "adv": {}}
 
 
 def _advantages(trainer, batch: dict, scale: str) -> torch.Tensor:
-    from lmpo.objectives.advantages import compute_advantages
+    from lmpo.objectives.advantages import make_estimator
 
     if scale not in batch["adv"]:
-        batch["adv"][scale] = compute_advantages(trainer.cfg.objective.advantage_estimator, batch["rewards"],
-                                                 batch["group"], scale=scale)[0]
+        ob = trainer.cfg.objective
+        estimator = make_estimator(ob.advantage_estimator, default_scale=scale, **ob.advantage_options)
+        batch["adv"][scale] = estimator(batch["rewards"], batch["group"], **batch["adv_inputs"])[0]
     return batch["adv"][scale]
 
 

@@ -9,7 +9,14 @@ advantages fed to it; ``ObjectiveDriver`` is what a training loop (lmpo's traine
     loss, stats = Objective.preset("gspo")(logp, old_logp, advantages, mask)
 """
 
-from .advantages import ADVANTAGE_ESTIMATORS, compute_advantages, grpo_advantages, rloo_advantages
+from .advantages import (
+    ADVANTAGE_ESTIMATORS,
+    ADVANTAGE_INPUTS,
+    compute_advantages,
+    grpo_advantages,
+    make_estimator,
+    rloo_advantages,
+)
 from .driver import Host, ObjectiveDriver
 from .grad_norms import GRAD_NORM_MODES, exact_grad_norm, lm_head_grad_norm, logits_grad_norm
 from .objective import Objective
@@ -29,6 +36,7 @@ from .reference import preset_table_markdown
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "ADVANTAGE_INPUTS",
     "AGGREGATIONS",
     "COV_CONTROLS",
     "CREDITS",
@@ -49,6 +57,7 @@ __all__ = [
     "grpo_advantages",
     "lm_head_grad_norm",
     "logits_grad_norm",
+    "make_estimator",
     "preset_table_markdown",
     "rloo_advantages",
 ]

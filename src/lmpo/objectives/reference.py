@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .advantages import ADVANTAGE_ESTIMATORS
+from .advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_INPUTS
 from .objective import COMMON_STATS, DEFAULT_PARTS, SELECTORS, General, Objective, owners_by_keyword
 from .parts import INPUTS, KINDS
 from .presets import PRESETS
@@ -114,10 +114,23 @@ def inputs_table_markdown() -> str:
 
 
 def advantage_table_markdown() -> str:
-    rows = ["| estimator | parameters (default) | formula | source |", "|---|---|---|---|"]
+    rows = ["| estimator | parameters (default) | inputs (with the defaults) | formula | source |",
+            "|---|---|---|---|---|"]
     for name, cls in ADVANTAGE_ESTIMATORS.items():
         params = ", ".join(f"`{f.name}`={_default(f.default)}" for f in dataclasses.fields(cls)) or "—"
-        rows.append(f"| `{name}` | {_cell(params)} | `{_cell(cls.formula)}` | {_cell(cls.source)} |")
+        inputs = ", ".join(f"`{k}`" for k in ADVANTAGE_INPUTS if k in cls().required_inputs()) or "—"
+        rows.append(f"| `{name}` | {_cell(params)} | {inputs} | `{_cell(cls.formula)}` | {_cell(cls.source)} |")
+    return "\n".join(rows) + "\n"
+
+
+def advantage_inputs_table_markdown() -> str:
+    """The inputs an advantage estimator may take beyond (rewards, group_ids), and which estimators need them."""
+    rows = ["| keyword | what | needed by (with the defaults) |", "|---|---|---|"]
+    for key, doc in ADVANTAGE_INPUTS.items():
+        users = [f"`{name}`" for name, cls in ADVANTAGE_ESTIMATORS.items() if key in cls().required_inputs()]
+        if key == "reward_weights":
+            users = ["optional with `reward_components`"]
+        rows.append(f"| `{key}` | {_cell(doc)} | {', '.join(users) or '—'} |")
     return "\n".join(rows) + "\n"
 
 
@@ -128,6 +141,7 @@ GENERATED_SECTIONS = {
     "inputs-table": inputs_table_markdown,
     "stats-table": stats_table_markdown,
     "advantage-table": advantage_table_markdown,
+    "advantage-inputs-table": advantage_inputs_table_markdown,
 }
 """docs/objectives.md marker name → the function that renders what sits between its markers."""
 

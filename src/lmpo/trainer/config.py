@@ -158,7 +158,12 @@ class ObjectiveConfig:
     preset: str = _f("grpo", "A preset of `lmpo.objectives.PRESETS`.")
     overrides: dict = _f({}, "Field-by-field overrides of the preset, any `lmpo.objectives.Objective` field "
                          "(e.g. `{eps_high: 0.3, kl_coef: 0.01, grad_norm_mode: logits}`).")
-    advantage_estimator: str = _f("grpo", "An estimator of `lmpo.objectives.advantages.ADVANTAGE_ESTIMATORS`.")
+    advantage_estimator: str = _f("grpo", "An estimator of `lmpo.objectives.advantages.ADVANTAGE_ESTIMATORS` (table "
+                                  "in docs/objectives.md). `remax` decodes one extra greedy completion per prompt "
+                                  "for its baseline; `gdpo` normalises each reward function separately.")
+    advantage_options: dict = _f({}, "Parameters of the advantage estimator (e.g. `{whiten: sequences}` for "
+                                 "`reinforce_plus_plus`, `{valid: group_signal}` for `gpg`); an estimator with a "
+                                 "`scale` takes the preset's `advantage_scale` unless it is set here.")
     filter_zero_variance: bool = _f(False, "Drop groups whose rewards are all equal before the update (DAPO "
                                     "dynamic-sampling statistic: `adv/zero_var_frac`).")
     # KL in the reward (verl algorithm.use_kl_in_reward / kl_penalty / kl_ctrl) and reference sync (TR-DPO)
@@ -358,7 +363,35 @@ def save_config(cfg: TrainConfig, path: str | os.PathLike) -> None:
 # Validation (before any model is built)
 # ----------------------------------------------------------------------------------------------------
 
-_GROUP_ESTIMATORS = ("grpo", "rloo", "rlvcr")
+def _check_advantage_estimator(ob: ObjectiveConfig, scale: str, G: int) -> None:
+    """The estimator name, each of its options (the error names the option), and G >= 2 for group estimators."""
+    from lmpo.objectives.advantages import ADVANTAGE_ESTIMATORS, make_estimator
+
+    name = ob.advantage_estimator
+    _check_choice("objective.advantage_estimator", name, sorted(ADVANTAGE_ESTIMATORS))
+    cls = ADVANTAGE_ESTIMATORS[name]
+    fields = cls.params()
+    for key, value in ob.advantage_options.items():
+        where = f"objective.advantage_options.{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"`{where}`: advantage estimator {name!r} has no option {key!r}; its options are "
+                              f"{', '.join(fields) or '(none)'} (table in docs/objectives.md).{hint}")
+        try:
+            make_estimator(name, **{key: value})
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"`{where}` = {value!r} is not valid for advantage estimator {name!r}: {e}") from None
+    try:
+        make_estimator(name, default_scale=scale, **ob.advantage_options)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"`objective.advantage_options` = {ob.advantage_options!r} is not valid for advantage "
+                          f"estimator {name!r}: {e}") from None
+    if cls.grouped and G < 2:
+        raise ConfigError(
+            f"`rollout.completions_per_prompt` = {G}: {name!r} advantages are computed "
+            "within each prompt's group of completions and are all 0 for a group of one. Set "
+            "rollout.completions_per_prompt >= 2 (e.g. 8).")
 
 
 def _check_choice(where: str, value: Any, choices: typing.Iterable[str]) -> None:
@@ -446,7 +479,6 @@ def validate_config(cfg: TrainConfig) -> None:
     what follows are the checks that need several fields, a registry or the file system.
     """
     from lmpo.objectives import PRESETS, Objective
-    from lmpo.objectives.advantages import ADVANTAGE_ESTIMATORS
 
     check_fields(cfg)
     ob = cfg.objective
@@ -456,13 +488,7 @@ def validate_config(cfg: TrainConfig) -> None:
     except (TypeError, ValueError) as e:
         raise ConfigError(f"`objective.overrides` = {ob.overrides!r} is not valid for preset {ob.preset!r}: {e}. "
                           "Use field names and values of lmpo.objectives.Objective.") from e
-    _check_choice("objective.advantage_estimator", ob.advantage_estimator, sorted(ADVANTAGE_ESTIMATORS))
-    G = cfg.rollout.completions_per_prompt
-    if ob.advantage_estimator in _GROUP_ESTIMATORS and G < 2:
-        raise ConfigError(
-            f"`rollout.completions_per_prompt` = {G}: {ob.advantage_estimator!r} advantages are computed "
-            "within each prompt's group of completions and are all 0 for a group of one. Set "
-            "rollout.completions_per_prompt >= 2 (e.g. 8).")
+    _check_advantage_estimator(ob, objective.advantage_scale, cfg.rollout.completions_per_prompt)
     _check_kl_fields(cfg, objective)
 
     from lmpo.generation import ENGINES

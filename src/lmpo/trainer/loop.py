@@ -1,7 +1,8 @@
 """The training loop. Read ``Trainer.train`` top to bottom; ``_rl_step`` is one RL step::
 
     prompts (P = prompts_per_step)  →  rollout: G completions each (B = P·G sequences)
-    →  rewards (B,)  →  advantages (B,)  [optional zero-variance group filter]
+    →  rewards (B,)  [ReMax: + the reward of one greedy completion per prompt]  →  advantages (B,)
+       [optional zero-variance group filter]
     →  behaviour log-probs (only when off-policy)  →  reference log-probs (only for a KL in the loss or the reward)
     →  for epoch in epochs_per_step, minibatch in minibatches_per_step: one optimizer step
            for microbatch: logp (B_μ,T) [+ entropy, token_grad_norm when needed] → objective → backward
@@ -123,6 +124,12 @@ class Trainer:
         self.objective = Objective.preset(config.objective.preset,
                                           **{"check_finite": False, **config.objective.overrides})
         self.driver = ObjectiveDriver(self.objective)
+        from lmpo.objectives.advantages import make_estimator
+
+        #: the advantage estimator; what it needs beyond (rewards, group ids) is computed by _advantage_inputs
+        self.estimator = make_estimator(config.objective.advantage_estimator,
+                                        default_scale=self.objective.advantage_scale,
+                                        **config.objective.advantage_options)
 
         try:
             self.task = task if task is not None else self._build_task()
@@ -384,6 +391,7 @@ class Trainer:
         prompts, completions, answers, columns = reward_arguments([examples[i] for i in group.tolist()],
                                                                   ro.completions)
         rewards, per_fn = self.scorer.score(prompts, completions, answers, **columns)
+        reward_errors = float(self.scorer.last_stats.get("reward/skipped", 0.0))
         acc_values = self.accuracy_fn(prompts=prompts, completions=completions, answer=answers, **columns)
         correct = torch.tensor([v is not None and float(v) >= cfg.rewards.success_threshold for v in acc_values],
                                dtype=torch.float32)
@@ -393,10 +401,9 @@ class Trainer:
             rewards, {}, None)
 
         # advantages (B,) and the zero-variance statistic
-        from lmpo.objectives.advantages import compute_advantages, zero_variance_mask
+        from lmpo.objectives.advantages import zero_variance_mask
 
-        adv, adv_stats = compute_advantages(cfg.objective.advantage_estimator, adv_rewards, group,
-                                            scale=obj.advantage_scale)
+        adv, adv_stats = self.estimator(adv_rewards, group, **self._advantage_inputs(examples, ro, per_fn))
         zero_var = zero_variance_mask(adv_rewards, group)  # (B,): the completion's group carries no signal
         keep = ~zero_var if cfg.objective.filter_zero_variance else torch.ones_like(group, dtype=torch.bool)
         t_score = time.perf_counter()
@@ -405,7 +412,7 @@ class Trainer:
         lengths = comp_mask.sum(-1).float()
         stats: dict[str, torch.Tensor | float] = {
             "reward/mean": rewards.mean(), "reward/std": rewards.std() if rewards.numel() > 1 else rewards.new_zeros(()),
-            "reward/accuracy": correct.mean(), "reward/errors": float(self.scorer.last_stats.get("reward/skipped", 0.0)),
+            "reward/accuracy": correct.mean(), "reward/errors": reward_errors,
             "adv/mean": adv[keep].mean() if keep.any() else adv.new_zeros(()),
             "adv/std": adv[keep].std() if keep.sum() > 1 else adv.new_zeros(()),
             "adv/abs_mean": adv[keep].abs().mean() if keep.any() else adv.new_zeros(()),
@@ -451,6 +458,28 @@ class Trainer:
                       "perf/step_s": t_end - t0, "perf/tokens_per_s": tokens / max(t_end - t0, 1e-9),
                       "optim/nonfinite_skipped": float(self.nonfinite_total)})
         return to_host(stats)
+
+    def _advantage_inputs(self, examples, ro, per_fn: dict[str, torch.Tensor], engine=None) -> dict[str, torch.Tensor]:
+        """What the advantage estimator needs beyond (rewards, group ids), computed only when it asks: completion
+        lengths, each reward function's values (undefined → 0, as in the total) with their weights, or the reward
+        of each prompt's greedy completion (ReMax: one extra greedy generation per prompt, from ``engine``, by
+        default the run's rollout engine)."""
+        needs = self.estimator.required_inputs()
+        inputs: dict[str, torch.Tensor] = {}
+        if "lengths" in needs:
+            inputs["lengths"] = ro.completion_lengths.to(self.device)
+        if "reward_components" in needs:
+            names = self.scorer.names
+            inputs["reward_components"] = torch.stack(
+                [torch.nan_to_num(per_fn[n], nan=0.0) for n in names], dim=1).to(self.device)  # (B, K)
+            inputs["reward_weights"] = torch.tensor([self.scorer.weights[n] for n in names], device=self.device)
+        if "baseline_rewards" in needs:
+            with torch.no_grad(), self._autocast():
+                greedy = (engine or self.rollout_engine).generate([e.prompt for e in examples], 1, greedy=True)
+            prompts, completions, answers, columns = reward_arguments(examples, greedy.completions)
+            greedy_rewards, _ = self.scorer.score(prompts, completions, answers, **columns)  # (P,)
+            inputs["baseline_rewards"] = greedy_rewards.to(self.device)[ro.group_ids.to(self.device)]  # (B,)
+        return inputs
 
     def _truncated_frac(self, ro, comp_mask: torch.Tensor) -> torch.Tensor:
         eos = self.tokenizer.eos_token_id
