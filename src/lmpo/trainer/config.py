@@ -454,10 +454,6 @@ def _check_dapo(cfg: TrainConfig, objective) -> None:
     if cfg.objective.mask_truncated_completions and ro.ignore_eos:
         raise ConfigError("`objective.mask_truncated_completions` = true with `rollout.ignore_eos` = true would "
                           "mask every completion (none ends with EOS). Switch one of them off.")
-    if ro.dynamic_sampling and ro.completions_per_prompt < 2:
-        raise ConfigError(f"`rollout.dynamic_sampling` = true with `rollout.completions_per_prompt` = "
-                          f"{ro.completions_per_prompt}: a group of one never has non-zero variance, so no draw "
-                          "could fill the batch. Set completions_per_prompt >= 2 or switch dynamic_sampling off.")
     if cfg.rlvcr.enabled and "rollout_logp" in objective.needs:
         raise ConfigError(f"`objective.overrides` = {cfg.objective.overrides!r} needs the sampler's log-probs "
                           "(a correction or rejection), but `rlvcr.enabled` re-generates completions the sampler "

@@ -27,6 +27,7 @@ from lmpo.errors import RunError
 from lmpo.generation import Rollout, concat_rollouts, select_rows
 from lmpo.objectives.advantages import zero_variance_mask
 
+
 @dataclass
 class ScoredRollout:
     """One draw: N prompts, their B = N·G completions and the completions' rewards.
@@ -81,7 +82,7 @@ def dynamic_sample(draw: Callable[[int], ScoredRollout], groups_wanted: int, com
                    metric: str = "reward", max_draws: int = 0, pad_token_id: int = 0
                    ) -> tuple[ScoredRollout, dict[str, float]]:
     """Call ``draw(k)`` (k = 0, 1, …) until ``groups_wanted`` groups of non-zero ``metric`` variance are in hand;
-    returns exactly those groups (the first ones in draw order) and ``rollout/*`` counts (documented in ``lmpo.trainer.metrics.METRIC_DOCS``).
+    returns exactly those groups (the first ones in draw order) and the ``rollout/*`` counts (``METRIC_DOCS``).
 
     metric: ``"reward"`` (the total reward) or ``"accuracy"`` (``correct``, as DAPO's paper and verl's recipe).
     max_draws: raise :class:`RunError` once this many draws did not fill the batch (0 = no limit, verl's
@@ -97,7 +98,7 @@ def dynamic_sample(draw: Callable[[int], ScoredRollout], groups_wanted: int, com
             raise RunError(
                 f"dynamic sampling drew {draws} batches of prompts (`rollout.dynamic_sampling_max_draws` = "
                 f"{max_draws}) and found only {n_kept} of the {groups_wanted} groups with non-zero "
-                f"{metric} variance it needs ({n_dropped} of {n_drawn} groups drawn had all-equal {metric}s). The "
+                f"{metric} variance it needs ({n_dropped} of {n_drawn} groups drawn had all-equal values). The "
                 "task is too hard or too easy for the policy, or the reward too coarse: raise "
                 "rollout.dynamic_sampling_max_draws (0 = no limit), raise rollout.completions_per_prompt, use "
                 "dynamic_sampling_metric: reward with a finer-grained reward, or turn rollout.dynamic_sampling off.")
