@@ -66,6 +66,15 @@ def test_overlong_penalty_equals_verls_dapo_reward_manager():
     torch.testing.assert_close(overlong_penalty(lengths, L_max, buf, factor), theirs)
 
 
+def test_overlong_penalty_equals_trls_soft_overlong_punishment():
+    from trl.rewards import get_soft_overlong_punishment
+
+    L_max, buf = 12, 5
+    lengths = list(range(0, L_max + 4))  # TRL scores lengths beyond L_max too: the -1 floor
+    theirs = torch.tensor(get_soft_overlong_punishment(L_max, buf)([[1] * n for n in lengths]))
+    torch.testing.assert_close(overlong_penalty(torch.tensor(lengths), L_max, buf), theirs.float())
+
+
 # ---------------------------------------------------------------- dynamic sampling (pure)
 def _scored(group_rewards: list[list[float]], tag: str, prompt_width: int, logprobs: bool = True) -> ScoredRollout:
     """A draw whose group i has rewards ``group_rewards[i]``; completion strings name draw, group and row."""

@@ -449,7 +449,7 @@ def _check_dapo(cfg: TrainConfig, objective) -> None:
     if rw.overlong_buffer_len > ro.max_new_tokens:
         raise ConfigError(f"`rewards.overlong_buffer_len` = {rw.overlong_buffer_len} exceeds "
                           f"`rollout.max_new_tokens` = {ro.max_new_tokens}: the buffer is the last part of the "
-                          "completion budget. Set it to at most max_new_tokens (DAPO uses a quarter of it), or 0 "
+                          "completion budget. Set it to at most max_new_tokens (DAPO: 4096 of 20480), or 0 "
                           "for no overlong shaping.")
     if cfg.objective.mask_truncated_completions and ro.ignore_eos:
         raise ConfigError("`objective.mask_truncated_completions` = true with `rollout.ignore_eos` = true would "
