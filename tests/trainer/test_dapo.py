@@ -270,3 +270,25 @@ def test_dapo_full_recipe_trains_two_steps(tmp_path):
         assert row["reward/overlong/mean"] <= 0 and "completion/truncated_masked_frac" in row
 
 
+
+
+def test_dapo_run_resumes_bit_for_bit(tmp_path, monkeypatch):
+    """Dynamic sampling consumes a varying number of prompts per step; the data position in the checkpoint keeps a
+    resumed run on the uninterrupted one's draws."""
+    monkeypatch.setitem(REWARDS, "odd_answers_only", _odd_answers_only)
+    sections = {"rewards": {"functions": ["odd_answers_only"], "weights": [1.0], "overlong_buffer_len": 1},
+                "rollout": {"dynamic_sampling": True, "dynamic_sampling_max_draws": 20},
+                "objective": {"preset": "dapo", "mask_truncated_completions": True,
+                              "overrides": {"correction": "tis"}}}
+    full = make_trainer(tmp_path / "full", loop={"steps": 4}, **sections)
+    full_rows = full.train().history
+    part = make_trainer(tmp_path / "part", loop={"steps": 2}, checkpoint={"at_end": True}, **sections)
+    part.train()
+    resumed = make_trainer(tmp_path / "part", seed=7, loop={"steps": 4}, checkpoint={"at_end": True}, **sections)
+    resumed_rows = resumed.train(resume="auto").history
+    for (k, v), w in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(v, w), k
+    timing = ("time/", "perf/")
+    assert [{k: v for k, v in r.items() if not k.startswith(timing)} for r in full_rows[2:]] == \
+        [{k: v for k, v in r.items() if not k.startswith(timing)} for r in resumed_rows]
+    assert sum(r["rollout/draws"] for r in full_rows) > 4
