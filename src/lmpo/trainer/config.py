@@ -177,8 +177,9 @@ class ObjectiveConfig:
     overrides: dict = _f({}, "Field-by-field overrides of the preset, any `lmpo.objectives.Objective` field "
                          "(e.g. `{eps_high: 0.3, kl_coef: 0.01, grad_norm_mode: logits}`).")
     advantage_estimator: str = _f("grpo", "An estimator of `lmpo.objectives.advantages.ADVANTAGE_ESTIMATORS`.")
-    filter_zero_variance: bool = _f(False, "Drop groups whose rewards are all equal before the update (DAPO "
-                                    "dynamic-sampling statistic: `adv/zero_var_frac`).")
+    filter_zero_variance: bool = _f(False, "Drop groups whose rewards are all equal before the update, leaving a "
+                                    "smaller batch (`adv/zero_var_frac`); `rollout.dynamic_sampling` refills the "
+                                    "batch instead, as DAPO does.")
     mask_truncated_completions: bool = _f(False, "Completions that reach `rollout.max_new_tokens` without EOS "
                                           "get loss mask 0 (TRL `mask_truncated_completions`, DAPO overlong "
                                           "filtering); they keep their reward and their place in the group's "
