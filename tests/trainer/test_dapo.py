@@ -109,8 +109,11 @@ def test_dynamic_sampling_keeps_only_informative_groups_in_draw_order_and_counts
         calls.append(k)
         return draws[k]
 
+    for i, d in enumerate(draws):
+        d.reward_errors = float(i + 1)
     batch, stats = dynamic_sample(draw, 2, 2, max_draws=5, pad_token_id=0)
     assert calls == [0, 1, 2]
+    assert batch.reward_errors == 1 + 2 + 3  # skipped reward calls of every draw, the dropped one's too
     assert stats == {"rollout/draws": 3.0, "rollout/groups_kept": 2.0, "rollout/groups_dropped": 6.0,
                      "rollout/groups_surplus": 1.0, "rollout/zero_var_frac": 6 / 9}
     assert batch.rollout.completions == ["ag1r0", "ag1r1", "cg0r0", "cg0r1"]

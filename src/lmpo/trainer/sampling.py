@@ -93,6 +93,7 @@ def dynamic_sample(draw: Callable[[int], ScoredRollout], groups_wanted: int, com
     G = completions_per_prompt
     kept: list[ScoredRollout] = []
     n_kept = n_dropped = n_drawn = draws = 0
+    errors = 0.0  # reward-function calls skipped in every draw, kept or not
     while n_kept < groups_wanted:
         if max_draws and draws >= max_draws:
             raise RunError(
@@ -104,6 +105,7 @@ def dynamic_sample(draw: Callable[[int], ScoredRollout], groups_wanted: int, com
                 "dynamic_sampling_metric: reward with a finer-grained reward, or turn rollout.dynamic_sampling off.")
         scored = draw(draws)
         draws += 1
+        errors += scored.reward_errors
         ok = informative_groups(scored.rewards if metric == "reward" else scored.correct, G)
         n_drawn += int(ok.numel())
         good = torch.nonzero(ok).squeeze(-1)
@@ -113,6 +115,7 @@ def dynamic_sample(draw: Callable[[int], ScoredRollout], groups_wanted: int, com
             kept.append(scored.select_groups(take, G))
             n_kept += int(take.numel())
     batch = concat_scored(kept, pad_token_id)
+    batch.reward_errors = errors
     stats = {"rollout/draws": float(draws), "rollout/groups_kept": float(n_kept),
              "rollout/groups_dropped": float(n_dropped),
              "rollout/groups_surplus": float(n_drawn - n_dropped - n_kept),
@@ -123,4 +126,5 @@ def dynamic_sample(draw: Callable[[int], ScoredRollout], groups_wanted: int, com
 def mask_truncated(mask: torch.Tensor, truncated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(mask with truncated rows zeroed, fraction of rows zeroed)``; mask (B, T) bool, truncated (B,) bool."""
     truncated = truncated.to(mask.device)
-    return mask & ~truncated[:, None], truncated.float().mean() if truncated.numel() else mask.new_zeros((), dtype=torch.float32)
+    frac = truncated.float().mean() if truncated.numel() else mask.new_zeros((), dtype=torch.float32)
+    return mask & ~truncated[:, None], frac
