@@ -48,8 +48,8 @@ METRIC_DOCS: dict[str, str] = {
     "completion/truncated_frac": "fraction of completions that hit max_new_tokens without EOS",
     "rollout/draws": "dynamic sampling: batches of prompts_per_step prompts drawn this step to fill the batch "
                      "with groups of non-zero variance",
-    "rollout/groups_kept": "dynamic sampling: groups trained on this step (prompts_per_step unless the batch is "
-                           "short)",
+    "rollout/groups_kept": "dynamic sampling: groups trained on this step (always prompts_per_step: a batch "
+                           "that cannot be filled stops the run)",
     "rollout/groups_dropped": "dynamic sampling: groups drawn this step whose rewards (or accuracies) were all "
                               "equal, discarded",
     "rollout/groups_surplus": "dynamic sampling: informative groups drawn beyond prompts_per_step, discarded",
