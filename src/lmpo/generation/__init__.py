@@ -19,7 +19,7 @@ from lmpo.generation.logprobs import (
     selective_log_softmax_with_entropy,
     sequence_logprobs,
 )
-from lmpo.generation.rollout import Rollout, RolloutEngine, eos_token_ids
+from lmpo.generation.rollout import Rollout, RolloutEngine, concat_rollouts, eos_token_ids, select_rows
 from lmpo.generation.vllm import VLLMRollout
 
 #: ``rollout.engine`` name -> engine class; each takes ``(model, tokenizer, max_new_tokens=, temperature=,
@@ -36,9 +36,11 @@ __all__ = [
     "SequenceLogprobs",
     "VLLMRollout",
     "chunked_entropy",
+    "concat_rollouts",
     "eos_token_ids",
     "policy_logprobs",
     "position_ids_from_mask",
+    "select_rows",
     "selective_log_softmax",
     "selective_log_softmax_with_entropy",
     "sequence_logprobs",

@@ -129,3 +129,57 @@ class SamplingEngine:
             raise ValueError(f"completions_per_prompt={completions_per_prompt} must be >= 1")
         if not prompts:
             raise ValueError("generate() needs at least one prompt")
+
+
+def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
+    """The rollout's ``rows`` (a (K,) long index), group ids renumbered 0 … in order of first appearance.
+
+    Select whole groups (all G rows of a prompt, in order) to keep the ``i·G … i·G+G−1`` layout.
+    """
+    rows = rows.to(rollout.completion_ids.device)
+    group = rollout.group_ids[rows]
+    _, first = torch.unique_consecutive(group, return_inverse=True)
+    listed = rows.tolist()
+    return Rollout(
+        prompt_ids=rollout.prompt_ids[rows], prompt_mask=rollout.prompt_mask[rows],
+        completion_ids=rollout.completion_ids[rows], completion_mask=rollout.completion_mask[rows],
+        group_ids=first.to(rollout.group_ids.dtype),
+        prompts=[rollout.prompts[i] for i in listed], completions=[rollout.completions[i] for i in listed],
+        truncated=rollout.truncated[rows.to(rollout.truncated.device)],
+        logprobs=rollout.logprobs[rows] if rollout.logprobs is not None else None,
+    )
+
+
+def concat_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
+    """One rollout of several, in order: prompts re-padded on the left and completions on the right to the widest
+    (pad ``pad_token_id``, mask 0, log-prob 0), group ids offset so that groups stay distinct. Log-probs are kept
+    only when every part has them."""
+    if not rollouts:
+        raise ValueError("concat_rollouts needs at least one rollout")
+    if len(rollouts) == 1:
+        return rollouts[0]
+    P = max(r.prompt_ids.shape[1] for r in rollouts)
+    T = max(r.completion_ids.shape[1] for r in rollouts)
+
+    def left(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+    def right(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    offsets, total = [], 0
+    for r in rollouts:
+        offsets.append(total)
+        total += int(r.group_ids.max()) + 1 if len(r) else 0
+    with_logprobs = all(r.logprobs is not None for r in rollouts)
+    return Rollout(
+        prompt_ids=torch.cat([left(r.prompt_ids, P, pad_token_id) for r in rollouts]),
+        prompt_mask=torch.cat([left(r.prompt_mask, P, 0) for r in rollouts]),
+        completion_ids=torch.cat([right(r.completion_ids, T, pad_token_id) for r in rollouts]),
+        completion_mask=torch.cat([right(r.completion_mask, T, 0) for r in rollouts]),
+        group_ids=torch.cat([r.group_ids + o for r, o in zip(rollouts, offsets)]),
+        prompts=[p for r in rollouts for p in r.prompts],
+        completions=[c for r in rollouts for c in r.completions],
+        truncated=torch.cat([r.truncated for r in rollouts]),
+        logprobs=torch.cat([right(r.logprobs, T, 0.0) for r in rollouts]) if with_logprobs else None,
+    )

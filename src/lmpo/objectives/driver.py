@@ -73,17 +73,14 @@ class Host:
 
 TRAINER_HOST = Host(
     "lmpo's trainer",
-    frozenset({"entropy", "ref_logp", "step_hook", "token_grad_norm:exact", "token_grad_norm:lm_head",
+    frozenset({"entropy", "ref_logp", "rollout_logp", "step_hook", "token_grad_norm:exact", "token_grad_norm:lm_head",
                "token_grad_norm:logits"}),
     reports_entropy=True,
-    advice={"rollout_logp": "the trainer samples with the training model itself and does not pass the sampler's "
-                            "log-probs to the objective yet; use correction='none' and rejection='none' here, or run "
-                            "the objective under lmpo.integrations.trl.LmpoGRPOTrainer (vLLM's log-probs).",
-            "rollout_is_weights": "correction='given' is for hosts that compute their own weights (verl); use "
+    advice={"rollout_is_weights": "correction='given' is for hosts that compute their own weights (verl); use "
                                   "correction='none' here."},
 )
-"""lmpo's own trainer: everything except sampler log-probs (it samples with the policy it trains) and host-made
-rollout weights."""
+"""lmpo's own trainer: everything except host-made rollout weights. Sampler log-probs are recorded by its
+generation engine (``HFRollout(record_logprobs=True)``, vLLM) when the objective needs them."""
 
 
 def needs_of(objective: Objective, host: Host) -> Needs:

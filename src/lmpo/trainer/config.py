@@ -110,8 +110,19 @@ class RolloutConfig:
                      "LM, static KV cache, each prompt pre-filled once) or `vllm` (vLLM colocated on the training "
                      "GPU, weights synced after every step; needs `lmpo[vllm]` and CUDA).")
     record_logprobs: bool = _f(False, "Record the sampler's log-probs of the sampled tokens (`log softmax(logits / "
-                               "temperature)`, the rollout log-probs of mismatch corrections); vLLM records them "
-                               "whatever this is.")
+                               "temperature)`) and log the sampler/trainer mismatch (`mismatch/*`) every step. "
+                               "Switched on by itself when the objective needs them (a `correction` or "
+                               "`rejection` other than `none`); vLLM records them whatever this is.")
+    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: draw batches of `loop.prompts_per_step` prompts "
+                                "until that many groups with non-zero variance (of `dynamic_sampling_metric`) are "
+                                "in hand, and train on exactly those (metrics `rollout/draws`, "
+                                "`rollout/groups_dropped`).")
+    dynamic_sampling_metric: str = _f("reward", "What must vary within a group to keep it: `reward` (the total "
+                                      "reward, shaping included) or `accuracy` (the task's accuracy reward >= "
+                                      "`rewards.success_threshold`, as DAPO's paper and verl's recipe).",
+                                      choices=("reward", "accuracy"))
+    dynamic_sampling_max_draws: int = _f(10, "Stop the run with an error once this many draws in one step did not "
+                                         "fill the batch (verl `max_num_gen_batches`; 0 = no limit).", ge=0)
     vllm_gpu_memory_utilization: float = _f(0.3, "Fraction of the GPU's memory vLLM may take for its weights and KV "
                                             "cache (`engine: vllm`); the rest is left to training.", gt=0, lt=1,
                                             hint="e.g. 0.3 leaves most of the GPU to training.")
@@ -149,6 +160,13 @@ class RewardsConfig:
                        choices=("raise", "skip"))
     success_threshold: float = _f(1.0, "A completion counts as correct (`reward/accuracy`, "
                                   "`eval/accuracy`) when the task's accuracy reward is >= this.")
+    overlong_buffer_len: int = _f(0, "DAPO soft overlong punishment: the last this many tokens of the "
+                                  "`rollout.max_new_tokens` budget (L_cache) are a buffer in which the reward "
+                                  "falls linearly from 0 to -overlong_penalty_factor (logged as "
+                                  "`reward/overlong/mean`); 0 = off. Training rewards only, not evaluation.",
+                                  ge=0)
+    overlong_penalty_factor: float = _f(1.0, "Size of the overlong penalty at the full budget (verl "
+                                        "`overlong_buffer.penalty_factor`).", ge=0)
 
 
 @dataclass(frozen=True)
@@ -164,8 +182,13 @@ class ObjectiveConfig:
     advantage_options: dict = _f({}, "Parameters of the advantage estimator (e.g. `{whiten: sequences}` for "
                                  "`reinforce_plus_plus`, `{valid: group_signal}` for `gpg`); an estimator with a "
                                  "`scale` takes the preset's `advantage_scale` unless it is set here.")
-    filter_zero_variance: bool = _f(False, "Drop groups whose rewards are all equal before the update (DAPO "
-                                    "dynamic-sampling statistic: `adv/zero_var_frac`).")
+    filter_zero_variance: bool = _f(False, "Drop groups whose rewards are all equal before the update, leaving a "
+                                    "smaller batch (`adv/zero_var_frac`); `rollout.dynamic_sampling` refills the "
+                                    "batch instead, as DAPO does.")
+    mask_truncated_completions: bool = _f(False, "Completions that reach `rollout.max_new_tokens` without EOS "
+                                          "get loss mask 0 (TRL `mask_truncated_completions`, DAPO overlong "
+                                          "filtering); they keep their reward and their place in the group's "
+                                          "advantages.")
     # KL in the reward (verl algorithm.use_kl_in_reward / kl_penalty / kl_ctrl) and reference sync (TR-DPO)
     kl_in_reward: bool = _f(False, "Subtract β·Σ_t KL_t to the reference model from each sequence's reward before "
                             "the advantages (verl `algorithm.use_kl_in_reward`; builds the reference model).")
@@ -472,6 +495,23 @@ def _check_device(where: str, device: str) -> None:
                           "`auto`.")
 
 
+def _check_dapo(cfg: TrainConfig, objective) -> None:
+    """Dynamic sampling, overlong shaping, truncation masking and rollout log-probs against the rest."""
+    ro, rw = cfg.rollout, cfg.rewards
+    if rw.overlong_buffer_len > ro.max_new_tokens:
+        raise ConfigError(f"`rewards.overlong_buffer_len` = {rw.overlong_buffer_len} exceeds "
+                          f"`rollout.max_new_tokens` = {ro.max_new_tokens}: the buffer is the last part of the "
+                          "completion budget. Set it to at most max_new_tokens (DAPO: 4096 of 20480), or 0 "
+                          "for no overlong shaping.")
+    if cfg.objective.mask_truncated_completions and ro.ignore_eos:
+        raise ConfigError("`objective.mask_truncated_completions` = true with `rollout.ignore_eos` = true would "
+                          "mask every completion (none ends with EOS). Switch one of them off.")
+    if cfg.rlvcr.enabled and "rollout_logp" in objective.needs:
+        raise ConfigError(f"`objective.overrides` = {cfg.objective.overrides!r} needs the sampler's log-probs "
+                          "(a correction or rejection), but `rlvcr.enabled` re-generates completions the sampler "
+                          "never scored. Use correction: none and rejection: none with RLVCR.")
+
+
 def validate_config(cfg: TrainConfig) -> None:
     """Check every field that can be checked without building a model. Raises ConfigError.
 
@@ -490,6 +530,7 @@ def validate_config(cfg: TrainConfig) -> None:
                           "Use field names and values of lmpo.objectives.Objective.") from e
     _check_advantage_estimator(ob, objective.advantage_scale, cfg.rollout.completions_per_prompt)
     _check_kl_fields(cfg, objective)
+    _check_dapo(cfg, objective)
 
     from lmpo.generation import ENGINES
 

@@ -41,12 +41,15 @@ from lmpo.errors import InputError, Interrupted, RunError
 from lmpo.generation import PolicyLogprobs, policy_logprobs
 from lmpo.objectives import Objective, ObjectiveDriver
 from lmpo.objectives.driver import merge_stats
+from lmpo.rewards.overlong import overlong_penalty
 from lmpo.runs import check_resume_config, prepare_run_dir, stop_on_sigint
 from lmpo.trainer import checkpoint as ckpt
 from lmpo.trainer.config import TrainConfig, config_to_dict, validate_config
 from lmpo.trainer.evaluate import evaluate, reward_arguments
 from lmpo.trainer.metrics import MetricsLogger, to_host
+from lmpo.trainer.mismatch import mismatch_metrics
 from lmpo.trainer.optim import Schedule, build_optimizer
+from lmpo.trainer.sampling import ScoredRollout, dynamic_sample, mask_truncated
 from lmpo.trainer.sft import supervised_warmup
 
 #: what a trainer run directory holds (``--overwrite`` deletes these and nothing else)
@@ -156,6 +159,7 @@ class Trainer:
             self.model = self._wrap_lora(self.model)
         self.rollout_engine = rollout_engine
         self.ref_model = None
+        self._generate_s = 0.0  # seconds spent in rollout_engine.generate during the current RL step
         self.kl_ctrl = self._build_kl_controller()
 
     @property
@@ -223,7 +227,7 @@ class Trainer:
             ro.engine == "vllm") else {}
         return ENGINES[ro.engine](self.model, self.tokenizer, max_new_tokens=ro.max_new_tokens,
                                   temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, ignore_eos=ro.ignore_eos,
-                                  record_logprobs=ro.record_logprobs, **options)
+                                  record_logprobs=ro.record_logprobs or self.driver.needs.rollout_logp, **options)
 
     def _autocast(self):
         """The forward passes' autocast context (``loop.autocast``); parameters and optimizer stay as they are."""
@@ -376,26 +380,15 @@ class Trainer:
     # ---------------------------------------------------------------- one RL step
     def _rl_step(self, step: int) -> dict[str, float]:
         cfg, obj = self.cfg, self.objective
-        G = cfg.rollout.completions_per_prompt
         t0 = time.perf_counter()
 
-        # sample prompts, generate G completions each
-        examples = self._next_examples(cfg.loop.prompts_per_step)
-        # (no inference_mode: the sampled ids become inputs of the training graph)
-        with self._autocast():
-            ro = self.rollout_engine.generate([e.prompt for e in examples], G, seed=_seed_for(cfg.loop.seed, step, 1))
-        t_gen = time.perf_counter()
-
-        # score rewards (prompt-major: sequence b belongs to prompt b // G)
+        # sample prompts, generate G completions each, score rewards (prompt-major: sequence b belongs to prompt
+        # b // G); with dynamic sampling, as many draws as it takes to fill the batch with informative groups
+        self._generate_s = 0.0
+        scored, sampling_stats = self._sample_and_score(step)
+        ro, rewards, per_fn, correct = scored.rollout, scored.rewards, scored.per_fn, scored.correct
         group = ro.group_ids.to(self.device)
-        prompts, completions, answers, columns = reward_arguments([examples[i] for i in group.tolist()],
-                                                                  ro.completions)
-        rewards, per_fn = self.scorer.score(prompts, completions, answers, **columns)
-        reward_errors = float(self.scorer.last_stats.get("reward/skipped", 0.0))
-        acc_values = self.accuracy_fn(prompts=prompts, completions=completions, answer=answers, **columns)
-        correct = torch.tensor([v is not None and float(v) >= cfg.rewards.success_threshold for v in acc_values],
-                               dtype=torch.float32)
-        rewards = rewards.to(self.device)
+        t_gen = t0 + self._generate_s
         # KL in the reward (objective.kl_in_reward): the advantages see r − β·Σ KL, the reward metrics r
         adv_rewards, kl_stats, kl_ref_logp = self._kl_in_reward(ro, rewards) if self.kl_ctrl is not None else (
             rewards, {}, None)
@@ -403,7 +396,7 @@ class Trainer:
         # advantages (B,) and the zero-variance statistic
         from lmpo.objectives.advantages import zero_variance_mask
 
-        adv, adv_stats = self.estimator(adv_rewards, group, **self._advantage_inputs(examples, ro, per_fn))
+        adv, adv_stats = self.estimator(adv_rewards, group, **self._advantage_inputs(scored.examples, ro, per_fn))
         zero_var = zero_variance_mask(adv_rewards, group)  # (B,): the completion's group carries no signal
         keep = ~zero_var if cfg.objective.filter_zero_variance else torch.ones_like(group, dtype=torch.bool)
         t_score = time.perf_counter()
@@ -412,7 +405,7 @@ class Trainer:
         lengths = comp_mask.sum(-1).float()
         stats: dict[str, torch.Tensor | float] = {
             "reward/mean": rewards.mean(), "reward/std": rewards.std() if rewards.numel() > 1 else rewards.new_zeros(()),
-            "reward/accuracy": correct.mean(), "reward/errors": reward_errors,
+            "reward/accuracy": correct.mean(), "reward/errors": scored.reward_errors,
             "adv/mean": adv[keep].mean() if keep.any() else adv.new_zeros(()),
             "adv/std": adv[keep].std() if keep.sum() > 1 else adv.new_zeros(()),
             "adv/abs_mean": adv[keep].abs().mean() if keep.any() else adv.new_zeros(()),
@@ -426,9 +419,10 @@ class Trainer:
             stats[f"reward/{name}/std"] = finite.std() if finite.numel() > 1 else torch.tensor(0.0)
         for k, v in (adv_stats or {}).items():
             stats.setdefault(k if "/" in k else f"adv/{k}", v)
+        stats.update(sampling_stats)
         stats.update(kl_stats)
 
-        if cfg.rlvcr.enabled:  # RLVCR (SPEC §4, lmpo.rlvcr): expand successes per thinking level, mix advantages
+        if cfg.rlvcr.enabled:  # RLVCR (docs/rlvcr.md, lmpo.rlvcr): expand successes per thinking level, mix advantages
             from lmpo.rlvcr.expansion import rlvcr_stage
 
             rl = rlvcr_stage(self.model, self.tokenizer, ro, rewards, cfg.rlvcr, keep=keep, scale=obj.advantage_scale,
@@ -448,7 +442,19 @@ class Trainer:
         }
         if kl_ref_logp is not None and self.driver.needs.ref_logp:  # already computed for the KL in the reward
             batch["ref_logp"] = kl_ref_logp[idx]
-        train_stats = self._update(step, batch) if idx.numel() > 0 else {}
+        trainable = idx.numel() > 0
+        if cfg.objective.mask_truncated_completions:
+            batch["mask"], stats["completion/truncated_masked_frac"] = mask_truncated(batch["mask"],
+                                                                                 ro.truncated.to(self.device)[idx])
+            trainable = trainable and bool(batch["mask"].any())
+        if ro.logprobs is not None:  # the sampler's log-probs: mismatch statistics, and corrections when needed
+            batch["rollout_logp"] = ro.logprobs.to(self.device)[idx]
+        elif self.driver.needs.rollout_logp:
+            raise RunError(f"objective {obj.name!r} needs the sampler's log-probs (correction={obj.correction!r}, "
+                           f"rejection={obj.rejection!r}), but the generation engine "
+                           f"{type(self.rollout_engine).__name__} returned none; give an engine that records them "
+                           "(HFRollout(..., record_logprobs=True), or rollout.record_logprobs: true).")
+        train_stats = self._update(step, batch) if trainable else {}
         stats.update(train_stats)
         self.rollout_engine.sync_weights(self.model)  # after this step's optimizer steps, before the next rollout
         t_end = time.perf_counter()
@@ -481,6 +487,44 @@ class Trainer:
             inputs["baseline_rewards"] = greedy_rewards.to(self.device)[ro.group_ids.to(self.device)]  # (B,)
         return inputs
 
+    def _sample_and_score(self, step: int) -> tuple[ScoredRollout, dict[str, float]]:
+        """This step's scored rollout: one draw, or DAPO dynamic sampling's draws (``rollout.dynamic_sampling``)."""
+        ro = self.cfg.rollout
+        if not ro.dynamic_sampling:
+            return self._draw(step, 0), {}
+        return dynamic_sample(lambda k: self._draw(step, k), self.cfg.loop.prompts_per_step,
+                              ro.completions_per_prompt, metric=ro.dynamic_sampling_metric,
+                              max_draws=ro.dynamic_sampling_max_draws, pad_token_id=self.tokenizer.pad_token_id)
+
+    def _draw(self, step: int, k: int) -> ScoredRollout:
+        """Draw ``k`` of RL step ``step``: the next ``prompts_per_step`` prompts, G completions each, scored (plus
+        DAPO's overlong penalty when ``rewards.overlong_buffer_len`` > 0)."""
+        cfg = self.cfg
+        examples = self._next_examples(cfg.loop.prompts_per_step)
+        seed = _seed_for(cfg.loop.seed, step, 1) if k == 0 else _seed_for(cfg.loop.seed, step, 1, k)
+        t = time.perf_counter()
+        # (no inference_mode: the sampled ids become inputs of the training graph)
+        with self._autocast():
+            ro = self.rollout_engine.generate([e.prompt for e in examples], cfg.rollout.completions_per_prompt,
+                                              seed=seed)
+        self._generate_s += time.perf_counter() - t
+        group = ro.group_ids.to(self.device)
+        prompts, completions, answers, columns = reward_arguments([examples[i] for i in group.tolist()],
+                                                                  ro.completions)
+        rewards, per_fn = self.scorer.score(prompts, completions, answers, **columns)
+        acc_values = self.accuracy_fn(prompts=prompts, completions=completions, answer=answers, **columns)
+        correct = torch.tensor([v is not None and float(v) >= cfg.rewards.success_threshold for v in acc_values],
+                               dtype=torch.float32)
+        rewards = rewards.to(self.device)
+        rw = cfg.rewards
+        if rw.overlong_buffer_len > 0:
+            penalty = overlong_penalty(ro.completion_lengths.to(self.device), cfg.rollout.max_new_tokens,
+                                       rw.overlong_buffer_len, rw.overlong_penalty_factor)
+            rewards = rewards + penalty.to(rewards.dtype)
+            per_fn = {**per_fn, "overlong": penalty}
+        return ScoredRollout(examples, ro, rewards, per_fn, correct,
+                             reward_errors=float(self.scorer.last_stats.get("reward/skipped", 0.0)))
+
     def _truncated_frac(self, ro, comp_mask: torch.Tensor) -> torch.Tensor:
         eos = self.tokenizer.eos_token_id
         ids = ro.completion_ids.to(comp_mask.device)
@@ -498,6 +542,9 @@ class Trainer:
         if "ref_logp" not in batch:
             batch["ref_logp"] = (self._logprobs(self.ref_model, batch, with_grad=False).logp
                                  if self.driver.needs.ref_logp else None)
+        if "rollout_logp" in batch and batch["old_logp"] is None:
+            # on-policy: the single optimizer step's forwards give the training log-probs before the update
+            batch["train_logp"] = torch.zeros_like(batch["rollout_logp"])
 
         per_step: list[dict[str, float]] = []
         lr = self.schedule.current_lr()
@@ -509,6 +556,9 @@ class Trainer:
                 per_step.append(stats)
         out = merge_stats(per_step) if per_step else {"loss/total": float("nan"), "optim/grad_norm": float("nan")}
         out["optim/lr"] = float(lr)  # of the last optimizer step
+        if "rollout_logp" in batch:
+            train_logp = batch["old_logp"] if batch["old_logp"] is not None else batch["train_logp"]
+            out.update(mismatch_metrics(train_logp, batch["rollout_logp"], batch["mask"]))
         return out
 
     def _minibatches(self, step: int, B: int):
@@ -540,9 +590,13 @@ class Trainer:
                                  grad_norm_mode=needs.token_grad_norm)
             old = batch["old_logp"][mu] if batch["old_logp"] is not None else fwd.logp.detach()
             ref = batch["ref_logp"][mu] if batch["ref_logp"] is not None else None
+            if "train_logp" in batch:
+                batch["train_logp"][mu] = fwd.logp.detach()
+            rollout = batch["rollout_logp"][mu] if self.driver.needs.rollout_logp else None
             loss = self.driver.loss(fwd.logp, old, batch["adv"][mu], batch["mask"][mu], weight=mu.numel() / num_seqs,
                                     ref_logp=ref, entropy=fwd.entropy, token_grad_norm=fwd.token_grad_norm,
-                                    num_tokens=num_tokens, num_seqs=num_seqs, generator=cov_gen)
+                                    rollout_logp=rollout, num_tokens=num_tokens, num_seqs=num_seqs,
+                                    generator=cov_gen)
             if self.loss_hook is not None:
                 loss = self.loss_hook(step, loss)
             loss.backward()

@@ -38,6 +38,7 @@ METRIC_DOCS: dict[str, str] = {
     "reward/<fn>/std": "standard deviation of one reward function's score",
     "reward/accuracy": "fraction of completions whose first (accuracy) reward is >= rewards.success_threshold",
     "reward/errors": "reward-function calls that raised and were skipped (rewards.on_error: skip)",
+    "reward/overlong/mean": "mean DAPO soft overlong penalty (<= 0) added to the rewards (rewards.overlong_buffer_len)",
     **_objective_stat_docs(),
     "adv/mean": "mean advantage over the sequences trained on (after zero-variance filtering)",
     "adv/std": "standard deviation of the advantages trained on",
@@ -46,6 +47,30 @@ METRIC_DOCS: dict[str, str] = {
     "completion/length_mean": "mean completion length in tokens (up to and including EOS)",
     "completion/length_max": "longest completion in tokens",
     "completion/truncated_frac": "fraction of completions that hit max_new_tokens without EOS",
+    "rollout/draws": "dynamic sampling: batches of prompts_per_step prompts drawn this step to fill the batch "
+                     "with groups of non-zero variance",
+    "rollout/groups_kept": "dynamic sampling: groups trained on this step (always prompts_per_step: a batch "
+                           "that cannot be filled stops the run)",
+    "rollout/groups_dropped": "dynamic sampling: groups drawn this step whose rewards (or accuracies) were all "
+                              "equal, discarded",
+    "rollout/groups_surplus": "dynamic sampling: informative groups drawn beyond prompts_per_step, discarded",
+    "rollout/zero_var_frac": "dynamic sampling: fraction of all groups drawn this step with zero variance",
+    "completion/truncated_masked_frac": "fraction of the sequences trained on whose loss mask was zeroed because "
+                                        "they hit max_new_tokens without EOS (objective.mask_truncated_completions)",
+    "mismatch/kl": "k1 estimate of KL(sampler || trainer): mean over valid tokens of rollout − training log-prob "
+                   "(verl rollout_corr/kl; ~0 when the sampler is the training model)",
+    "mismatch/k3_kl": "k3 estimate of KL(sampler || trainer): mean of e^Δ − Δ − 1, Δ = training − rollout "
+                      "log-prob (verl rollout_corr/k3_kl)",
+    "mismatch/abs_logp_diff_mean": "mean |training − rollout log-prob| over valid tokens",
+    "mismatch/abs_logp_diff_max": "largest |training − rollout log-prob| over valid tokens",
+    "mismatch/training_ppl": "mean over sequences of the training model's perplexity of the completion",
+    "mismatch/rollout_ppl": "mean over sequences of the sampler's perplexity of the completion",
+    "mismatch/log_ppl_diff": "mean over sequences of (mean rollout − mean training log-prob) = log(training_ppl / "
+                             "rollout_ppl) per sequence (verl rollout_corr/log_ppl_diff)",
+    "mismatch/log_ppl_abs_diff": "mean over sequences of |log_ppl_diff|",
+    "mismatch/ppl_ratio": "mean over sequences of training / rollout perplexity (1 = no mismatch)",
+    "mismatch/chi2_token": "token-level chi-squared divergence mean(ρ²) − 1, ρ = π_train / π_rollout",
+    "mismatch/chi2_seq": "sequence-level chi-squared divergence mean_b(Π_t ρ_t)² − 1",
     "loss/total": "objective value (all terms) averaged over the step's optimizer steps",
     "optim/grad_norm": "global gradient norm before clipping (mean over the step's optimizer steps)",
     "optim/lr": "learning rate of the last optimizer step",
