@@ -178,3 +178,20 @@ def test_resume_refuses_a_checkpoint_file_that_is_not_its_format(runs, tmp_path)
         load_checkpoint(ck, torch.nn.Linear(1, 1))
     with pytest.raises(CheckpointError, match="tokenizer_config.json is not valid JSON"):
         resolve_source(tmp_path / "run")
+
+
+def test_eval_run_prefers_a_newer_checkpoint_over_model(runs, tmp_path):
+    import shutil
+
+    from lmpo.trainer.export import resolve_source
+
+    run = tmp_path / "run"
+    shutil.copytree(runs / "full", run)
+    assert resolve_source(run, prefer_final=True).name == "model"
+    assert resolve_source(run).name == "step_00000002"  # export: the newest checkpoint by default
+    # the run was extended by a step and stopped before its end: its newest checkpoint is newer than model/
+    newer = run / "checkpoints" / "step_00000003"
+    shutil.copytree(run / "checkpoints" / "step_00000002", newer)
+    manifest = json.loads((newer / "manifest.json").read_text())
+    (newer / "manifest.json").write_text(json.dumps({**manifest, "step": 3}))
+    assert resolve_source(run, prefer_final=True).name == "step_00000003"

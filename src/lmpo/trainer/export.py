@@ -47,13 +47,14 @@ def _steps_text(run: Path) -> str:
 
 def resolve_source(run: str | os.PathLike, step: int | None = None, *, prefer_final: bool = False) -> Path:
     """The directory of ``run`` that holds the policy to load: checkpoint ``step``; by default the newest
-    complete checkpoint (``prefer_final``: ``RUN/model/`` first, when it is there). Verified against its
+    complete checkpoint (``prefer_final``: ``RUN/model/``, unless a newer checkpoint exists). Verified against its
     manifest and checked for plain data; raises :class:`InputError` naming what the run holds."""
     from lmpo.checkpoints import (
         CheckpointError,
         check_plain_files,
         latest_valid_checkpoint,
         list_checkpoints,
+        step_of,
         verify_checkpoint,
     )
 
@@ -75,7 +76,12 @@ def resolve_source(run: str | os.PathLike, step: int | None = None, *, prefer_fi
                              "newest.")
     else:
         final = run / FINAL_MODEL_DIR
-        source = final if prefer_final and (final / "manifest.json").is_file() else latest_valid_checkpoint(run)
+        source = latest_valid_checkpoint(run)
+        if prefer_final and final.is_dir():
+            # model/ (a damaged one is reported, not skipped) unless a newer checkpoint exists: a finished run
+            # extended with more steps, then stopped
+            if source is None or int(verify_checkpoint(final)["step"]) >= (step_of(source) or 0):
+                source = final
         if source is None:
             found = list_checkpoints(run)
             if (final / "manifest.json").is_file():
