@@ -31,7 +31,8 @@ SAMPLE = {"epsilon_high": 0.28, "top_entropy_quantile": 0.2, "off_policy_mask_th
           "steps_per_generation": 2, "generation_batch_size": 16, "eval_steps": 5, "save_total_limit": 2,
           "top_k": 5, "max_steps": 3, "reward_weights": [1.0], "seed": 3, "warmup_steps": 2, "logging_steps": 2,
           "use_vllm": False, "report_to": ["tensorboard"], "bf16": True,
-          "output_dir": "runs/trl"}
+          "output_dir": "runs/trl",
+          "sync_ref_model": True, "ref_model_sync_steps": 16, "ref_model_mixup_alpha": 0.5}
 
 
 def _build(config: dict) -> tuple[TrainConfig, Objective]:
@@ -54,7 +55,7 @@ def test_every_alias_is_a_grpo_config_field_and_maps_to_valid_lmpo_keys():
                 assert key in {f.name for f in dataclasses.fields(getattr(TrainConfig(), section))}, target
         value = SAMPLE.get(name, getattr(defaults[name], "value", defaults[name]))
         extra = {"loss_type": "sapo"} if name.startswith("sapo_") else {"loss_type": "vespo"} if name.startswith(
-            "vespo_") else {}
+            "vespo_") else {"sync_ref_model": True, "beta": 0.04} if "ref_model" in name else {}
         t = translate_trl({name: value, **extra})
         assert name in t.mapped and not t.refused, (name, t.refused)
         _, keys, filled = t.mapped[name]
@@ -103,7 +104,8 @@ def test_a_real_grpo_config_round_trips():
                        importance_sampling_level="sequence", num_iterations=2, temperature=0.7, top_p=0.9,
                        per_device_train_batch_size=8, gradient_accumulation_steps=2, steps_per_generation=4,
                        bf16=False, max_steps=5, lr_scheduler_type="cosine", warmup_steps=3, weight_decay=0.01,
-                       adam_beta2=0.95, max_grad_norm=0.5, seed=7, save_steps=2, save_total_limit=3)
+                       adam_beta2=0.95, max_grad_norm=0.5, seed=7, save_steps=2, save_total_limit=3,
+                       sync_ref_model=True, ref_model_sync_steps=4, ref_model_mixup_alpha=0.9)
     full = c.to_dict()
     subset = {k: full[k] for k in TRL_ALIASES if k in full}
     for source in (subset, full):  # the mapped subset, and the whole dict with every Trainer field in it
@@ -125,6 +127,7 @@ def test_a_real_grpo_config_round_trips():
         assert cfg.optim.betas == (0.9, 0.95) and cfg.optim.weight_decay == 0.01 and cfg.optim.max_grad_norm == 0.5
         assert (cfg.loop.steps, cfg.loop.seed, cfg.logging.run_dir) == (5, 7, "out")
         assert (cfg.checkpoint.every_steps, cfg.checkpoint.keep_last) == (2, 3)
+        assert (cfg.objective.ref_sync_steps, cfg.objective.ref_sync_alpha) == (4, 0.9)  # TR-DPO
 
 
 def test_loss_types_and_their_clip_parameters():

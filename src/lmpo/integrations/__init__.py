@@ -1,4 +1,4 @@
-"""Adapters that run lmpo objectives inside other training engines (SPEC §3), one module per framework.
+"""Adapters that run lmpo objectives inside other training engines (docs/scaling.md), one module per framework.
 
 - ``lmpo.integrations.trl``: ``LmpoGRPOTrainer``, TRL's ``GRPOTrainer`` with an lmpo objective as its loss
   (keeps TRL's vLLM rollout, accelerate / DeepSpeed / FSDP and PEFT). Tested with TRL 1.16.

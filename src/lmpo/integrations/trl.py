@@ -1,4 +1,4 @@
-"""Run lmpo objectives inside TRL's ``GRPOTrainer`` (SPEC §3). Tested with TRL 1.16.
+"""Run lmpo objectives inside TRL's ``GRPOTrainer`` (docs/scaling.md). Tested with TRL 1.16.
 
 ``LmpoGRPOTrainer`` is ``GRPOTrainer`` with one method replaced: the loss. Everything else (vLLM or
 ``generate`` rollouts, reward functions, accelerate / DeepSpeed / FSDP, PEFT, logging, checkpoints) is

@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -50,7 +49,7 @@ from typing import Any
 import torch
 
 from .parts import KINDS, Context, Part, Registry
-from .parts.base import check_value, coerce_param, param
+from .parts.base import check_value, coerce_param, param, type_hints
 from .parts.entropy import AdaptiveEntropyController
 from .validation import (
     check_mask_dtype,
@@ -585,7 +584,7 @@ def _resolve(spec: dict[str, Any]) -> tuple[General, dict[str, Part]]:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise TypeError(f"unknown Objective field {key!r}.{hint} Valid fields: "
                         f"{', '.join(k for k in _all_keywords() if k != 'name')}.")
-    hints = typing.get_type_hints(General)
+    hints = type_hints(General)
     general_kw = {}
     for f in dataclasses.fields(General):
         if f.name in spec:
@@ -600,7 +599,7 @@ def _resolve(spec: dict[str, Any]) -> tuple[General, dict[str, Part]]:
     consumed = set(GENERAL_FIELDS) | set(SELECTORS) | {"adaptive_entropy"}
     for kind, registry in KINDS.items():
         cls = registry[_selected(spec, kind)]
-        part_hints = typing.get_type_hints(cls)
+        part_hints = type_hints(cls)
         params = {p: coerce_param(f"{kind} {cls.name!r}", p, spec[p], part_hints[p])
                   for p in cls.params() if p in spec}
         parts[kind] = cls(**params)
@@ -619,7 +618,7 @@ def _refuse_unselected(key: str, spec: Mapping[str, Any], owners: list[tuple[str
     names = [name for _, name in owners]
     cls = KINDS[kind][names[0]]
     field = next(f for f in dataclasses.fields(cls) if f.name == key)
-    hint_type = typing.get_type_hints(cls)[key]
+    hint_type = type_hints(cls)[key]
     check_value(f"{kind} {names[0]!r}", key, coerce_param(kind, key, spec[key], hint_type), field.metadata, hint_type)
     selector = "adaptive_entropy" if kind == "entropy_control" else kind
     if kind == "entropy_control":

@@ -1,4 +1,4 @@
-"""RLVCR (seed 003, SPEC §4): thinking-level expansion and mixed action/thinking advantages.
+"""RLVCR (docs/rlvcr.md): thinking-level expansion and mixed action/thinking advantages.
 
 - :func:`rlvcr_advantages` — the pure advantage function ``(1 − w)·A_action + w·A_thinking``;
 - :mod:`lmpo.rlvcr.thinking` — levels, cost, confidence and thinking reward;

@@ -1,4 +1,4 @@
-"""RLVCR advantages (seed 003, SPEC §4): action advantage from the originals, thinking advantage from
+"""RLVCR advantages (docs/rlvcr.md): action advantage from the originals, thinking advantage from
 competition inside each thinking group, mixed linearly.
 
 A batch holds ``B`` samples: the originals (completions sampled by the rollout, ``is_original``) and, for
@@ -29,7 +29,7 @@ Tensor = torch.Tensor
 
 def group_normalized_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-4,
                                 scale: str = "group") -> Tensor:
-    """GRPO advantages ``(r − mean_g) / (std_g + ε)`` of the objectives layer (SPEC §1.7), (B,) -> (B,).
+    """GRPO advantages ``(r − mean_g) / (std_g + ε)`` of the objectives layer (docs/objectives.md), (B,) -> (B,).
 
     ``lmpo.objectives.advantages.grpo_advantages`` itself, so that RLVCR with w = 0 reproduces the trainer's
     plain GRPO bit for bit: unbiased std, ``scale`` group | batch | none, singleton / zero-variance groups → 0.

@@ -46,10 +46,6 @@ class RLVCRConfig:
     def __post_init__(self) -> None:
         validate_rlvcr_config(self)
 
-    @property
-    def max_budget(self) -> int:
-        return self.budgets[-1]
-
 
 def validate_rlvcr_config(cfg: RLVCRConfig) -> None:
     """Raise :class:`lmpo.config.ConfigError` (a ``ValueError``) naming the field, the value and the fix.

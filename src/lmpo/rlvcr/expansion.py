@@ -1,4 +1,4 @@
-"""The RLVCR trainer stage (SPEC §4): expand successful completions into one sample per thinking level,
+"""The RLVCR trainer stage (docs/rlvcr.md): expand successful completions into one sample per thinking level,
 score their thinking, and compute the mixed advantages.
 
 Between scoring and the update, for a rollout of B completions::
@@ -113,7 +113,7 @@ def expand_thinking_levels(
     top_k: int = 0,
     generator: torch.Generator | None = None,
 ) -> Expansion:
-    """Expand every successful original into L samples, one per thinking level (SPEC §4 step 1).
+    """Expand every successful original into L samples, one per thinking level (docs/rlvcr.md).
 
     Args:
         model, tokenizer: the current policy (generation runs in eval mode without gradient).
@@ -230,7 +230,7 @@ def expand_thinking_levels(
 
 def score_thinking(model, tokenizer, expansion: Expansion, cfg: RLVCRConfig, *, temperature: float = 1.0,
                    seqs_per_batch: int = 64) -> tuple[Tensor, Tensor, Tensor]:
-    """Confidence, cost and thinking reward (each (B',) float32, 0 outside thinking groups) — SPEC §4 step 3.
+    """Confidence, cost and thinking reward (each (B',) float32, 0 outside thinking groups) — docs/rlvcr.md.
 
     Confidence is teacher-forced under ``softmax(logits / temperature)`` — the trainer's policy — on the
     prompt each row trains with; the completion's final EOS is not part of the action.
@@ -321,7 +321,7 @@ def rlvcr_stage(
     generator: torch.Generator | None = None,
     seqs_per_batch: int = 64,
 ) -> StageOutput:
-    """Expansion → thinking rewards → mixed advantages, for one rollout batch (SPEC §4).
+    """Expansion → thinking rewards → mixed advantages, for one rollout batch (docs/rlvcr.md).
 
     Args:
         rollout, rewards: the B originals and their (B,) total rewards.

@@ -1,4 +1,4 @@
-"""Thinking levels, the thinking reward and its confidence term (SPEC §4, seed 003).
+"""Thinking levels, the thinking reward and its confidence term (docs/rlvcr.md).
 
 - level of a thinking of ``n`` tokens: the smallest level whose budget is ≥ n, else the largest;
 - cost = thinking tokens / max(budgets);

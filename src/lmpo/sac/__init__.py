@@ -1,4 +1,4 @@
-"""Discrete maximum-entropy SAC for the character-level text POMDP (SPEC §5.2–5.3, seed 004).
+"""Discrete maximum-entropy SAC for the character-level text POMDP (docs/sac.md).
 
 Layout: ``losses`` (pure loss functions), ``networks`` (encoder, policy, twin Q), ``replay`` (typed
 samples, agent/demo buffers, ρ-mixing, DAgger schedule), ``config`` (frozen dataclasses and presets),

@@ -1,6 +1,6 @@
 """The SAC agent: networks, optimisers, temperature, top-p controller and one update step.
 
-The update is seed 004 §8 read top to bottom: critic target (top-p expected backup, detached set) →
+The update described in docs/sac.md, read top to bottom: critic target (top-p expected backup, detached set) →
 twin-critic Huber loss (+ CQL) → critic step → policy loss on the same or the full set (+ BC on demo
 rows) → policy step → temperature step → Polyak.  The maths lives in :mod:`lmpo.sac.losses`.
 Shapes: ``B`` transitions, ``M`` window, ``A`` actions, ``K`` candidates.

@@ -4,7 +4,7 @@ Built on the one config base (:mod:`lmpo.config`): every field carries its help 
 in its metadata, so unknown keys are answered with the closest valid name, values are typed, and
 ``--sac.tau -0.5`` or ``--seed abc`` stop with a message naming the key, the value and the fix.
 
-Defaults are seed 004 §9 except where the CPU preset says otherwise (``CPU_PRESET``); ``GPU_PRESET`` is the
+Defaults are the full-size settings of docs/sac.md except where the CPU preset says otherwise (``CPU_PRESET``); ``GPU_PRESET`` is the
 seed's full-size setting (batch 2048).  Nested keys are written ``section.field`` on the command line,
 e.g. ``--sac.top_p 0.99 --replay.agent_fraction 0.5 --seed 3``.
 """
@@ -200,7 +200,7 @@ def check_device_available(device: str) -> None:
                               f"{torch.__version__}; use cpu (or the cpu preset: --preset cpu).")
 
 
-#: seed 004 §9 full-size settings (a GPU run)
+#: the full-size settings of docs/sac.md (a GPU run)
 GPU_PRESET: dict[str, Any] = {
     "device": "cuda",
     "num_envs": 64,
@@ -212,7 +212,7 @@ GPU_PRESET: dict[str, Any] = {
 
 #: small CPU setting: what `lmpo sac train` uses when no config file is given (= configs/sac_cpu.yaml minus
 #: its corpus path, time budget and update cap; see docs/sac.md "Defaults" for why γ, λ_BC, lr_π and dropout
-#: differ from §9)
+#: differ from the full-size settings)
 CPU_PRESET: dict[str, Any] = {
     "device": "cpu",
     "num_envs": 8,

@@ -1,4 +1,4 @@
-"""The quality gate of seed 004 §10 / SPEC §5.3: PASS/FAIL rows computed from finished runs.
+"""The quality gate of docs/sac.md: PASS/FAIL rows computed from finished runs.
 
 ``lmpo sac gate RUN_DIR…`` reads each run's ``summary.json``.  A run whose config has BC, top-p and the
 adaptive α switched on is a *main* run (one per seed); a run with exactly one of them off is the

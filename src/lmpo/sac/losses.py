@@ -1,4 +1,4 @@
-"""Pure loss functions of discrete maximum-entropy SAC with top-p expected backups (SPEC §5.2, seed 004 §6).
+"""Pure loss functions of discrete maximum-entropy SAC with top-p expected backups (docs/sac.md).
 
 Every function takes tensors and plain scalars and returns tensors (a loss and/or detached statistics);
 none reads a config object, calls ``.item()``, moves data between devices or mutates its inputs.
@@ -16,9 +16,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-#: logit given to illegal actions before the softmax (seed 004 §3)
+#: logit given to illegal actions before the softmax (docs/sac.md)
 ILLEGAL_LOGIT = -1e9
-#: probabilities are clamped from below so that log π is finite (seed 004 §3 "ε-clip")
+#: probabilities are clamped from below so that log π is finite (docs/sac.md "ε-clip")
 PROB_EPS = 1e-8
 
 
@@ -75,7 +75,7 @@ def top_p_set(probs: torch.Tensor, p: float, k_max: int) -> TopPSet:
     Here ``torch.topk`` with ``k = min(k_max, A)`` replaces the full sort (O(A log K) instead of
     O(A log A)), an action is kept iff the mass strictly before it is < p (so the prefix stops at the
     first action that brings the mass to ≥ p), and columns are trimmed to the largest set in the batch.
-    The selection is detached (seed 004 §6); only the renormalised weights carry gradient.
+    The selection is detached (docs/sac.md); only the renormalised weights carry gradient.
     """
     if not 0.0 < p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {p}; use 1.0 for the full legal set")
@@ -116,7 +116,7 @@ def soft_value(cand: TopPSet, q_min: torch.Tensor, alpha: torch.Tensor | float) 
 
     cand: :class:`TopPSet` with K columns; q_min (B, K) min of the twin (target) critics on
     ``cand.indices``; alpha scalar → (B,).  With p = 1 and K = A this is the exact
-    ``Σ_{a∈A(s)} π (min Q − α log π)`` of seed 004 §6.
+    ``Σ_{a∈A(s)} π (min Q − α log π)`` (docs/sac.md).
     """
     terms = cand.probs * (q_min - alpha * cand.log_probs)
     return (terms * cand.member).sum(-1)
@@ -195,7 +195,7 @@ def temperature_step(
     alpha_min: float = 1e-4,
     alpha_max: float = 2.0,
 ) -> torch.Tensor:
-    """log α ← clamp(log α + η · mean_B (H_tgt − H), log α_min, log α_max)  (seed 004 §6, corrected sign).
+    """log α ← clamp(log α + η · mean_B (H_tgt − H), log α_min, log α_max)  (docs/sac.md, corrected sign).
 
     log_alpha scalar; entropy_, target_entropy_ (B,) → new scalar (a new tensor, the input is untouched).
     Entropy below target ⇒ the bracket is positive ⇒ α rises, which raises the entropy bonus.
@@ -268,7 +268,7 @@ def polyak_update(target: torch.nn.Module, online: torch.nn.Module, tau: float) 
 
 
 class TopPController:
-    """Keeps top-p coverage ≥ a target by raising K_max (when the cap binds) or p (seed 004 §12).
+    """Keeps top-p coverage ≥ a target by raising K_max (when the cap binds) or p (docs/sac.md).
 
     State: ``p``, ``k_max``.  After each update, given the batch's mean coverage and the fraction of states
     whose set was stopped by K_max: if coverage < ``coverage_target`` then K_max ← min(⌈K_max·growth⌉,

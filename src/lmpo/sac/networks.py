@@ -1,4 +1,4 @@
-"""Policy and twin-critic networks of the character-level SAC agent (SPEC §5.2, seed 004 §4).
+"""Policy and twin-critic networks of the character-level SAC agent (docs/sac.md).
 
 Shapes: ``B`` states, ``M`` window length (characters), ``A`` actions (|Σ|), ``K`` candidate actions per
 state, ``E`` character-embedding width (d), ``H`` GRU width.
@@ -17,7 +17,7 @@ class WindowEncoder(nn.Module):
     """Character embedding (d) + GRU (H) over the observation window → context c (B, H).
 
     The window is left-padded with ``pad_id``; the GRU reads it left to right and c is its last hidden
-    state, i.e. a summary of the most recent M characters (seed 004 §2 u_t).  Padding embeds to zeros
+    state, i.e. a summary of the most recent M characters (u_t in docs/sac.md).  Padding embeds to zeros
     (``padding_idx``) so a short history and a zero prefix look alike.
     """
 

@@ -1,4 +1,4 @@
-"""Replay buffers with typed samples: an agent buffer, a demo (teacher) buffer, ρ-mixed batches (seed 004 §7).
+"""Replay buffers with typed samples: an agent buffer, a demo (teacher) buffer, ρ-mixed batches (docs/sac.md).
 
 Legal masks are stored bit-packed (|Σ|/8 bytes per mask) so a 100k-transition buffer over a 5k alphabet
 takes ~125 MB of masks rather than 1 GB.  Shapes: ``B`` transitions, ``M`` window, ``A`` actions.

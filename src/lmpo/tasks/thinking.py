@@ -1,4 +1,4 @@
-"""A built-in task whose completions have a thinking part and an answer part (RLVCR, SPEC §4).
+"""A built-in task whose completions have a thinking part and an answer part (RLVCR, docs/rlvcr.md).
 
 ``thinking_addition``: prompt ``"57+68="``, answer ``"125"``, reference completion
 ``"<think>7+8=15 5+6+1=12</think>125"``.

@@ -1,4 +1,4 @@
-"""Character-level text POMDP (SPEC §5.1, seed 004): corpus, alphabet, compliance, rewards, lexicon, env.
+"""Character-level text POMDP (docs/textenv.md): corpus, alphabet, compliance, rewards, lexicon, env.
 
 Importing this package registers the Gymnasium id ``lmpo/CharText-v0``::
 

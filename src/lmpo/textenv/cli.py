@@ -5,7 +5,7 @@ files from jieba's dictionary and prints their paths and sizes (with ``--text``:
 corpus's bigrams the lexicon covers before reference augmentation).
 
 ``python -m lmpo.textenv.cli env-demo [--text CORPUS] [--steps N] [--teacher-ratio P]`` plays one episode
-(teacher with probability P per step, else a random legal character) and prints the SPEC §5.3 trace.
+(teacher with probability P per step, else a random legal character) and prints the trace docs/textenv.md describes.
 Both are also available as ``python -m lmpo.textenv.cli build-lexicon …``.
 """
 

@@ -1,4 +1,4 @@
-"""``CharTextEnv``: the character-level text POMDP (SPEC §5.1, seed 004), Gymnasium id ``lmpo/CharText-v0``."""
+"""``CharTextEnv``: the character-level text POMDP (docs/textenv.md), Gymnasium id ``lmpo/CharText-v0``."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ SPLITS = ("train", "heldout", "all")
 class EnvConfig:
     """Settings of the character environment ``CharTextEnv``.
 
-    Defaults: SPEC §5.1 / seed 004 §9.
+    Defaults: docs/textenv.md.
     """
 
     # -- episode ---------------------------------------------------------------------------------------
@@ -590,7 +590,7 @@ class CharTextEnv(gym.Env):
             self._scorer.load_state_dict(state["scorer"])
 
     def normaliser_stats(self) -> dict[str, float]:
-        """``norm/{cov,nce}_{mean,std}`` for logging (SPEC §5.3)."""
+        """``norm/{cov,nce}_{mean,std}`` for logging (docs/textenv.md)."""
         return {
             "norm/cov_mean": self.norm_cov.mean,
             "norm/cov_std": self.norm_cov.std,
@@ -600,7 +600,7 @@ class CharTextEnv(gym.Env):
 
 
 def format_trace(info: dict[str, Any], reward: float | None = None) -> str:
-    """One trace line (SPEC §5.3) from a step's ``info``."""
+    """One trace line (docs/textenv.md) from a step's ``info``."""
     base, pot, soft = info["reward/base"], info["reward/potential"], info["reward/soft"]
     total = base + pot + soft if reward is None else reward
     src = "teacher" if info["is_teacher"] else "agent"

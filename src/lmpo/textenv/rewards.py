@@ -1,6 +1,6 @@
 """Reward pieces of the character environment: n-gram coverage, EMA standardisation, potential shaping.
 
-Coverage (SPEC §5.1 reward 1). Let ``y`` be the episode's character sequence (the ``h0`` history characters
+Coverage (docs/textenv.md). Let ``y`` be the episode's character sequence (the ``h0`` history characters
 followed by the characters the environment appended, one per step) and ``r`` the reference characters at
 the same positions. After a step, with ``L = len(y) - 1`` the last index and ``w0 = max(0, L - W + 1)`` the
 first index of the last ``W`` characters,
@@ -143,7 +143,7 @@ class NgramCoverage:
 class EmaStandardizer:
     """EMA standardisation (the seed's "PopArt/EMA"): running mean and variance, then a z-score.
 
-    Per update with observation x (SPEC §5.1 reward 5)::
+    Per update with observation x (docs/textenv.md)::
 
         μ  ← (1−β)·μ + β·x
         σ² ← (1−β)·σ² + β·(x − μ)²        (with the updated μ)

@@ -1,4 +1,4 @@
-"""Single-machine GRPO-family trainer for Hugging Face causal LMs (SPEC §2).
+"""Single-machine GRPO-family trainer for Hugging Face causal LMs (docs/trainer.md).
 
 >>> from lmpo.trainer import Trainer, load_config
 >>> result = Trainer(load_config("configs/addition_grpo.yaml", ["--optim.lr", "1e-4"])).train()

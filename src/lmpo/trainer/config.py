@@ -162,6 +162,24 @@ class ObjectiveConfig:
     advantage_estimator: str = _f("grpo", "An estimator of `lmpo.objectives.advantages.ADVANTAGE_ESTIMATORS`.")
     filter_zero_variance: bool = _f(False, "Drop groups whose rewards are all equal before the update (DAPO "
                                     "dynamic-sampling statistic: `adv/zero_var_frac`).")
+    # KL in the reward (verl algorithm.use_kl_in_reward / kl_penalty / kl_ctrl) and reference sync (TR-DPO)
+    kl_in_reward: bool = _f(False, "Subtract β·Σ_t KL_t to the reference model from each sequence's reward before "
+                            "the advantages (verl `algorithm.use_kl_in_reward`; builds the reference model).")
+    kl_reward_estimator: str = _f("k1", "Per-token KL estimate of the reward penalty (verl `algorithm.kl_penalty`: "
+                                  "its `kl` is `k1`, `mse` is `k2`).",
+                                  choices=("k1", "abs", "k2", "k3", "low_var_kl"))
+    kl_reward_coef: float = _f(0.001, "β of the KL in the reward; the starting value under the adaptive controller "
+                               "(verl `algorithm.kl_ctrl.kl_coef`).", ge=0)
+    kl_ctrl_type: str = _f("fixed", "Controller of β: `fixed` or `adaptive` (Ziegler et al. 2019; verl "
+                           "`algorithm.kl_ctrl.type`).", choices=("fixed", "adaptive"))
+    kl_ctrl_target: float = _f(0.1, "Target KL (token-mean per sequence, averaged over sequences) of the adaptive "
+                               "controller (verl `algorithm.kl_ctrl.target_kl`).", ge=0)
+    kl_ctrl_horizon: int = _f(10000, "Horizon of the adaptive controller in sequences: one step's relative change "
+                              "of β is at most 0.2·B / horizon (verl `algorithm.kl_ctrl.horizon`).", ge=0)
+    ref_sync_steps: int = _f(0, "Every this many optimizer steps mix the policy into the reference model, ref ← "
+                             "α·π + (1 − α)·ref (TR-DPO; TRL `ref_model_sync_steps`); 0 = never.", ge=0)
+    ref_sync_alpha: float = _f(0.6, "α of the reference sync (TRL `ref_model_mixup_alpha`); 1 copies the policy.",
+                               ge=0, le=1)
 
 
 @dataclass(frozen=True)
@@ -464,7 +482,7 @@ def validate_config(cfg: TrainConfig) -> None:
             f"`rollout.completions_per_prompt` = {G}: {ob.advantage_estimator!r} advantages are computed "
             "within each prompt's group of completions and are all 0 for a group of one. Set "
             "rollout.completions_per_prompt >= 2 (e.g. 8).")
-    _ = objective
+    _check_kl_fields(cfg, objective)
 
     from lmpo.generation import ENGINES
 
@@ -541,6 +559,52 @@ def validate_config(cfg: TrainConfig) -> None:
         except ImportError as e:
             raise ConfigError("`logging.wandb` = true needs the `wandb` package; install it or set "
                               "logging.wandb: false.") from e
+
+
+def _check_kl_fields(cfg: TrainConfig, objective) -> None:
+    """The KL-in-reward, β-controller and reference-sync fields: each needs the others it acts through."""
+    ob = cfg.objective
+    if not ob.kl_in_reward:
+        changed = [k for k, v in _KL_REWARD_DEFAULTS.items() if getattr(ob, k) != v]
+        if changed:
+            more = f" (and {', '.join('objective.' + k for k in changed[1:])})" if changed[1:] else ""
+            raise ConfigError(f"`objective.{changed[0]}` = {getattr(ob, changed[0])!r}{more} has no effect while "
+                              "`objective.kl_in_reward` is false: it shapes the KL penalty in the reward. Set "
+                              "objective.kl_in_reward: true, or leave it at its default.")
+    else:
+        if ob.kl_ctrl_type == "adaptive":
+            if not ob.kl_ctrl_target > 0:
+                raise ConfigError(f"`objective.kl_ctrl_target` = {ob.kl_ctrl_target}: the adaptive KL controller "
+                                  "divides by the target KL; set it > 0 (verl's default 0.1) or use "
+                                  "objective.kl_ctrl_type: fixed.")
+            if not ob.kl_ctrl_horizon > 0:
+                raise ConfigError(f"`objective.kl_ctrl_horizon` = {ob.kl_ctrl_horizon}: the adaptive KL controller "
+                                  "divides by its horizon; set it > 0 (verl's default 10000) or use "
+                                  "objective.kl_ctrl_type: fixed.")
+            if ob.kl_reward_coef == 0:
+                raise ConfigError("`objective.kl_reward_coef` = 0 with objective.kl_ctrl_type: adaptive: the "
+                                  "controller multiplies β, so it would stay 0. Start it > 0 (verl's default "
+                                  "0.001).")
+        if cfg.rlvcr.enabled:
+            raise ConfigError("`objective.kl_in_reward` = true with `rlvcr.enabled` = true: RLVCR judges successes "
+                              "on the rewards, which the KL penalty would shift; the two are not supported "
+                              "together. Use the KL in the loss instead (objective.overrides.kl_coef) or disable "
+                              "one of them.")
+    if ob.ref_sync_steps > 0:
+        if not (ob.kl_in_reward or objective.requires_ref_logp):
+            raise ConfigError(f"`objective.ref_sync_steps` = {ob.ref_sync_steps} but the run has no reference "
+                              "model to sync: nothing uses a KL to the reference. Set objective.kl_in_reward: true "
+                              "or objective.overrides.kl_coef > 0, or set objective.ref_sync_steps: 0.")
+        if cfg.model.lora.enabled:
+            raise ConfigError(f"`objective.ref_sync_steps` = {ob.ref_sync_steps} with `model.lora.enabled` = true: "
+                              "the reference is the merged base model and the LoRA policy has other parameters, so "
+                              "the two cannot be mixed (TRL refuses this too). Set objective.ref_sync_steps: 0 or "
+                              "train without LoRA.")
+
+
+#: the fields that only act through the KL in the reward, at their defaults
+_KL_REWARD_DEFAULTS = {"kl_reward_estimator": "k1", "kl_reward_coef": 0.001, "kl_ctrl_type": "fixed",
+                       "kl_ctrl_target": 0.1, "kl_ctrl_horizon": 10000}
 
 
 # ----------------------------------------------------------------------------------------------------

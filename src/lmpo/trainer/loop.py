@@ -2,7 +2,7 @@
 
     prompts (P = prompts_per_step)  →  rollout: G completions each (B = P·G sequences)
     →  rewards (B,)  →  advantages (B,)  [optional zero-variance group filter]
-    →  behaviour log-probs (only when off-policy)  →  reference log-probs (only when the objective needs them)
+    →  behaviour log-probs (only when off-policy)  →  reference log-probs (only for a KL in the loss or the reward)
     →  for epoch in epochs_per_step, minibatch in minibatches_per_step: one optimizer step
            for microbatch: logp (B_μ,T) [+ entropy, token_grad_norm when needed] → objective → backward
            clip grad-norm → (skip if non-finite) → AdamW step → schedule → entropy controller
@@ -162,6 +162,7 @@ class Trainer:
             self.model = self._wrap_lora(self.model)
         self.rollout_engine = rollout_engine
         self.ref_model = None
+        self.kl_ctrl = self._build_kl_controller()
 
     @property
     def controller(self):
@@ -263,8 +264,12 @@ class Trainer:
                                                   accuracy_check=train_accuracy)
 
         # 2. reference model: a frozen copy of the initial policy (or a given path), only when needed
-        if self.driver.needs.ref_logp:
+        if self.needs_ref_model:
             self.ref_model = self._build_ref_model()
+            if cfg.objective.ref_sync_steps > 0:
+                from lmpo.trainer.ref_sync import check_sync_compatible
+
+                check_sync_compatible(self.ref_model, self.model)
 
         # 3. optimizer, schedule, adaptive entropy controller, data order
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
@@ -390,13 +395,16 @@ class Trainer:
         correct = torch.tensor([v is not None and float(v) >= cfg.rewards.success_threshold for v in acc_values],
                                dtype=torch.float32)
         rewards = rewards.to(self.device)
+        # KL in the reward (objective.kl_in_reward): the advantages see r − β·Σ KL, the reward metrics r
+        adv_rewards, kl_stats, kl_ref_logp = self._kl_in_reward(ro, rewards) if self.kl_ctrl is not None else (
+            rewards, {}, None)
 
         # advantages (B,) and the zero-variance statistic
         from lmpo.objectives.advantages import compute_advantages, zero_variance_mask
 
-        adv, adv_stats = compute_advantages(cfg.objective.advantage_estimator, rewards, group,
+        adv, adv_stats = compute_advantages(cfg.objective.advantage_estimator, adv_rewards, group,
                                             scale=obj.advantage_scale)
-        zero_var = zero_variance_mask(rewards, group)  # (B,): the completion's group carries no signal
+        zero_var = zero_variance_mask(adv_rewards, group)  # (B,): the completion's group carries no signal
         keep = ~zero_var if cfg.objective.filter_zero_variance else torch.ones_like(group, dtype=torch.bool)
         t_score = time.perf_counter()
 
@@ -418,6 +426,7 @@ class Trainer:
             stats[f"reward/{name}/std"] = finite.std() if finite.numel() > 1 else torch.tensor(0.0)
         for k, v in (adv_stats or {}).items():
             stats.setdefault(k if "/" in k else f"adv/{k}", v)
+        stats.update(kl_stats)
 
         if cfg.rlvcr.enabled:  # RLVCR (SPEC §4, lmpo.rlvcr): expand successes per thinking level, mix advantages
             from lmpo.rlvcr.expansion import rlvcr_stage
@@ -437,6 +446,8 @@ class Trainer:
             "mask": comp_mask[idx],
             "adv": adv[idx],
         }
+        if kl_ref_logp is not None and self.driver.needs.ref_logp:  # already computed for the KL in the reward
+            batch["ref_logp"] = kl_ref_logp[idx]
         train_stats = self._update(step, batch) if idx.numel() > 0 else {}
         stats.update(train_stats)
         self.rollout_engine.sync_weights(self.model)  # after this step's optimizer steps, before the next rollout
@@ -462,8 +473,9 @@ class Trainer:
         self.model.train()
         # behaviour log-probs: only when the same rollout is used for more than one optimizer step
         batch["old_logp"] = self._logprobs(self.model, batch, with_grad=False).logp if cfg.off_policy else None
-        batch["ref_logp"] = (self._logprobs(self.ref_model, batch, with_grad=False).logp if self.driver.needs.ref_logp
-                             else None)
+        if "ref_logp" not in batch:
+            batch["ref_logp"] = (self._logprobs(self.ref_model, batch, with_grad=False).logp
+                                 if self.driver.needs.ref_logp else None)
 
         per_step: list[dict[str, float]] = []
         lr = self.schedule.current_lr()
@@ -526,6 +538,7 @@ class Trainer:
         stats["optim/lr"] = self.schedule.apply()
         self.optimizer.step()
         self.schedule.advance()
+        self._sync_ref_if_due()
         self.driver.commit_step(stats)
         return stats
 
@@ -588,6 +601,48 @@ class Trainer:
             p.requires_grad_(False)
         return ref
 
+    @property
+    def needs_ref_model(self) -> bool:
+        """Whether the run has a reference model: the objective's KL term needs its log-probs
+        (``driver.needs.ref_logp``), or the KL in the reward does (``objective.kl_in_reward``)."""
+        return self.driver.needs.ref_logp or self.cfg.objective.kl_in_reward
+
+    def _build_kl_controller(self):
+        """The β controller of the KL in the reward (``objective.kl_ctrl_*``), or None when it is off."""
+        ob = self.cfg.objective
+        if not ob.kl_in_reward:
+            return None
+        from lmpo.objectives.kl_reward import make_kl_controller
+
+        return make_kl_controller(ob.kl_ctrl_type, ob.kl_reward_coef, ob.kl_ctrl_target, ob.kl_ctrl_horizon)
+
+    def _kl_in_reward(self, ro, rewards: torch.Tensor):
+        """``r − β·Σ_t KL_t`` for every sequence of the rollout (verl ``apply_kl_penalty``), then the controller
+        update with the step's KL over its B sequences. Returns (rewards', stats, reference log-probs (B, T))."""
+        from lmpo.objectives.kl_reward import kl_penalised_rewards
+
+        ob = self.cfg.objective
+        full = {"input_ids": ro.input_ids.to(self.device), "attention_mask": ro.attention_mask.to(self.device),
+                "completion_ids": ro.completion_ids.to(self.device)}
+        self.model.train()  # the mode the update's behaviour log-probs are taken in
+        logp = self._logprobs(self.model, full, with_grad=False).logp
+        ref_logp = self._logprobs(self.ref_model, full, with_grad=False).logp
+        beta = float(self.kl_ctrl.value)
+        shaped, stats = kl_penalised_rewards(rewards, logp, ref_logp, ro.completion_mask.to(self.device),
+                                             beta, ob.kl_reward_estimator, self.objective.log_ratio_clamp)
+        stats["kl/coef"] = beta  # a float: logged exactly, no float32 round trip
+        # one host sync for the controller's input, as verl's .item()
+        self.kl_ctrl.update(float(stats["kl/reward_kl"]), int(rewards.numel()))
+        return shaped, stats, ref_logp
+
+    def _sync_ref_if_due(self) -> None:
+        """TR-DPO reference sync after every ``objective.ref_sync_steps``-th optimizer step (``lmpo.trainer.ref_sync``)."""
+        ob = self.cfg.objective
+        if ob.ref_sync_steps > 0 and self.schedule.step_index % ob.ref_sync_steps == 0:
+            from lmpo.trainer.ref_sync import sync_reference
+
+            sync_reference(self.ref_model, self.model, ob.ref_sync_alpha)
+
     def _evaluate(self, examples=None) -> dict[str, float]:
         ev = self.cfg.eval
         examples = self.eval_examples if examples is None else examples
@@ -603,6 +658,8 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "controller": self.driver.state_dict()["controller"],
+            # β of the KL in the reward; absent otherwise, so default checkpoints hold what they always did
+            **({"kl_controller": self.kl_ctrl.state_dict()} if self.kl_ctrl is not None else {}),
             "data": {"epoch": self.data_epoch, "pos": self.data_pos},
             "nonfinite": {"total": self.nonfinite_total, "in_row": self.nonfinite_in_row},
             "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
@@ -637,6 +694,8 @@ class Trainer:
             self.schedule.load_state_dict(state["schedule"])
             self.schedule.total_steps = self.cfg.total_optimizer_steps  # a run may be extended (more loop.steps)
             self.driver.load_state_dict({"controller": state.get("controller")})
+            if self.kl_ctrl is not None and state.get("kl_controller") is not None:
+                self.kl_ctrl.load_state_dict(state["kl_controller"])
             self.data_epoch, self.data_pos = int(state["data"]["epoch"]), int(state["data"]["pos"])
             self._perm = self._permutation(self.data_epoch)
             self.nonfinite_total = int(state["nonfinite"]["total"])

@@ -23,9 +23,10 @@ from lmpo.runs import read_jsonl as _read_jsonl
 
 def _objective_stat_docs() -> dict[str, str]:
     from lmpo.objectives.advantages import ADVANTAGE_STATS
+    from lmpo.objectives.kl_reward import KL_REWARD_STATS
     from lmpo.objectives.reference import all_stat_docs
 
-    return {**ADVANTAGE_STATS, **all_stat_docs()}
+    return {**ADVANTAGE_STATS, **all_stat_docs(), **KL_REWARD_STATS}
 
 
 #: every metric the trainer logs, with its meaning (docs/trainer.md's metric table is built from this); the

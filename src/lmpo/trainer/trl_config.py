@@ -149,6 +149,14 @@ def _batch(value, trl):
             "loop.seqs_per_microbatch": per_device}
 
 
+def _ref_sync(value, trl):
+    """TR-DPO: every ref_model_sync_steps optimizer steps, ref ← α·π + (1 − α)·ref (TRL's SyncRefModelCallback)."""
+    if not trl.get("sync_ref_model"):
+        return {}
+    return {"objective.ref_sync_steps": int(trl.get("ref_model_sync_steps", 512)),
+            "objective.ref_sync_alpha": float(trl.get("ref_model_mixup_alpha", 0.6))}
+
+
 def _betas(value, trl):
     return {"optim.betas": [float(trl.get("adam_beta1", 0.9)), float(trl.get("adam_beta2", 0.999))]}
 
@@ -208,6 +216,13 @@ TRL_ALIASES: dict[str, Alias] = {a.trl: a for a in [
           _only_with("vespo", "objective.overrides.vespo_k_neg")),
     Alias("vespo_lambda_neg", ("objective.overrides.vespo_lambda_neg",), "with `loss_type: vespo` only",
           _only_with("vespo", "objective.overrides.vespo_lambda_neg")),
+    Alias("sync_ref_model", ("objective.ref_sync_steps", "objective.ref_sync_alpha"),
+          "true → TR-DPO reference sync every ref_model_sync_steps optimizer steps with α = ref_model_mixup_alpha "
+          "(needs a KL: beta > 0)", _ref_sync),
+    Alias("ref_model_sync_steps", ("objective.ref_sync_steps", "objective.ref_sync_alpha"),
+          "see sync_ref_model", _ref_sync),
+    Alias("ref_model_mixup_alpha", ("objective.ref_sync_steps", "objective.ref_sync_alpha"),
+          "see sync_ref_model", _ref_sync),
     Alias("num_iterations", ("loop.epochs_per_step",), "μ, passes over each generation batch", fill_default=True),
     Alias("per_device_train_batch_size", _BATCH_KEYS, _BATCH_NOTE, _batch, fill_default=True),
     Alias("gradient_accumulation_steps", _BATCH_KEYS, "see per_device_train_batch_size", _batch, fill_default=True),
@@ -269,7 +284,6 @@ TRL_REFUSED: dict[str, str] = {
     "entropy_coef": "TRL's bonus is the plain token mean of the entropy whatever the loss type; lmpo's "
                     "objective.overrides.entropy_coef uses the objective's aggregation — set that instead",
     "use_adaptive_entropy": "use objective.overrides.entropy_control: adaptive (lmpo's controller)",
-    "sync_ref_model": "TR-DPO reference updates are not in lmpo's trainer",
     "num_train_epochs": "lmpo counts RL steps: give max_steps",
     "multi_objective_aggregation": "lmpo sums the weighted rewards, then normalises (TRL's default)",
     "vllm_mode": "lmpo runs vLLM colocated only (rollout.engine: vllm)",
