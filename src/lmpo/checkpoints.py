@@ -271,8 +271,25 @@ def write_checkpoint(run_dir: str | os.PathLike, step: int, write_files: Callabl
     removed afterwards (0 = keep all). Returns the checkpoint's path."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:08d}"
-    tmp = root / f"{TEMP_PREFIX}step_{step:08d}_{os.getpid()}"
+    final = publish_directory(root / f"step_{step:08d}", step, write_files)
+    if keep_last > 0:
+        for old in list_checkpoints(run_dir)[:-keep_last]:
+            # renamed first, so that a kill during the deletion never leaves a half-deleted step_* directory
+            doomed = root / f"{TEMP_PREFIX}del_{old.name}_{os.getpid()}"
+            os.replace(old, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+        fsync_dir(root)
+    return final
+
+
+def publish_directory(final: str | os.PathLike, step: int, write_files: Callable[[Path], None],
+                      manifest: bool = True) -> Path:
+    """Create directory ``final`` atomically (a checkpoint, or a run's final ``model/``): ``write_files(tmp)``
+    writes into a hidden temporary directory beside it, every file is synced, the manifest (with ``manifest``)
+    is written last, and one rename publishes it; an existing ``final`` is swapped out. Returns ``final``."""
+    final = Path(final)
+    root = final.parent
+    tmp = root / f"{TEMP_PREFIX}{final.name}_{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -283,11 +300,12 @@ def write_checkpoint(run_dir: str | os.PathLike, step: int, write_files: Callabl
             if p.is_file():
                 os.chmod(p, mode)  # every file of a checkpoint gets the same permissions (safetensors: 0600)
                 fsync_file(p)
-        write_json(tmp / MANIFEST, _manifest(tmp, step))
-        os.chmod(tmp / MANIFEST, mode)
+        if manifest:
+            write_json(tmp / MANIFEST, _manifest(tmp, step))
+            os.chmod(tmp / MANIFEST, mode)
         fsync_dir(tmp)
         if final.exists():  # re-writing a step (e.g. the final checkpoint after a resume): swap
-            old = root / f"{TEMP_PREFIX}old_step_{step:08d}_{os.getpid()}"
+            old = root / f"{TEMP_PREFIX}old_{final.name}_{os.getpid()}"
             os.replace(final, old)
             os.replace(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
@@ -297,13 +315,6 @@ def write_checkpoint(run_dir: str | os.PathLike, step: int, write_files: Callabl
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if keep_last > 0:
-        for old in list_checkpoints(run_dir)[:-keep_last]:
-            # renamed first, so that a kill during the deletion never leaves a half-deleted step_* directory
-            doomed = root / f"{TEMP_PREFIX}del_{old.name}_{os.getpid()}"
-            os.replace(old, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
-        fsync_dir(root)
     return final
 
 
@@ -343,6 +354,37 @@ def verify_checkpoint(path: str | os.PathLike) -> dict:
             raise CheckpointError(f"checkpoint {path}: {name} does not match its manifest (size or SHA-256): the "
                                   f"file was changed, truncated or copied from another checkpoint. {fix}")
     return manifest
+
+
+#: files whose format :func:`check_plain_files` checks (anything else is opaque data lmpo never parses itself)
+_TEXT_SUFFIXES = (".jinja", ".txt", ".md", ".yaml", ".yml")
+
+
+def check_plain_files(path: str | os.PathLike, manifest: dict | None = None) -> None:
+    """Check that every file a manifest lists is plain data of the kind its name says: ``.json`` parses as
+    JSON, ``.safetensors`` has a valid safetensors header, ``.jinja`` / ``.txt`` / ``.md`` / ``.yaml`` are
+    UTF-8 text. A checkpoint or model directory holds config, tokenizer and generation files that lmpo does
+    not read on resume but ``from_pretrained`` would; this refuses a planted or damaged one before any loader
+    sees it. Raises :class:`CheckpointError` naming the file."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    manifest = manifest if manifest is not None else verify_checkpoint(path)
+    for name in manifest["files"]:
+        f = path / name
+        try:
+            if name.endswith(".json"):
+                json.loads(f.read_bytes().decode("utf-8"))
+            elif name.endswith(".safetensors"):
+                with safe_open(str(f), framework="pt") as fh:
+                    fh.keys()
+            elif name.endswith(_TEXT_SUFFIXES):
+                f.read_bytes().decode("utf-8")
+        except (ValueError, OSError, RecursionError, SafetensorError) as e:
+            kind = "JSON" if name.endswith(".json") else "safetensors" if name.endswith(".safetensors") else "text"
+            raise CheckpointError(f"{path}: {name} is not valid {kind} ({_short(e)}): the directory is damaged "
+                                  "or holds a file not written by lmpo. Use another checkpoint, or write the model "
+                                  "again (start the run again with --overwrite).") from None
 
 
 def latest_valid_checkpoint(run_dir: str | os.PathLike, log: Callable[[str], None] | None = None) -> Path | None:

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "demo": "lmpo.trainer.cli:register_demo",
     "plot": "lmpo.trainer.cli:register_plot",
     "eval": "lmpo.trainer.eval_cli:register_eval",
+    "export": "lmpo.trainer.export:register_export",
     "lab": "lmpo.lab.cli:register_lab",
 }
 

@@ -5,7 +5,7 @@ loading would create a marker file (``builtins.open(marker, "w")``; ``torch.load
 ``pickle.load`` run it), and YAML files also by a ``!!python/object/apply`` tag. When the file belongs to a
 checkpoint, its manifest entry is updated to the planted bytes, so the loaders themselves must refuse it
 rather than the integrity check. Then every command that reads a run directory — ``lmpo train --resume``,
-``lmpo plot``, ``lmpo sac train --resume``, ``lmpo sac sample``, ``lmpo sac gate`` — runs on the copy: the
+``lmpo plot``, ``lmpo eval RUN``, ``lmpo sac train --resume``, ``lmpo sac sample``, ``lmpo sac gate`` — runs on the copy: the
 marker must never appear, stderr must hold no traceback, and a command that reads the planted file must fail
 with exit status 2 and one message.
 """
@@ -115,6 +115,8 @@ TRAIN_COMMANDS = {
     "train --resume": (lambda run: ["train", "--resume", str(run), "--logging.run_dir", str(run)],
                        lambda f: f in ("config.yaml", "metrics.jsonl") or f.startswith("checkpoints/")),
     "plot": (lambda run: ["plot", str(run), "--out", str(run.parent / "plots")], lambda f: f == "metrics.jsonl"),
+    "eval RUN": (lambda run: ["eval", str(run), "--n", "2", "--device", "cpu"],
+                 lambda f: f == "config.yaml" or f.startswith("model/")),
 }
 SAC_COMMANDS = {
     "sac train --resume": (lambda run: ["sac", "train", "--run-dir", str(run), "--resume", "--quiet", "--no-eval"],

@@ -126,7 +126,7 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
             if has_warmup:
                 warm = _deep_merge(_quiet(seeded, warm_dir / RUN_SUBDIR), {
                     "loop": {"steps": 0}, "eval": {"at_start": False, "every_steps": 0},
-                    "checkpoint": {"at_end": False, "every_steps": 0},
+                    "checkpoint": {"at_end": False, "every_steps": 0, "final_model": False},
                     "objective": {"preset": "grpo", "overrides": {}}, "rlvcr": {"enabled": False}})
                 _validated(warm, warm_key)
                 warmups.append(Job("warmup", warm_key, warm_dir, {"train": warm},
@@ -142,13 +142,14 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
                 is_reference = cfg.gradients.enabled and label == cfg.gradients.reference and seed == ref_seed
                 every = cfg.lab.checkpoint_every_steps
                 keep = 1
+                # a cell's result is its summary: no RUN/model/ copy of the policy per cell (disk)
                 if is_reference:  # checkpoints at every snapshot step, all kept
                     for s in snapshot_steps(cfg):
                         if s > 0:
                             every = math.gcd(every, s) if every else s
                     keep = 0
                 data = _deep_merge(_quiet(data, run_dir / RUN_SUBDIR), {"checkpoint": {"every_steps": every, "keep_last": keep,
-                                                                           "at_end": True}})
+                                                                           "at_end": True, "final_model": False}})
                 _validated(data, key, stand_in=str(cfg.train.model.name))
                 mine = {f: _get(data, *f) for f in BUDGET_FIELDS}
                 if budget is None:

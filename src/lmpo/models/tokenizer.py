@@ -100,6 +100,38 @@ class CharTokenizer(PreTrainedTokenizer):
             )
         return (path,)
 
+    def to_fast(self):
+        """The same tokenizer as a ``PreTrainedTokenizerFast`` (see :func:`char_tokenizer_to_fast`)."""
+        return char_tokenizer_to_fast(self)
+
+
+def char_tokenizer_to_fast(tokenizer: CharTokenizer):
+    """A ``PreTrainedTokenizerFast`` (``tokenizers`` WordLevel model) with the same ids as ``tokenizer``.
+
+    Saved with ``save_pretrained`` it loads with ``AutoTokenizer.from_pretrained`` in any ``transformers``
+    installation (no lmpo import needed), which is what checkpoints and ``lmpo export`` write. Encoding and
+    decoding agree with :class:`CharTokenizer` id for id: one token per character (``[\\s\\S]``, so newlines
+    too), ``<unk>`` for a character outside the vocabulary, ``<bos>`` prepended when ``add_special_tokens``,
+    the special tokens recognised in text, decoding joins characters verbatim.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(tokenizer._id_to_char)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    # "." would not match a newline, and consecutive newlines would then become one (unknown) word
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    bos = tokenizer.bos_token
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, tokenizer.bos_token_id)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=tokenizer.pad_token,
+                                   bos_token=bos, eos_token=tokenizer.eos_token, unk_token=tokenizer.unk_token,
+                                   padding_side=tokenizer.padding_side, clean_up_tokenization_spaces=False)
+    if tokenizer.chat_template is not None:
+        fast.chat_template = tokenizer.chat_template
+    return fast
+
 
 def _register_with_auto_tokenizer() -> None:
     """Let ``AutoTokenizer.from_pretrained(dir)`` resolve ``"tokenizer_class": "CharTokenizer"``.

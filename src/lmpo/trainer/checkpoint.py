@@ -6,12 +6,17 @@ Layout of one checkpoint (``RUN_DIR/checkpoints/step_00000012/``)::
     ref.safetensors     the frozen reference model, when the run has one (so that resume needs no re-init)
     state.json          optimizer, schedule, RNG states, controller states, data position, counters …
     state.safetensors   … and the tensors among them (plain data: nothing is unpickled on load)
+    config.json, generation_config.json        the model's config (a full model), so that
+                        ``AutoModelForCausalLM.from_pretrained(step dir)`` loads the checkpoint as it is
+    adapter_config.json, adapter_model.safetensors   a LoRA run's adapter as PEFT saves it (instead of config.json)
+    tokenizer.json, tokenizer_config.json, …   the tokenizer (``AutoTokenizer.from_pretrained``)
     manifest.json       step, and the size and SHA-256 of every file above
 
 The directory appears only once every file is complete and on disk (temporary directory + rename), and a
 checkpoint whose files do not match its manifest is refused; ``--resume`` then falls back to the newest
 complete one. More files may be added to a checkpoint by its writer: the manifest covers whatever the
-directory holds.
+directory holds. On resume every listed file is also checked to be plain data of its kind (JSON,
+safetensors, text: :func:`lmpo.checkpoints.check_plain_files`), the Hugging Face files included.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from safetensors.torch import load_model, save_model
 
 from lmpo.checkpoints import (
     CheckpointError,
+    check_plain_files,
     checkpoint_dir,
     latest_valid_checkpoint,
     list_checkpoints,
@@ -52,16 +58,29 @@ def latest_checkpoint(run_dir: str | os.PathLike, log: Callable[[str], None] | N
 
 def _write_files(tmp: Path, model: torch.nn.Module, state: dict, ref_model: torch.nn.Module | None) -> None:
     """Write every file of a checkpoint into ``tmp`` (a separate function so tests can interrupt it)."""
-    save_model(model, str(tmp / MODEL_FILE))
+    # "format": "pt" is the metadata transformers' from_pretrained asks of a safetensors file
+    save_model(model, str(tmp / MODEL_FILE), metadata={"format": "pt"})
     if ref_model is not None:
-        save_model(ref_model, str(tmp / REF_FILE))
+        save_model(ref_model, str(tmp / REF_FILE), metadata={"format": "pt"})
     save_state(tmp, STATE_NAME, state)
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, model: torch.nn.Module, state: dict,
-                    ref_model: torch.nn.Module | None = None, keep_last: int = 0) -> Path:
-    """Write checkpoint ``step`` atomically and prune to the newest ``keep_last`` (0 = keep all)."""
-    return write_checkpoint(run_dir, step, lambda tmp: _write_files(tmp, model, state, ref_model), keep_last)
+                    ref_model: torch.nn.Module | None = None, keep_last: int = 0, tokenizer=None,
+                    base_model_name: str | None = None) -> Path:
+    """Write checkpoint ``step`` atomically and prune to the newest ``keep_last`` (0 = keep all).
+
+    With the model's config (and ``tokenizer``, when given) beside the weights, the checkpoint directory
+    is a Hugging Face model directory too (module docstring); ``base_model_name`` goes into a LoRA adapter's
+    config."""
+    from lmpo.models.saving import write_hf_files
+
+    def write(tmp: Path) -> None:
+        _write_files(tmp, model, state, ref_model)
+        # model.safetensors above is the full model's weights file already (same name and tensors)
+        write_hf_files(tmp, model, tokenizer, weights=False, base_model_name=base_model_name)
+
+    return write_checkpoint(run_dir, step, write, keep_last)
 
 
 def _load_weights(model: torch.nn.Module, path: Path) -> None:
@@ -81,7 +100,7 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     """Verify ``path`` against its manifest, load weights into ``model`` (and ``ref_model``) in place, and
     return the state dict. Raises :class:`CheckpointError` for a partial, mixed or altered checkpoint."""
     path = Path(path)
-    verify_checkpoint(path)
+    check_plain_files(path, verify_checkpoint(path))
     if not (path / MODEL_FILE).is_file() or not (path / STATE_FILE).is_file():
         raise CheckpointError(f"{path} is not a trainer checkpoint (needs {MODEL_FILE} and {STATE_FILE}).")
     _load_weights(model, path / MODEL_FILE)

@@ -60,6 +60,9 @@ def register_train(subparsers: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept config changes beyond loop.steps, logging, eval and checkpoint keys")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--from-trl", default=None, metavar="FILE",
+                   help="read a TRL GRPOConfig YAML first (CONFIG and overrides apply on top; it has no model or "
+                        "data): print which keys were mapped, ignored or refused, then train")
     p.set_defaults(func=_run_train)
     _accept_overrides(p)
 
@@ -72,7 +75,20 @@ def _run_train(args: argparse.Namespace) -> int:
     config = args.config
     if config is None and args.resume not in (None, "auto"):
         config = _stored_config(args.resume)
-    cfg = load_config(config, overrides=list(args.overrides))
+    base = None
+    if args.from_trl:
+        from lmpo.config import read_yaml
+        from lmpo.errors import InputError
+        from lmpo.trainer.trl_config import translate_trl
+
+        translation = translate_trl(read_yaml(args.from_trl, "TRL config"))
+        print(translation.report())
+        if translation.refused:
+            raise InputError(f"--from-trl {args.from_trl}: lmpo cannot honour {', '.join(translation.refused)} (the "
+                             "reasons are in the report above); remove these keys from the file or give them TRL's "
+                             "default values.")
+        base = translation.config
+    cfg = load_config(config, overrides=list(args.overrides), base=base)
     validate_config(cfg)
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -17,6 +17,7 @@ import difflib
 import importlib
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +26,8 @@ from lmpo.config import (
     check_fields,
     deep_merge,
     from_dict,
-    load,
     parse_overrides,
+    read_yaml,
     render_reference,
     save_yaml,
     to_dict,
@@ -281,6 +282,9 @@ class CheckpointConfig:
     every_steps: int = _f(0, "Write a checkpoint every N RL steps (0 = only at the end).", ge=0)
     keep_last: int = _f(2, "Keep the newest N checkpoints (0 = keep all).", ge=0)
     at_end: bool = _f(True, "Write a checkpoint after the last step.")
+    final_model: bool = _f(True, "Write the trained policy to RUN_DIR/model/ at the end of the run, as "
+                           "`save_pretrained` does (config, weights or a LoRA adapter, tokenizer, generation "
+                           "config): `AutoModelForCausalLM.from_pretrained`, `lmpo eval RUN`, `lmpo export RUN`.")
 
 
 @dataclass(frozen=True)
@@ -359,8 +363,11 @@ class TrainConfig:
 
 
 def config_from_dict(data: dict | None) -> TrainConfig:
-    """Build a TrainConfig from a nested dict (unknown keys raise ConfigError with close matches)."""
-    return from_dict(TrainConfig, data or {}, "")
+    """Build a TrainConfig from a nested dict (unknown keys raise ConfigError with close matches); top-level
+    TRL names (``num_generations``, ``beta`` …, ``lmpo.trainer.trl_config``) are accepted as aliases."""
+    from lmpo.trainer.trl_config import resolve_aliases
+
+    return from_dict(TrainConfig, resolve_aliases(data), "")
 
 
 def config_to_dict(cfg: Any) -> dict:
@@ -368,9 +375,21 @@ def config_to_dict(cfg: Any) -> dict:
     return to_dict(cfg)
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:
-    """YAML file (optional) + overrides (``--a.b value`` list or nested dict) → TrainConfig."""
-    return load(TrainConfig, path, overrides)
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | dict | None = None, *,
+                base: dict | None = None) -> TrainConfig:
+    """``base`` dict ← YAML file (optional) ← overrides (``--a.b value`` list or nested dict) → TrainConfig.
+
+    Top-level TRL names in the file (``num_generations: 8`` …) are resolved to their lmpo keys before the
+    overrides apply (``lmpo.trainer.trl_config.resolve_aliases``)."""
+    from lmpo.trainer.trl_config import resolve_aliases
+
+    data: dict = dict(base or {})
+    if path is not None:
+        data = deep_merge(data, resolve_aliases(read_yaml(path)))
+    if overrides:
+        over = parse_overrides(list(overrides)) if not isinstance(overrides, Mapping) else overrides
+        data = deep_merge(data, resolve_aliases(over))
+    return from_dict(TrainConfig, data)
 
 
 def replace(cfg: TrainConfig, **sections: dict) -> TrainConfig:
@@ -674,9 +693,12 @@ def render_metrics_reference() -> str:
 
 
 def update_reference_doc(path: str | os.PathLike) -> bool:
-    """Rewrite the generated parts of ``path`` (config reference, metric table); returns whether it changed."""
+    """Rewrite the generated parts of ``path`` (config reference, metric table, TRL names); returns whether it
+    changed."""
+    from lmpo.trainer.trl_config import render_alias_table
+
     return update_generated(path, {"config-reference": render_config_reference(),
-                                   "metrics": render_metrics_reference()})
+                                   "metrics": render_metrics_reference(), "trl-aliases": render_alias_table()})
 
 
 if __name__ == "__main__":  # python -m lmpo.trainer.config docs/trainer.md

@@ -1,6 +1,10 @@
-"""``lmpo eval MODEL --task TASK [--n N]``: greedy accuracy of any causal LM, with a 95% confidence interval.
+"""``lmpo eval MODEL_OR_RUN [--task TASK] [--n N]``: greedy accuracy of any causal LM, with a 95% confidence
+interval.
 
-``MODEL`` is a built-in preset (``tiny``) or any Hugging Face causal LM (a local directory or a hub name).
+``MODEL_OR_RUN`` is a built-in preset (``tiny``), any Hugging Face causal LM (a local directory or a hub name),
+or a run directory of ``lmpo train``: its ``model/`` (or newest complete checkpoint; a LoRA adapter is merged
+into the run's base model), with the run's own task, held-out examples and prompt format when ``--task`` is
+left out (:mod:`lmpo.trainer.export`).
 ``TASK`` is a built-in task (its held-out split), a JSON / JSONL / Parquet file (every row; TRL's standard
 or conversational format) or a saved ``datasets`` directory / hub name (one split, ``test`` by default).
 A completion is correct when the task's accuracy reward (``exact_match`` for files) is ``>= 1``.
@@ -31,6 +35,7 @@ class EvalResult:
     length_mean: float
     seconds: float
     samples: list[dict[str, Any]] = field(default_factory=list)
+    max_new_tokens: int = 0
 
     @property
     def accuracy(self) -> float:
@@ -76,13 +81,16 @@ def load_eval_examples(task: str, options: dict[str, Any] | None = None):
         raise InputError(f"--task {task!r}: {e.args[0] if e.args else e}") from e
 
 
-def evaluate_model(model: str, task: str, *, options: dict[str, Any] | None = None, n: int = 0,
-                   max_new_tokens: int = 64, seqs_per_batch: int = 64, prompt_format: str = "auto",
+def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | None = None, n: int = 0,
+                   max_new_tokens: int | None = None, seqs_per_batch: int = 64, prompt_format: str | None = None,
                    chat_template: str | None = None, accuracy_reward: str | None = None,
                    success_threshold: float = 1.0, device: str = "auto", dtype: str = "float32", seed: int = 0,
                    samples: int = 0) -> EvalResult:
     """Greedy accuracy of ``model`` on the first ``n`` (0 = all) examples of ``task`` (see the module docstring).
 
+    For a run directory, ``task=None`` evaluates the run's own task (its held-out examples, as many as the
+    run's ``task.eval_examples``), and ``max_new_tokens`` / ``prompt_format`` = None take the run's values
+    (for anything else: 64 tokens, ``auto``).
     ``samples`` keeps the first few (prompt, completion, answer, correct) records in the result.
     """
     from lmpo.models import MODEL_PRESETS, load_model_and_tokenizer
@@ -90,21 +98,37 @@ def evaluate_model(model: str, task: str, *, options: dict[str, Any] | None = No
     from lmpo.rewards import get_reward_fn
     from lmpo.tasks import render_prompts
     from lmpo.trainer.evaluate import greedy_completions, judge, wilson_interval
+    from lmpo.trainer.export import is_run_dir, load_run_policy, run_config
     from lmpo.trainer.loop import _resolve_device
 
     if n < 0:
         raise InputError(f"--n {n} must be >= 0 (0 = every example).")
-    if max_new_tokens < 1 or seqs_per_batch < 1:
+    if (max_new_tokens is not None and max_new_tokens < 1) or seqs_per_batch < 1:
         raise InputError(f"--max-new-tokens {max_new_tokens} and --seqs-per-batch {seqs_per_batch} must be >= 1.")
-    if model not in MODEL_PRESETS:
+    run = model if model not in MODEL_PRESETS and is_run_dir(model) else None
+    if run is None and model not in MODEL_PRESETS:
         if os.path.isdir(model) and not os.path.isfile(os.path.join(model, "config.json")):
-            raise InputError(f"model {model!r} is a directory without config.json, so not a Hugging Face model; "
-                             "give a directory written by save_pretrained (or a built-in preset: "
-                             f"{', '.join(sorted(MODEL_PRESETS))}).")
+            raise InputError(f"model {model!r} is a directory without config.json, so neither a Hugging Face model "
+                             "nor a run of `lmpo train` (config.yaml with model/ or checkpoints/); give a directory "
+                             "written by save_pretrained, a run directory, or a built-in preset "
+                             f"({', '.join(sorted(MODEL_PRESETS))}).")
         if not os.path.isdir(model) and not looks_like_hub_id(model):
             raise InputError(f"model {model!r} is neither a built-in preset ({', '.join(sorted(MODEL_PRESETS))}), a "
-                             "local directory, nor a Hugging Face 'org/name'.")
-    examples, task_reward, what = load_eval_examples(task, options)
+                             "local directory, a run directory, nor a Hugging Face 'org/name'.")
+    cfg = run_config(run) if run is not None else None
+    if task is None:
+        if cfg is None:
+            raise InputError(f"model {model!r}: --task is missing; give a built-in task, a data file or a "
+                             "dataset (only a run directory brings its own task).")
+        examples, task_reward, what = _run_task_examples(cfg)
+        task = cfg.task.name
+    else:
+        examples, task_reward, what = load_eval_examples(task, options)
+    if cfg is not None:
+        prompt_format = prompt_format or cfg.task.prompt_format
+        chat_template = chat_template or cfg.task.chat_template
+        max_new_tokens = max_new_tokens or cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    prompt_format, max_new_tokens = prompt_format or "auto", max_new_tokens or 64
     examples = examples[:n] if n else examples
     if not examples:
         raise InputError(f"--task {task!r} has no examples to evaluate.")
@@ -114,7 +138,11 @@ def evaluate_model(model: str, task: str, *, options: dict[str, Any] | None = No
         raise InputError(f"--accuracy-reward {accuracy_reward!r}: {e}") from e
     t0 = time.perf_counter()
     dev = _resolve_device(device)
-    policy, tokenizer = load_model_and_tokenizer(model, dtype=dtype, device=dev, seed=seed)
+    if run is not None:
+        policy, tokenizer, source, _ = load_run_policy(run, device=str(dev))
+        model = f"{model} ({source.name})"
+    else:
+        policy, tokenizer = load_model_and_tokenizer(model, dtype=dtype, device=dev, seed=seed)
     examples = render_prompts(examples, tokenizer, prompt_format, chat_template, model_name=f"model {model!r}",
                               source=f"task {task!r}", options=("--prompt-format", "--chat-template"))
     texts, lengths = greedy_completions(policy, tokenizer, [e.prompt for e in examples],
@@ -124,26 +152,43 @@ def evaluate_model(model: str, task: str, *, options: dict[str, Any] | None = No
              "correct": c} for e, t, c in list(zip(examples, texts, correct))[:samples]]
     return EvalResult(model=model, task=what, n=len(examples), correct=sum(correct),
                       ci95=wilson_interval(sum(correct), len(examples)), length_mean=sum(lengths) / len(lengths),
-                      seconds=time.perf_counter() - t0, samples=kept)
+                      seconds=time.perf_counter() - t0, samples=kept, max_new_tokens=max_new_tokens)
+
+
+def _run_task_examples(cfg):
+    """The held-out examples a run evaluated (its ``task`` section), its accuracy reward and a description."""
+    from lmpo.trainer.loop import build_task
+
+    try:
+        task = build_task(cfg.task)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as e:
+        raise InputError(f"the run's task ({cfg.task.name!r}, from its config.yaml) cannot be built: {e}; give "
+                         "--task instead.") from None
+    examples = task.eval_examples()[: cfg.task.eval_examples]
+    return examples, getattr(task, "accuracy_reward", "exact_match"), f"{task.name} (the run's held-out examples)"
 
 
 def register_eval(subparsers: argparse._SubParsersAction, name: str) -> None:
     p = subparsers.add_parser(
         name, help="greedy accuracy of a model on a task, with a 95%% confidence interval",
-        description="Greedy accuracy of MODEL (a built-in preset such as `tiny`, or any Hugging Face causal LM "
-                    "directory or hub name) on TASK: a built-in task's held-out split, every row of a "
+        description="Greedy accuracy of MODEL (a built-in preset such as `tiny`, any Hugging Face causal LM "
+                    "directory or hub name, or a run directory of `lmpo train`: its model/ or newest checkpoint, "
+                    "and its own task when --task is left out) on TASK: a built-in task's held-out split, every row of a "
                     "JSON/JSONL/Parquet file (TRL's standard or conversational format), or one split of a "
                     "saved `datasets` directory. Prints accuracy with a 95%% Wilson confidence interval.",
     )
-    p.add_argument("model", metavar="MODEL", help="built-in preset or Hugging Face model directory / name")
-    p.add_argument("--task", required=True, help="built-in task name, data file, or dataset directory / name")
+    p.add_argument("model", metavar="MODEL_OR_RUN",
+                   help="built-in preset, Hugging Face model directory / name, or `lmpo train` run directory")
+    p.add_argument("--task", default=None,
+                   help="built-in task name, data file, or dataset directory / name (default for a run: its task)")
     p.add_argument("--n", type=int, default=0, help="evaluate the first N examples (default 0: all)")
     p.add_argument("--task-options", default=None, metavar="YAML",
                    help="task options as a YAML mapping, e.g. '{max_digits: 3}' or '{prompt_field: question}'")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="completion budget in tokens (default 64)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="completion budget in tokens (default 64; for a run, its eval / rollout budget)")
     p.add_argument("--seqs-per-batch", type=int, default=64, help="prompts per generation batch (default 64)")
-    p.add_argument("--prompt-format", default="auto", choices=["auto", "chat", "text"],
-                   help="chat template use, as task.prompt_format in training (default auto)")
+    p.add_argument("--prompt-format", default=None, choices=["auto", "chat", "text"],
+                   help="chat template use, as task.prompt_format in training (default auto; for a run, its own)")
     p.add_argument("--chat-template", default=None, help="Jinja chat template (text or file) for a tokenizer without one")
     p.add_argument("--accuracy-reward", default=None,
                    help="reward whose value >= 1 counts as correct (default: the task's, exact_match for files)")
@@ -171,7 +216,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         print(f"lmpo eval: {e}", file=sys.stderr)
         return 2
     print(f"lmpo eval: model {result.model!r} on {result.task}, {result.n} examples, greedy, "
-          f"at most {args.max_new_tokens} new tokens ({result.seconds:.0f} s)")
+          f"at most {result.max_new_tokens} new tokens ({result.seconds:.0f} s)")
     print(result.summary())
     if args.json:
         record = {"model": result.model, "task": result.task, "n": result.n, "correct": result.correct,

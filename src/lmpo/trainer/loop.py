@@ -46,6 +46,7 @@ from lmpo.runs import check_resume_config, prepare_run_dir, stop_on_sigint
 from lmpo.trainer import checkpoint as ckpt
 from lmpo.trainer.config import TrainConfig, config_to_dict, validate_config
 from lmpo.trainer.evaluate import evaluate, reward_arguments
+from lmpo.trainer.export import FINAL_MODEL_DIR
 from lmpo.trainer.metrics import MetricsLogger, to_host
 from lmpo.trainer.mismatch import mismatch_metrics
 from lmpo.trainer.optim import Schedule, build_optimizer
@@ -53,7 +54,8 @@ from lmpo.trainer.sampling import ScoredRollout, dynamic_sample, mask_truncated
 from lmpo.trainer.sft import supervised_warmup
 
 #: what a trainer run directory holds (``--overwrite`` deletes these and nothing else)
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "wandb")
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "checkpoints", FINAL_MODEL_DIR, "tensorboard", "wandb")
+
 #: config keys ``--resume`` may change without ``--allow-config-change``
 RESUMABLE_KEYS = ("loop.steps", "logging.*", "eval.*", "checkpoint.*")
 
@@ -94,6 +96,17 @@ def _resolve_device(name: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     return torch.device(name)
+
+
+def build_task(tk):
+    """The task of a run's ``task`` config section (also used by ``lmpo eval RUN``)."""
+    from lmpo.tasks import load_file_task, load_hf_task, make_task
+
+    if tk.name == "file":
+        return load_file_task(tk.path, prompt_field=tk.prompt_field, answer_field=tk.answer_field, **tk.options)
+    if tk.name == "hf":
+        return load_hf_task(tk.hf_name, prompt_field=tk.prompt_field, answer_field=tk.answer_field, **tk.options)
+    return make_task(tk.name, **tk.options)
 
 
 class Trainer:
@@ -169,15 +182,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- construction helpers
     def _build_task(self):
-        from lmpo.tasks import load_file_task, load_hf_task, make_task
-
-        tk = self.cfg.task
-        if tk.name == "file":
-            return load_file_task(tk.path, prompt_field=tk.prompt_field, answer_field=tk.answer_field, **tk.options)
-        if tk.name == "hf":
-            return load_hf_task(tk.hf_name, prompt_field=tk.prompt_field, answer_field=tk.answer_field,
-                                **tk.options)
-        return make_task(tk.name, **tk.options)
+        return build_task(self.cfg.task)
 
     def _render_prompts(self, examples):
         from lmpo.tasks import render_prompts
@@ -319,6 +324,8 @@ class Trainer:
                     self.final_eval_done = True
                     if cfg.checkpoint.at_end:
                         self.save(cfg.loop.steps)
+                if cfg.checkpoint.final_model:
+                    self.save_final_model(step)
         finally:
             self.metrics.close()
         if cfg.logging.plots:
@@ -750,7 +757,17 @@ class Trainer:
         if getattr(self, "metrics", None) is not None:
             self.metrics.sync()  # the rows this checkpoint counts are on disk before it is
         return ckpt.save_checkpoint(self.run_dir, step, self.model, self.state_dict(step), ref_model=self.ref_model,
-                                    keep_last=self.cfg.checkpoint.keep_last)
+                                    keep_last=self.cfg.checkpoint.keep_last, tokenizer=self.tokenizer,
+                                    base_model_name=self.cfg.model.name)
+
+    def save_final_model(self, step: int) -> Path:
+        """RUN_DIR/model/: the policy as ``save_pretrained`` writes it (a LoRA run: its adapter), with the
+        tokenizer; published atomically with a manifest like a checkpoint (:mod:`lmpo.checkpoints`)."""
+        from lmpo.checkpoints import publish_directory
+        from lmpo.models.saving import write_hf_files
+
+        return publish_directory(self.run_dir / FINAL_MODEL_DIR, step, lambda tmp: write_hf_files(
+            tmp, self.model, self.tokenizer, base_model_name=self.cfg.model.name))
 
     def _load(self, path: Path) -> tuple[int, int]:
         """Restore the run from checkpoint ``path``; returns (RL step, metrics rows to keep)."""
