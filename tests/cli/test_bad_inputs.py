@@ -244,7 +244,7 @@ CASES: list[Case] = [
     Case("trl-unknown-key", ("train", "--from-trl", "grpo.yaml"), "a TRL config with a key GRPOConfig does not have",
          setup=_write("grpo.yaml", "num_generation: 4\n")),
     Case("trl-refused-key", ("train", "--from-trl", "grpo.yaml"), "a TRL setting lmpo cannot honour",
-         setup=_write("grpo.yaml", "num_generations: 4\nmask_truncated_completions: true\n")),
+         setup=_write("grpo.yaml", "num_generations: 4\nfp16: true\n")),
     Case("trl-alias-conflict", ("train", "alias.yaml"), "a TRL alias contradicting the lmpo key it sets",
          setup=_write("alias.yaml", "num_generations: 4\nrollout: {completions_per_prompt: 8}\n")),
     # ---- lmpo export / lmpo eval RUN

@@ -73,16 +73,18 @@ loss_type: cispo            # mapped (aggregation and trust region)
 epsilon_high: 5.0           # mapped: TRL's cispo cap is lmpo's 1 + eps_high
 push_to_hub: false          # ignored: Hub upload
 logging_dir: logs           # ignored: logging detail
-mask_truncated_completions: true   # refused: lmpo has no such option
+mask_truncated_completions: true   # mapped
+fp16: true                  # refused: lmpo autocasts to bfloat16 only
 delta: 1.5                  # refused
 num_train_epochs: 3.0       # TRL's default: ignored although lmpo could not honour another value
 """
     t = translate_trl(yaml.safe_load(text))
     given_mapped = {k for k, (_, _, filled) in t.mapped.items() if not filled}
-    assert given_mapped == {"num_generations", "beta", "loss_type", "epsilon_high"}
+    assert given_mapped == {"num_generations", "beta", "loss_type", "epsilon_high", "mask_truncated_completions"}
     assert set(t.ignored) == {"push_to_hub", "logging_dir", "num_train_epochs"}
-    assert set(t.refused) == {"mask_truncated_completions", "delta"}
-    assert "truncated" in t.refused["mask_truncated_completions"]
+    assert set(t.refused) == {"fp16", "delta"}
+    assert "bfloat16" in t.refused["fp16"]
+    assert t.mapped["mask_truncated_completions"][1] == {"objective.mask_truncated_completions": True}
     assert t.mapped["epsilon_high"][1] == {"objective.overrides.eps_high": 4.0}
     assert t.mapped["loss_type"][1] == {"objective.overrides.aggregation": "token_mean",
                                         "objective.overrides.trust_region": "cispo"}
@@ -90,7 +92,7 @@ num_train_epochs: 3.0       # TRL's default: ignored although lmpo could not hon
     assert t.mapped["epsilon"] == (0.2, {"objective.overrides.eps_low": 0.2}, True)
     assert t.mapped["learning_rate"][2] and t.config["optim"]["lr"] == 1e-6
     report = t.report()
-    assert "refused:\n  mask_truncated_completions:" in report and "(TRL default)" in report
+    assert "refused:\n  delta:" in report or "refused:\n  fp16:" in report and "(TRL default)" in report
 
 
 def test_unknown_key_is_an_error_naming_it():
@@ -172,14 +174,14 @@ def test_from_trl_command_reports_then_refuses(tmp_path, monkeypatch):
     from lmpo.cli import main
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "grpo.yaml").write_text("num_generations: 2\nmask_truncated_completions: true\npush_to_hub: false\n")
+    (tmp_path / "grpo.yaml").write_text("num_generations: 2\nfp16: true\npush_to_hub: false\n")
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         code = main(["train", "--from-trl", "grpo.yaml", "--print-config"])
     assert code == 2
-    assert "refused:\n  mask_truncated_completions: lmpo has no option" in out.getvalue()
+    assert "refused:\n  fp16: lmpo autocasts to bfloat16 only" in out.getvalue()
     assert "ignored:\n  push_to_hub:" in out.getvalue()
-    assert "lmpo cannot honour mask_truncated_completions" in err.getvalue()
+    assert "lmpo cannot honour fp16" in err.getvalue()
     (tmp_path / "grpo.yaml").write_text("num_generations: 2\nmax_completion_length: 3\nbeta: 0.01\n")
     out = io.StringIO()
     with redirect_stdout(out), redirect_stderr(io.StringIO()):

@@ -196,6 +196,7 @@ TRL_ALIASES: dict[str, Alias] = {a.trl: a for a in [
           _simple("objective.overrides.level", _choice("importance_sampling_level",
                                                        {"token": "token", "sequence": "sequence"})),
           fill_default=True),
+    Alias("mask_truncated_completions", ("objective.mask_truncated_completions",), ""),
     Alias("scale_rewards", ("objective.overrides.advantage_scale",), "true/`group`, `batch`, false/`none`",
           _simple("objective.overrides.advantage_scale", _choice(
               "scale_rewards", {True: "group", False: "none", "group": "group", "batch": "batch", "none": "none"})),
@@ -277,8 +278,6 @@ TRL_IGNORED: dict[str, str] = {
 
 #: fields lmpo cannot honour (unless they hold TRL's default): name → reason
 TRL_REFUSED: dict[str, str] = {
-    "mask_truncated_completions": "lmpo has no option to leave truncated completions out of the loss (it reports "
-                                  "them as completion/truncated_frac)",
     "delta": "INTELLECT-2's two-sided clip has no lmpo trust region",
     "fp16": "lmpo autocasts to bfloat16 only (bf16 / loop.autocast)",
     "entropy_coef": "TRL's bonus is the plain token mean of the entropy whatever the loss type; lmpo's "
