@@ -22,7 +22,7 @@ trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
 def _trl_loss(logp, old, adv, mask, *, loss_type, level="token", eps_low=0.2, eps_high=0.2, max_len=None,
               beta=0.0, ref=None, entropies=None, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
-              sampling=None, bias_correction_kl=False, **args):
+              sampling=None, bias_correction_kl=False, delta=None, **args):
     entropies = torch.zeros_like(logp) if entropies is None else entropies
     trainer = trl_grpo.GRPOTrainer
     stub = types.SimpleNamespace(
@@ -37,7 +37,7 @@ def _trl_loss(logp, old, adv, mask, *, loss_type, level="token", eps_low=0.2, ep
         loss_type=loss_type,
         epsilon_low=eps_low,
         epsilon_high=eps_high,
-        args=types.SimpleNamespace(delta=None, use_bias_correction_kl=bias_correction_kl, steps_per_generation=1,
+        args=types.SimpleNamespace(delta=delta, use_bias_correction_kl=bias_correction_kl, steps_per_generation=1,
                                    **args),
         use_vllm=False,
         vllm_importance_sampling_correction=False,
@@ -203,3 +203,19 @@ def test_ratio_weighted_kl_equals_trl_bias_correction(level):
     _assert_same_as_trl(objective, logp, old, adv, mask,
                         dict(loss_type="grpo", level=level, eps_low=eps[0], eps_high=eps[1], beta=0.04, ref=ref,
                              bias_correction_kl=True), dict(ref_logp=ref))
+
+
+@pytest.mark.parametrize("delta", [1.5, 3.0])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_trl_delta_equals_dual_clip(delta, seed):
+    """TRL's two-sided cap ``delta`` (INTELLECT-2: ``coef_1 = clamp(r, max=δ)`` before the PPO min) equals the
+    dual clip with ``c = δ`` whenever δ > 1 + ε_high (TRL's documented range): for A > 0 the clip bounds r below
+    1 + ε < δ anyway, for A < 0 both cap the ratio term at δ."""
+    logp, old, adv, mask = make_batch(batch=8, length=48, seed=seed, dtype=torch.float64, drift=1.0, holes=False)
+    ours, _ = Objective.preset("grpo", dual_clip=True, dual_clip_c=delta)(logp, old, adv, mask)
+    theirs, _ = _trl_loss(logp, old, adv, mask, loss_type="grpo", delta=delta)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    g_ours, = torch.autograd.grad(ours, logp)
+    g_theirs, = torch.autograd.grad(theirs, logp)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=0, atol=1e-6)
+    assert ((logp - old).exp() > delta).any()  # the cap was exercised

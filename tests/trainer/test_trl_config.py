@@ -32,7 +32,7 @@ SAMPLE = {"epsilon_high": 0.28, "top_entropy_quantile": 0.2, "off_policy_mask_th
           "top_k": 5, "max_steps": 3, "reward_weights": [1.0], "seed": 3, "warmup_steps": 2, "logging_steps": 2,
           "use_vllm": False, "report_to": ["tensorboard"], "bf16": True,
           "output_dir": "runs/trl",
-          "sync_ref_model": True, "ref_model_sync_steps": 16, "ref_model_mixup_alpha": 0.5}
+          "sync_ref_model": True, "ref_model_sync_steps": 16, "ref_model_mixup_alpha": 0.5, "delta": 1.5, "mask_truncated_completions": True}
 
 
 def _build(config: dict) -> tuple[TrainConfig, Objective]:
@@ -75,14 +75,16 @@ push_to_hub: false          # ignored: Hub upload
 logging_dir: logs           # ignored: logging detail
 mask_truncated_completions: true   # mapped
 fp16: true                  # refused: lmpo autocasts to bfloat16 only
-delta: 1.5                  # refused
+delta: 1.5                  # mapped: the dual clip with c = 1.5
+use_adaptive_entropy: true  # refused
 num_train_epochs: 3.0       # TRL's default: ignored although lmpo could not honour another value
 """
     t = translate_trl(yaml.safe_load(text))
     given_mapped = {k for k, (_, _, filled) in t.mapped.items() if not filled}
-    assert given_mapped == {"num_generations", "beta", "loss_type", "epsilon_high", "mask_truncated_completions"}
+    assert given_mapped == {"num_generations", "beta", "loss_type", "epsilon_high", "mask_truncated_completions", "delta"}
     assert set(t.ignored) == {"push_to_hub", "logging_dir", "num_train_epochs"}
-    assert set(t.refused) == {"fp16", "delta"}
+    assert set(t.refused) == {"fp16", "use_adaptive_entropy"}
+    assert t.mapped["delta"][1] == {"objective.overrides.dual_clip": True, "objective.overrides.dual_clip_c": 1.5}
     assert "bfloat16" in t.refused["fp16"]
     assert t.mapped["mask_truncated_completions"][1] == {"objective.mask_truncated_completions": True}
     assert t.mapped["epsilon_high"][1] == {"objective.overrides.eps_high": 4.0}
@@ -92,7 +94,7 @@ num_train_epochs: 3.0       # TRL's default: ignored although lmpo could not hon
     assert t.mapped["epsilon"] == (0.2, {"objective.overrides.eps_low": 0.2}, True)
     assert t.mapped["learning_rate"][2] and t.config["optim"]["lr"] == 1e-6
     report = t.report()
-    assert "refused:\n  delta:" in report or "refused:\n  fp16:" in report and "(TRL default)" in report
+    assert "refused:\n  fp16:" in report and "(TRL default)" in report
 
 
 def test_unknown_key_is_an_error_naming_it():

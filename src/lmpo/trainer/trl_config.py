@@ -197,6 +197,10 @@ TRL_ALIASES: dict[str, Alias] = {a.trl: a for a in [
                                                        {"token": "token", "sequence": "sequence"})),
           fill_default=True),
     Alias("mask_truncated_completions", ("objective.mask_truncated_completions",), ""),
+    Alias("delta", ("objective.overrides.dual_clip", "objective.overrides.dual_clip_c"),
+          "INTELLECT-2's cap equals the dual clip with c = δ when δ > 1 + ε",
+          lambda v, trl: {} if v is None else {"objective.overrides.dual_clip": True,
+                                               "objective.overrides.dual_clip_c": float(v)}),
     Alias("scale_rewards", ("objective.overrides.advantage_scale",), "true/`group`, `batch`, false/`none`",
           _simple("objective.overrides.advantage_scale", _choice(
               "scale_rewards", {True: "group", False: "none", "group": "group", "batch": "batch", "none": "none"})),
@@ -278,7 +282,6 @@ TRL_IGNORED: dict[str, str] = {
 
 #: fields lmpo cannot honour (unless they hold TRL's default): name → reason
 TRL_REFUSED: dict[str, str] = {
-    "delta": "INTELLECT-2's two-sided clip has no lmpo trust region",
     "fp16": "lmpo autocasts to bfloat16 only (bf16 / loop.autocast)",
     "entropy_coef": "TRL's bonus is the plain token mean of the entropy whatever the loss type; lmpo's "
                     "objective.overrides.entropy_coef uses the objective's aggregation — set that instead",
