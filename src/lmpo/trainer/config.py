@@ -291,7 +291,7 @@ class CheckpointConfig:
 class LoggingConfig:
     """Where the run writes and what it reports."""
 
-    run_dir: str = _f("runs/run", "Run directory (config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/).")
+    run_dir: str = _f("runs/run", "Run directory (config.yaml, metrics.jsonl, tensorboard/, checkpoints/, model/, plots/).")
     progress_bar: bool = _f(True, "tqdm progress bar when the console is a terminal; piped to a file (or when "
                             "false) the console gets plain one-line summaries instead (`print_every_steps`).")
     tensorboard: bool = _f(True, "Write TensorBoard event files to RUN_DIR/tensorboard.")

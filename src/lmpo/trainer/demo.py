@@ -105,7 +105,7 @@ def run_demo(run_dir: str | None = None, seed: int | None = None, preset: str | 
     for name, value in rows:
         print(f"  {name.ljust(width)}  {value}")
     print()
-    print(f"run directory: {result.run_dir}  (config.yaml, metrics.jsonl, tensorboard/, checkpoints/)")
+    print(f"run directory: {result.run_dir}  (config.yaml, metrics.jsonl, tensorboard/, checkpoints/, model/: from_pretrained)")
     if plots:
         print(f"plots: {plots[0].parent}/ ({', '.join(p.name for p in plots)})")
     print(f"total time: {seconds:.0f} s")
