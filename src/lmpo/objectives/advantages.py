@@ -297,9 +297,21 @@ class RLOOAdvantage(AdvantageEstimator):
         return rloo_advantages(rewards, group_ids, scale=self.scale, eps=self.eps)
 
 
+@dataclass(frozen=True)
+class _BatchWhitened(AdvantageEstimator):
+    """The two REINFORCE++ estimators' shared parameters: how the batch moments are weighted, and ε."""
+
+    whiten: str = param("tokens", "batch moments weighted by token count (verl) or one weight per sequence",
+                        choices=WHITEN_WEIGHTS)
+    eps: float = param(1e-8, "ε added to the batch variance", low=0.0, low_inclusive=True)
+
+    def required_inputs(self):
+        return frozenset({"lengths"}) if self.whiten == "tokens" else frozenset()
+
+
 @ADVANTAGE_ESTIMATORS.register
 @dataclass(frozen=True)
-class ReinforcePlusPlusAdvantage(AdvantageEstimator):
+class ReinforcePlusPlusAdvantage(_BatchWhitened):
     """REINFORCE++ (outcome reward): the reward whitened over the whole batch, no per-prompt baseline::
 
         A_i = (r_i − μ_B) / sqrt(σ²_B + ε)        (B,) → (B,)
@@ -316,13 +328,6 @@ class ReinforcePlusPlusAdvantage(AdvantageEstimator):
     formula = "(r_i − μ_B)/sqrt(σ²_B + ε), moments over the batch (token-weighted by default)"
     source = ("Hu et al. 2025, REINFORCE++ (arXiv 2501.03262); verl core_algos.py "
               "compute_reinforce_plus_plus_outcome_advantage (γ = 1)")
-    whiten: str = param("tokens", "batch moments weighted by token count (verl) or one weight per sequence",
-                        choices=WHITEN_WEIGHTS)
-    eps: float = param(1e-8, "ε added to the batch variance", low=0.0, low_inclusive=True)
-
-    def required_inputs(self):
-        return frozenset({"lengths"}) if self.whiten == "tokens" else frozenset()
-
     def estimate(self, rewards, group_ids, **inputs):
         g = group_statistics(rewards, group_ids)
         r = rewards.to(_float(rewards))
@@ -332,7 +337,7 @@ class ReinforcePlusPlusAdvantage(AdvantageEstimator):
 
 @ADVANTAGE_ESTIMATORS.register
 @dataclass(frozen=True)
-class ReinforcePlusPlusBaselineAdvantage(AdvantageEstimator):
+class ReinforcePlusPlusBaselineAdvantage(_BatchWhitened):
     """REINFORCE++-baseline: the group mean subtracted, then whitened over the batch::
 
         A_i = whiten_B(r_i − mean_g r)        (B,) → (B,)
@@ -347,13 +352,6 @@ class ReinforcePlusPlusBaselineAdvantage(AdvantageEstimator):
     formula = "whiten_B(r_i − mean_g r)"
     source = ("Hu et al. 2025, REINFORCE++ (arXiv 2501.03262); verl core_algos.py "
               "compute_reinforce_plus_plus_baseline_outcome_advantage")
-    whiten: str = param("tokens", "batch moments weighted by token count (verl) or one weight per sequence",
-                        choices=WHITEN_WEIGHTS)
-    eps: float = param(1e-8, "ε added to the batch variance", low=0.0, low_inclusive=True)
-
-    def required_inputs(self):
-        return frozenset({"lengths"}) if self.whiten == "tokens" else frozenset()
-
     def estimate(self, rewards, group_ids, **inputs):
         g = group_statistics(rewards, group_ids)
         centred = torch.where(g["zero_variance"], 0.0, g["centred"])  # exact 0 where the mean rounds
