@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import math
 import os
 import re
@@ -42,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from lmpo._hints import type_hints
 from lmpo.errors import InputError
 from lmpo.overrides import parse_overrides as _parse_overrides
 
@@ -212,16 +212,10 @@ def check_value(value: Any, meta: Mapping[str, Any], where: str) -> None:
                           f"{f' ({what.rstrip(chr(46))})' if what else ''}.{hint}")
 
 
-@functools.cache
-def _type_hints(cls: type) -> dict[str, Any]:
-    """``typing.get_type_hints`` once per config class (resolving string annotations is slow). Do not mutate."""
-    return typing.get_type_hints(cls)
-
-
 def fields_of(cfg_or_cls: Any) -> Iterator[tuple[dataclasses.Field, Any]]:
     """``(field, resolved type)`` of a config class or instance."""
     cls = cfg_or_cls if isinstance(cfg_or_cls, type) else type(cfg_or_cls)
-    hints = _type_hints(cls)
+    hints = type_hints(cls)
     for f in dataclasses.fields(cls):
         yield f, hints[f.name]
 

@@ -48,8 +48,10 @@ from typing import Any
 
 import torch
 
+from lmpo._hints import type_hints
+
 from .parts import KINDS, Context, Part, Registry
-from .parts.base import check_value, coerce_param, param, type_hints
+from .parts.base import check_value, coerce_param, param
 from .parts.entropy import AdaptiveEntropyController
 from .validation import (
     check_mask_dtype,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import math
 import typing
 from collections.abc import Iterator, Mapping
@@ -28,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+
+from lmpo._hints import type_hints
 
 INPUTS: Mapping[str, str] = {
     "ref_logp": "(B, T) log-probs of the sampled tokens under the reference policy",
@@ -105,12 +106,6 @@ def check_value(owner: str, name: str, value: Any, meta: Mapping[str, Any], tp: 
         fix = f" {meta['hint']}" if meta.get("hint") else ""
         raise ValueError(f"{name}={value!r} is out of range; it must lie in {_interval(meta)} ({owner}).{fix}")
 
-
-@functools.cache
-def type_hints(cls: type) -> dict[str, Any]:
-    """``typing.get_type_hints(cls)``, once per class: resolving the string annotations costs about 1 ms per
-    class, which every objective construction would otherwise pay for each of its parts. Do not mutate."""
-    return typing.get_type_hints(cls)
 
 
 @dataclass(frozen=True)
