@@ -79,6 +79,11 @@ class SACConfig:
     cql_exact_max_actions: int = _f(256, "auto picks exact when |Σ| ≤ this.", ge=1)
     cql_samples: int = _f(64, "S: sampled actions per state of the sampled CQL term.", ge=1)
     bc_weight: float = _f(0.1, "λ_BC; 0 = the \"no BC\" ablation.", ge=0)
+    anchor_weight: float = _f(0.0, "λ_anchor: weight of KL(π_ref ‖ π) on every batch state, π_ref the frozen "
+                              "policy of ``init_policy`` (0 = no anchor). Keeps the RL stage from unlearning what "
+                              "the supervised reference knows.", ge=0)
+    policy_warmup_updates: int = _f(0, "Updates at the start of a run in which only the critics (and α) learn; "
+                                    "the policy starts moving once the critics are no longer random.", ge=0)
     bc_rows: str = _f("demo", "Rows the BC loss reads: \"demo\" (teacher steps, the usual rule) or \"all\" "
                       "(DAgger labelling: agent rows too, each labelled with the reference character c_t of its "
                       "step when the mask allows it).", choices=("demo", "all"))
@@ -129,6 +134,17 @@ class TrainConfig:
     corpus: str = _f(DEFAULT_CORPUS, "Text corpus: a .txt / .json file or a directory, or the name of a corpus "
                      "bundled with lmpo (default: the Analects, lunyu.simplified.json).")
     heldout_fraction: float = _f(0.2, "Share of chapters held out for evaluation.", gt=0, lt=1)
+    extra_train_corpus: tuple[str, ...] = _f((), "Train-only text added after the split of ``corpus`` (files, "
+                                              "directories or bundled names such as ``classical``): the "
+                                              "environments, the alphabet and the supervised reference train on "
+                                              "it, the held-out chapters and the n-gram baseline stay those of "
+                                              "``corpus``.")
+    leak_filter_chars: int = _f(10, "Drop every paragraph of ``extra_train_corpus`` that shares this many "
+                                "consecutive Han characters with a held-out chapter (0 = no filter); the drop "
+                                "count is logged and kept in summary.json.", ge=0)
+    init_policy: str = _f("", "Run directory of ``lmpo sac reference`` (or its policy.safetensors): the policy "
+                          "starts from the supervised reference and ``sac.anchor_weight`` anchors it there. Same "
+                          "corpus settings needed (the alphabets must match).")
     split_seed: int = _f(0, "Seed of the train / held-out chapter split.", ge=0)
     env: dict[str, Any] = _f({}, "Keyword overrides of lmpo.textenv.EnvConfig (e.g. window length, episode "
                              "length); checked against its fields.")
@@ -153,6 +169,8 @@ class TrainConfig:
     eval_generations: int = _f(24, "Free-running continuations generated for 4-gram coverage / chrF / BLEU.",
                                ge=0)
     eval_generation_chars: int = _f(32, "Characters per free-running continuation.", ge=1)
+    eval_no_repeat_ngram: int = _f(0, "Free-running evaluation: greedy decoding never repeats an n-gram of this "
+                                   "many characters already in its output (0 = plain greedy).", ge=0)
     eval_rollout_episodes: int = _f(16, "Agent-only held-out episodes for the illegal-action and "
                                     "early-termination rates.", ge=0)
     trace_steps: int = _f(0, "Print the per-step trace (source, action, history, rewards) of the first N "
@@ -168,6 +186,12 @@ class TrainConfig:
         self.replay.validate()
         _check_device(self.device)
         resolve_corpus(self.corpus)
+        for i, spec in enumerate(self.extra_train_corpus):
+            resolve_corpus(spec, f"extra_train_corpus[{i}]")
+        if self.init_policy:
+            from lmpo.sac.reference import policy_file
+
+            policy_file(self.init_policy)
         env = self.env_config()
         if env.blacklist_path is not None and not Path(env.blacklist_path).is_file():
             raise ConfigError(f"`env.blacklist_path` = {env.blacklist_path!r} is not a file; give a text file of "

@@ -25,8 +25,8 @@ def load_agent(run_dir: str | Path):
     ``run_dir`` may also be one checkpoint (``RUN_DIR/checkpoints/step_XXXXXXXX``). Only JSON and safetensors
     are read; the checkpoint is verified against its manifest first.
     """
-    from lmpo.textenv import Alphabet, Compliance, load_corpus
-    from lmpo.textenv.bundled import resolve_corpus
+    from lmpo.sac.train import text_split
+    from lmpo.textenv import Compliance
 
     run_dir = Path(run_dir)
     if not run_dir.exists():
@@ -45,9 +45,7 @@ def load_agent(run_dir: str | Path):
                              "first one); continue it with `lmpo sac train --resume --run-dir RUN_DIR`, or pass "
                              "another run.")
     verify_checkpoint(checkpoint)
-    corpus = load_corpus(resolve_corpus(cfg.corpus))
-    train_ch, _ = corpus.split(heldout_fraction=cfg.heldout_fraction, seed=cfg.split_seed)
-    alphabet = Alphabet.from_texts(train_ch)
+    alphabet = text_split(cfg).alphabet
     env_cfg = cfg.env_config()
     compliance = Compliance(alphabet, env_cfg.max_run_chars, frozenset("".join(env_cfg.blacklist)),
                             env_cfg.blacklist_path, env_cfg.whitelist_size)

@@ -56,23 +56,62 @@ class EnvBundle:
     """(A,) code point of each action id, −1 for special ids (used to relabel forbidden teacher actions)."""
     alphabet: Any = None
     train_chapters: list[str] = field(default_factory=list)
+    """Train chapters of ``corpus`` only (what the n-gram baseline is fitted on)."""
     heldout_chapters: list[str] = field(default_factory=list)
+    extra_chapters: list[str] = field(default_factory=list)
+    """Train-only chapters of ``extra_train_corpus`` after the leak filter."""
+    extra_report: dict[str, int] = field(default_factory=dict)
     make_eval_env: Callable[[list[str]], Any] | None = None
 
 
-def make_text_envs(cfg: TrainConfig) -> EnvBundle:
-    """Build ``num_envs`` :class:`lmpo.textenv.CharTextEnv` on the train chapters of ``cfg.corpus``."""
-    from lmpo.textenv import Alphabet, CharTextEnv, load_corpus
+@dataclass(frozen=True)
+class TextSplit:
+    """The chapters and the alphabet of a run: ``corpus`` split into train / held-out, then the extra text."""
+
+    train: list[str]
+    heldout: list[str]
+    extra: list[str]
+    extra_report: dict[str, int]
+    alphabet: Any
+
+    @property
+    def training_text(self) -> list[str]:
+        return self.train + self.extra
+
+
+def text_split(cfg: TrainConfig) -> TextSplit:
+    """Split ``cfg.corpus``, then add ``cfg.extra_train_corpus`` through the leak filter; Σ covers both."""
+    from lmpo.textenv import Alphabet, load_corpus
     from lmpo.textenv.bundled import resolve_corpus
+    from lmpo.textenv.corpus import load_extra_text
 
     corpus = load_corpus(resolve_corpus(cfg.corpus))
     train_ch, heldout_ch = corpus.split(heldout_fraction=cfg.heldout_fraction, seed=cfg.split_seed)
-    alphabet = Alphabet.from_texts(train_ch)
+    extra, report = [], {}
+    if cfg.extra_train_corpus:
+        paths = [resolve_corpus(s, f"extra_train_corpus[{i}]") for i, s in enumerate(cfg.extra_train_corpus)]
+        loaded = load_extra_text(paths, heldout_ch, cfg.leak_filter_chars)
+        extra, report = loaded.chapters, loaded.report()
+    return TextSplit(train_ch, heldout_ch, extra, report, Alphabet.from_texts(train_ch + extra))
+
+
+def make_text_envs(cfg: TrainConfig, split: TextSplit | None = None) -> EnvBundle:
+    """Build ``num_envs`` :class:`lmpo.textenv.CharTextEnv` on the training text (train chapters of
+    ``cfg.corpus`` plus the filtered ``extra_train_corpus``)."""
+    from lmpo.textenv import CharTextEnv
+
+    split = split or text_split(cfg)
+    train_ch, heldout_ch, alphabet = split.train, split.heldout, split.alphabet
+    if split.extra_report:
+        r = split.extra_report
+        print(f"extra_train_corpus: {r['chars_kept']:,} characters in {r['paragraphs_kept']:,} paragraphs kept, "
+              f"{r['paragraphs_dropped']} paragraphs ({r['chars_dropped']:,} characters) dropped by the "
+              f"{cfg.leak_filter_chars}-character leak filter; |Σ| = {len(alphabet):,}", file=sys.stderr)
     env_cfg = cfg.env_config()
-    first = CharTextEnv(train_ch, alphabet, env_cfg)
+    first = CharTextEnv(split.training_text, alphabet, env_cfg)
     # the lexicon and the (pre-trained) InfoNCE encoder are shared: built once, not once per environment
-    envs = [first] + [CharTextEnv(train_ch, alphabet, env_cfg, lexicon=first.lexicon, encoder=first.encoder)
-                      for _ in range(cfg.num_envs - 1)]
+    envs = [first] + [CharTextEnv(split.training_text, alphabet, env_cfg, lexicon=first.lexicon,
+                                  encoder=first.encoder) for _ in range(cfg.num_envs - 1)]
     code_points = np.array(
         [ord(c) if i >= alphabet.num_special and len(c) == 1 else -1 for i, c in enumerate(alphabet.chars)],
         dtype=np.int64,
@@ -81,7 +120,7 @@ def make_text_envs(cfg: TrainConfig) -> EnvBundle:
     return EnvBundle(
         envs=envs, num_actions=len(alphabet), pad_id=alphabet.pad_id, eos_id=alphabet.eos_id, window=window,
         decode=alphabet.decode, code_points=code_points, alphabet=alphabet, train_chapters=train_ch,
-        heldout_chapters=heldout_ch, make_eval_env=lambda chapters: CharTextEnv(chapters, alphabet, env_cfg),
+        heldout_chapters=heldout_ch, extra_chapters=split.extra, extra_report=split.extra_report, make_eval_env=lambda chapters: CharTextEnv(chapters, alphabet, env_cfg),
     )
 
 

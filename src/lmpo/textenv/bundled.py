@@ -7,11 +7,17 @@ Bundled (``lmpo/textenv/data/``):
   comes from the chinese-poetry collection (MIT licence, ``LICENSE.chinese-poetry`` beside it). It is the
   default corpus of ``lmpo sac train``.
 - ``sample_zh.txt`` — a short original sample text written for lmpo (tests and the environment demo).
+- ``classical/`` — 345k characters of further classical Chinese (``classical/sishu``: 孟子 (11 of 14 chapters),
+  大学, 中庸; ``classical/extended``: 诗经, 楚辞, 幽梦影 and 11 蒙学 texts), simplified script, in the same JSON
+  format, from the chinese-poetry collection (MIT licence, ``classical/LICENSE.chinese-poetry``). Train-only
+  text for ``extra_train_corpus`` of ``lmpo sac train``; no paragraph shares 10 consecutive Han characters
+  with the Analects chapters the default split holds out.
 
 Search order of :func:`resolve_corpus` for a corpus value ``spec``:
 
 1. ``spec`` as a path (file or directory; relative paths are relative to the working directory);
-2. a bundled corpus with the same file name (so ``lunyu.simplified.json`` works anywhere, and a config
+2. the bundled file or directory at that relative path (``classical/sishu``);
+3. a bundled corpus with the same file name (so ``lunyu.simplified.json`` works anywhere, and a config
    written on a machine that keeps the same file elsewhere still runs).
 """
 
@@ -30,7 +36,8 @@ DEFAULT_CORPUS = "lunyu.simplified.json"
 
 def bundled_corpora() -> list[str]:
     """File names of the corpora shipped with lmpo."""
-    return sorted(p.name for p in DATA_DIR.iterdir() if p.suffix in (".json", ".txt"))
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in DATA_DIR.iterdir()
+                  if p.suffix in (".json", ".txt") or p.is_dir())
 
 
 def resolve_corpus(spec: str | os.PathLike, where: str = "corpus") -> Path:
@@ -41,6 +48,8 @@ def resolve_corpus(spec: str | os.PathLike, where: str = "corpus") -> Path:
     path = Path(spec).expanduser()
     if str(spec) and path.exists():
         return path
+    if str(spec) and not path.is_absolute() and ".." not in path.parts and (DATA_DIR / path).exists():
+        return DATA_DIR / path
     bundled = DATA_DIR / path.name
     if path.name and bundled.is_file() and bundled.suffix in (".json", ".txt"):
         return bundled

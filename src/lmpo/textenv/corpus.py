@@ -171,7 +171,7 @@ def split_text_chapters(text: str, separator: str | None = None) -> list[tuple[s
     return [(t, "".join(b)) for t, b in chapters if "".join(b)]
 
 
-def _load_json(path: Path) -> list[tuple[str, str]]:
+def _load_json(path: Path, paragraphs: bool = False) -> list[tuple[str, str]] | list[tuple[str, list[str]]]:
     try:
         data = json.loads(_read_utf8(path))
     except json.JSONDecodeError as err:
@@ -193,9 +193,10 @@ def _load_json(path: Path) -> list[tuple[str, str]]:
         paras = item["paragraphs"]
         if not all(isinstance(p, str) for p in paras):
             raise CorpusError(f"{path}: item {i}: every paragraph must be a string")
-        body = "".join("".join(ln.strip() for ln in p.splitlines()) for p in paras)
-        if body:
-            out.append((str(item.get("chapter", "")), body))
+        parts = ["".join(ln.strip() for ln in p.splitlines()) for p in paras]
+        parts = [p for p in parts if p]
+        if parts:
+            out.append((str(item.get("chapter", "")), parts if paragraphs else "".join(parts)))
     return out
 
 
@@ -261,3 +262,69 @@ def sample_text_path() -> Path:
 def load_sample_corpus() -> Corpus:
     """The bundled sample text as a ``Corpus``."""
     return load_corpus(sample_text_path())
+
+
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\U00020000-\U0002ffff]")
+
+
+def _han_only(text: str) -> str:
+    return "".join(_HAN.findall(text))
+
+
+@dataclass(frozen=True)
+class ExtraText:
+    """Train-only text added after the split, with what the leak filter removed.
+
+    Attributes:
+        chapters: the kept text, one entry per source chapter that kept at least one paragraph.
+        paragraphs_kept / paragraphs_dropped: paragraphs of the extra files kept and dropped by the filter.
+        chars_kept / chars_dropped: their characters.
+    """
+
+    chapters: list[str]
+    paragraphs_kept: int = 0
+    paragraphs_dropped: int = 0
+    chars_kept: int = 0
+    chars_dropped: int = 0
+
+    def report(self) -> dict[str, int]:
+        return {"chapters": len(self.chapters), "paragraphs_kept": self.paragraphs_kept,
+                "paragraphs_dropped": self.paragraphs_dropped, "chars_kept": self.chars_kept,
+                "chars_dropped": self.chars_dropped}
+
+
+def load_extra_text(paths: Sequence[str | os.PathLike], heldout: Sequence[str], leak_chars: int = 10) -> ExtraText:
+    """Load train-only text and drop every paragraph that could leak the held-out chapters.
+
+    A paragraph (a JSON ``paragraphs`` entry; a blank-line block of a text file) is dropped when it shares a run
+    of ``leak_chars`` consecutive Han characters with any held-out chapter, both read with everything but Han
+    characters removed (so punctuation or spacing differences cannot hide a quotation). ``leak_chars = 0``
+    turns the filter off. Call it after the split, with the split's held-out chapters: the held-out set
+    stays exactly the one the base corpus defines.
+    """
+    if leak_chars < 0:
+        raise ValueError(f"leak_chars={leak_chars} must be >= 0 (0 turns the filter off)")
+    files = _expand(paths)
+    n = leak_chars
+    seen: set[str] = set()
+    if n:
+        for text in heldout:
+            h = _han_only(text)
+            seen.update(h[i:i + n] for i in range(len(h) - n + 1))
+    chapters: list[str] = []
+    kept = dropped = ckept = cdropped = 0
+    for f in files:
+        units = (_load_json(f, paragraphs=True) if f.suffix.lower() == ".json"
+                 else [(t, [b]) for t, b in split_text_chapters(_read_utf8(f))])
+        for _, paras in units:
+            keep = []
+            for p in paras:
+                h = _han_only(p) if n else ""
+                if n and any(h[i:i + n] in seen for i in range(len(h) - n + 1)):
+                    dropped, cdropped = dropped + 1, cdropped + len(p)
+                else:
+                    keep.append(p)
+                    kept, ckept = kept + 1, ckept + len(p)
+            if keep:
+                chapters.append("".join(keep))
+    return ExtraText(chapters, kept, dropped, ckept, cdropped)

@@ -83,6 +83,8 @@ class EnvConfig:
     lambda_bigram: float = option(1.0, "Bonus when (previous reference character, action) is a lexicon bigram.")
     bigram_match_bonus: float = option(0.5, "Bonus when the bigram is not in the lexicon but the action equals "
                                        "the target c_t.")
+    lambda_target: float = option(0.0, "Bonus when the action equals the target c_t, on top of the lexicon bonus: "
+                                  "ranks the reference character above the other lexicon hits.", ge=0)
     garble_min_count: int = option(2, "Characters with a training count below this (and not punctuation) are "
                                    "garble.", ge=0)
     norm_beta: float = option(1e-3, "β of the EMA standardisation.", gt=0, le=1)
@@ -505,6 +507,8 @@ class CharTextEnv(gym.Env):
                 bonus = cfg.lambda_bigram
             elif played == target:
                 bonus = cfg.bigram_match_bonus
+        if played == target:
+            bonus += cfg.lambda_target
         garble = float(self._garble[played]) if cfg.use_garble else 0.0
         ill = 1.0 if (illegal and cfg.use_illegal_penalty) else 0.0
         base = (

@@ -1,0 +1,208 @@
+"""The supervised twin: the SAC policy network trained by cross-entropy on the same text (``lmpo sac reference``).
+
+It answers "what does imitation alone reach with this network and this text?", the bar the RL stage must not
+fall below, and it is the starting point of the RL stage (``init_policy``). Same network (``PolicyNetwork`` of
+the run's ``net`` section, same legal masking), same training text (the train chapters of ``corpus`` plus the
+filtered ``extra_train_corpus``), same held-out protocol (:func:`lmpo.sac.evaluate.evaluate_run`).
+
+Training: AdamW on ``−log π(c_t | window)`` over every position of the training text, ``batch`` windows per
+step, a fixed number of steps (no early stopping on the held-out chapters: the number reported is the final
+model's). The held-out top-1 curve is logged every ``eval_every`` steps for reading only.
+
+Ceiling (an optimistic upper bound, not a fair number): ``λ·π + (1−λ)·S_ngram`` with the Analects-only n-gram
+scores normalised per position, λ picked on the held-out chapters themselves.
+
+Run directory: ``config.json``, ``policy.safetensors`` (the trained policy's weights), ``metrics.jsonl``,
+``eval.json`` and ``summary.json`` (``kind: reference``; the gate reads it as the reference row).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from lmpo.errors import InputError
+
+POLICY_FILE = "policy.safetensors"
+INTERPOLATION_LAMBDAS = (0.3, 0.5, 0.7, 0.9)
+
+
+def alphabet_digest(alphabet) -> str:
+    """SHA-256 of the alphabet's characters in id order: two runs can share weights only when it is equal."""
+    return hashlib.sha256("\x00".join(alphabet.chars).encode("utf-8")).hexdigest()
+
+
+def policy_file(spec: str | Path) -> Path:
+    """The ``policy.safetensors`` that ``init_policy`` names (a reference run directory or the file itself)."""
+    path = Path(spec)
+    if path.is_dir():
+        path = path / POLICY_FILE
+    if not path.is_file():
+        raise InputError(f"`init_policy` = {str(spec)!r}: no {POLICY_FILE} there. Give the --run-dir of a finished "
+                         "`lmpo sac reference` run (or its policy.safetensors), or leave init_policy empty.")
+    return path
+
+
+def load_reference_policy(spec: str | Path, alphabet) -> dict[str, torch.Tensor]:
+    """The reference's policy weights, refused when its alphabet differs from the run's."""
+    from safetensors import safe_open
+
+    path = policy_file(spec)
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    digest = alphabet_digest(alphabet)
+    if meta.get("alphabet_sha256") != digest:
+        raise InputError(f"`init_policy` = {str(spec)!r} was trained on another alphabet (|Σ| "
+                         f"{meta.get('alphabet_size', '?')} vs this run's {len(alphabet)}): train the reference "
+                         "with the same corpus, extra_train_corpus, leak_filter_chars and split settings.")
+    return state
+
+
+def training_pairs(texts: list[str], alphabet, compliance, m: int):
+    """Every ``(left-padded window, blocked id, next id)`` of ``texts`` whose target the mask allows.
+
+    The legal mask of a history is the static mask minus at most one id (a full run of one character), so a
+    pair stores that id (−1 for none) instead of a (|Σ|,) mask.
+    """
+    from lmpo.sac.evaluate import left_padded_window
+
+    windows, blocked, targets = [], [], []
+    static = compliance.static_mask
+    for text in texts:
+        ids = alphabet.encode(text)
+        for p in range(1, len(ids)):
+            b = compliance.run_blocked(ids[:p][-compliance.max_run_chars:])
+            t = ids[p]
+            if t == b or not static[t]:
+                continue
+            windows.append(left_padded_window(ids, p, m, alphabet.pad_id))
+            blocked.append(b)
+            targets.append(t)
+    return (torch.as_tensor(np.stack(windows)), torch.as_tensor(blocked, dtype=torch.long),
+            torch.as_tensor(targets, dtype=torch.long))
+
+
+def batch_masks(static: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    """(B, A) legal masks from the static mask and each row's blocked id (−1 = none)."""
+    mask = static.unsqueeze(0).repeat(len(blocked), 1)
+    rows = (blocked >= 0).nonzero().squeeze(-1)
+    mask[rows, blocked[rows]] = False
+    return mask
+
+
+@torch.no_grad()
+def interpolation(agent, bundle, positions, order: int) -> dict[str, Any]:
+    """Held-out top-1 / top-3 of ``λ·π + (1−λ)·S_order`` for each λ (λ chosen on the held-out set: a bound)."""
+    from lmpo.sac.baseline import NgramModel
+    from lmpo.sac.evaluate import left_padded_window
+
+    alphabet, chapters, m = bundle.alphabet, bundle.heldout_chapters, bundle.window
+    compliance = bundle.envs[0].compliance
+    ngram = NgramModel(order).fit(bundle.train_chapters)
+    enc = [alphabet.encode(t) for t in chapters]
+    targets = np.array([enc[ci][p] for ci, p in positions])
+    known = targets != alphabet.unk_id
+    out: dict[str, Any] = {"order": order, "by_lambda": {}}
+    agent.policy.eval()
+    for s in range(0, len(positions), 512):
+        chunk = positions[s:s + 512]
+        wins = np.stack([left_padded_window(enc[ci], p, m, alphabet.pad_id) for ci, p in chunk])
+        masks = np.stack([compliance.mask(enc[ci][:p])[0].astype(bool) for ci, p in chunk])
+        probs, _ = agent.policy(torch.as_tensor(wins), torch.as_tensor(masks))
+        ng = np.zeros(probs.shape, dtype=np.float32)
+        for row, (ci, p) in enumerate(chunk):
+            for ch, score in ngram.scores(chapters[ci][:p]).items():
+                ng[row, alphabet.encode(ch)[0]] = score
+        ng /= np.maximum(ng.sum(-1, keepdims=True), 1e-12)
+        tgt, kn = targets[s:s + len(chunk)], known[s:s + len(chunk)]
+        for lam in INTERPOLATION_LAMBDAS:
+            top3 = np.argsort(-(lam * probs.numpy() + (1 - lam) * ng), axis=-1)[:, :3]
+            acc = out["by_lambda"].setdefault(str(lam), [0, 0])
+            acc[0] += int(((top3[:, 0] == tgt) & kn).sum())
+            acc[1] += int(((top3 == tgt[:, None]).any(-1) & kn).sum())
+    agent.policy.train()
+    n = max(1, len(positions))
+    out["by_lambda"] = {lam: {"top1": h1 / n, "top3": h3 / n} for lam, (h1, h3) in out["by_lambda"].items()}
+    out["top1"] = max(v["top1"] for v in out["by_lambda"].values())
+    out["top3"] = max(v["top3"] for v in out["by_lambda"].values())
+    return out
+
+
+def train_reference(cfg, run_dir: str | Path, *, steps: int = 6000, batch: int = 256, lr: float = 1e-3,
+                    weight_decay: float = 0.01, eval_every: int = 500, overwrite: bool = False,
+                    progress: bool = True) -> dict[str, Any]:
+    """Train the supervised twin of ``cfg``'s policy on ``cfg``'s training text; write the run directory."""
+    from safetensors.torch import save_file
+
+    from lmpo.checkpoints import replace_file
+    from lmpo.runs import JsonlAppender
+    from lmpo.sac.agent import SACAgent
+    from lmpo.sac.config import apply_overrides
+    from lmpo.sac.evaluate import agent_teacher_forced, evaluate_run, heldout_positions
+    from lmpo.sac.train import make_text_envs, seed_everything
+
+    run = Path(run_dir)
+    if run.exists() and any(run.iterdir()) and not overwrite:
+        raise InputError(f"--run-dir {str(run)!r} is not empty; pass --overwrite to replace it or choose another "
+                         "directory.")
+    run.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics.jsonl", "summary.json", "eval.json", POLICY_FILE):
+        (run / name).unlink(missing_ok=True)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    cfg = apply_overrides(cfg, {"num_envs": 1, "init_policy": ""})
+    replace_file(run / "config.json", json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False).encode("utf-8"))
+    seed_everything(cfg.seed)
+    bundle = make_text_envs(cfg)
+    alphabet, compliance, m = bundle.alphabet, bundle.envs[0].compliance, bundle.window
+    agent = SACAgent(bundle.num_actions, bundle.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device="cpu")
+    X, blocked, Y = training_pairs(bundle.train_chapters + bundle.extra_chapters, alphabet, compliance, m)
+    static = torch.as_tensor(compliance.static_mask.astype(bool))
+    positions = heldout_positions(bundle.heldout_chapters, cfg.eval_max_positions)
+    if progress:
+        print(f"reference: {len(Y):,} training pairs, |Σ| {bundle.num_actions:,}, {steps} steps of {batch}",
+              file=sys.stderr)
+    opt = torch.optim.AdamW(agent.policy.parameters(), lr=lr, weight_decay=weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    metrics = JsonlAppender(run / "metrics.jsonl")
+    curve: list[list[float]] = []
+    start = time.time()
+    for step in range(1, steps + 1):
+        idx = torch.randint(0, len(Y), (batch,), generator=gen)
+        _, logp = agent.policy(X[idx], batch_masks(static, blocked[idx]))
+        loss = F.nll_loss(logp, Y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % eval_every == 0 or step == steps:
+            res = agent_teacher_forced(agent, alphabet, compliance, bundle.heldout_chapters, positions, m)
+            row = {"step": step, "seconds": time.time() - start, "train_ce": float(loss.detach()),
+                   "quality/heldout_top1": res["top1"], "quality/heldout_top3": res["top3"]}
+            curve.append([step, res["top1"]])
+            metrics.append(row)
+            if progress:
+                print(f"reference step {step:6d} {row['seconds']:6.0f} s  train CE {row['train_ce']:.3f}  held-out "
+                      f"top-1 {res['top1']:.4f} top-3 {res['top3']:.4f}", file=sys.stderr, flush=True)
+    train_seconds = time.time() - start
+    metrics.close()
+    meta = {"alphabet_sha256": alphabet_digest(alphabet), "alphabet_size": str(len(alphabet)), "steps": str(steps)}
+    save_file({k: v.contiguous() for k, v in agent.policy.state_dict().items()}, str(run / POLICY_FILE),
+              metadata=meta)
+    ev = evaluate_run(agent, bundle, cfg)
+    ev["interpolation"] = interpolation(agent, bundle, positions, ev["baseline_order"])
+    replace_file(run / "eval.json", json.dumps(ev, indent=2, ensure_ascii=False).encode("utf-8"))
+    summary = {"kind": "reference", "config": cfg.to_dict(), "steps": steps, "batch": batch, "lr": lr,
+               "weight_decay": weight_decay, "train_seconds": train_seconds, "training_pairs": len(Y),
+               "num_actions": bundle.num_actions, "extra_text": bundle.extra_report, "heldout_top1_curve": curve,
+               "eval": ev}
+    replace_file(run / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False).encode("utf-8"))
+    return summary
