@@ -90,6 +90,14 @@ def _sac_run_without_checkpoint(d: Path) -> None:
     (d / "sacrun" / "config.json").write_text(json.dumps(TrainConfig().to_dict()))
 
 
+def _sac_summary_without_checkpoint(d: Path) -> None:
+    """A SAC run whose summary.json survived but whose checkpoints did not."""
+    from lmpo.sac.config import TrainConfig
+
+    _sac_run_without_checkpoint(d)
+    (d / "sacrun" / "summary.json").write_text(json.dumps({"config": TrainConfig().to_dict()}))
+
+
 def failing_reward(completions, **kwargs):
     """A user reward function with a bug (named in a config as ``test_bad_inputs:failing_reward``)."""
     raise ValueError("this reward cannot score a completion")
@@ -274,6 +282,14 @@ CASES: list[Case] = [
          setup=_write("sacrun/summary.json", "\x80 not json")),
     Case("gate-overrides", ("sac", "gate", "sacrun", "--sac.tau", "0.1"), "config overrides without `--train`"),
     Case("gate-train-no-out", ("sac", "gate", "--train"), "`--train` without `--out`"),
+    Case("gate-heldout-missing", ("sac", "gate", "sacrun", "--heldout", "nope.json"),
+         "a `--heldout` file that does not exist", setup=_sac_summary_without_checkpoint),
+    Case("gate-heldout-bad", ("sac", "gate", "sacrun", "--heldout", "held.json"),
+         "a `--heldout` JSON file that is not a list of chapters",
+         setup=_all(_sac_summary_without_checkpoint, _write("held.json", "[1, 2]"))),
+    Case("gate-heldout-no-checkpoint", ("sac", "gate", "sacrun", "--heldout", "held.txt"),
+         "`--heldout` with a run that has no checkpoint",
+         setup=_all(_sac_summary_without_checkpoint, _write("held.txt", "子曰學而時習之不亦說乎。\n"))),
 ]
 
 

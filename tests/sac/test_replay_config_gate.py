@@ -85,8 +85,9 @@ def test_ngram_baseline_hand_case_and_coverage():
 def _summary(seed: int, top1: float, bc: float = 0.1, top_p: bool = True, auto: bool = True, skips: int = 0):
     ev = {"agent": {"top1": top1, "top3": top1 + 0.1}, "baseline": {"top1": 0.2, "top3": 0.3},
           "baseline_order": 4,
-          "generation": {"agent": {"coverage4": 0.5, "chrf": 10.0, "bleu": 5.0},
-                         "baseline": {"coverage4": 0.3, "chrf": 8.0, "bleu": 4.0}},
+          "generation": {"agent": {"coverage4": 0.5, "chrf": 10.0, "bleu": 5.0, "repeat4": 0.05},
+                         "baseline": {"coverage4": 0.3, "chrf": 8.0, "bleu": 4.0, "repeat4": 0.3},
+                         "reference": {"repeat4": 0.02}},
           "compliance": {"illegal_rate": 0.0, "early_termination_rate": 0.0, "episodes": 16}}
     # the critic loss rises while the teacher ratio anneals (rows 0-3), then falls (rows 4-11)
     return {"config": {"seed": seed, "sac": {"bc_weight": bc, "use_top_p": top_p, "autotune_alpha": auto},
@@ -97,6 +98,15 @@ def _summary(seed: int, top1: float, bc: float = 0.1, top_p: bool = True, auto: 
             "train_seconds": 5.0, "run_dir": f"r{seed}"}
 
 
+def _reference(top1: float = 0.3, interp: float = 0.32, cov: float = 0.45):
+    """A `lmpo sac reference` summary (the supervised twin) as the gate reads it."""
+    s = _summary(0, top1)
+    ev = {**s["eval"], "interpolation": {"order": 4, "top1": interp, "top3": interp + 0.1}}
+    ev["generation"] = {**ev["generation"], "agent": {**ev["generation"]["agent"], "coverage4": cov}}
+    return {"kind": "reference", "config": s["config"], "steps": 600, "train_seconds": 7.0, "eval": ev,
+            "run_dir": "ref"}
+
+
 def test_gate_passes_only_with_all_evidence():
     runs = [_summary(s, 0.35) for s in range(3)]
     runs += [_summary(0, 0.2, bc=0.0), _summary(0, 0.25, top_p=False), _summary(0, 0.29, auto=False)]
@@ -104,6 +114,7 @@ def test_gate_passes_only_with_all_evidence():
         from lmpo.sac.gate import _kind
 
         r["kind"] = _kind(r["config"])
+    runs.append(_reference())  # the supervised twin: 30% top-1, below the seeds' 35%
     res = judge(runs)
     status = {r["check"]: r["status"] for r in res["rows"]}
     assert res["overall"] == "PASS", res["rows"]

@@ -153,12 +153,19 @@ def register_gate(subparsers: argparse._SubParsersAction, name: str) -> None:
     p = subparsers.add_parser(
         name, help="quality gate: PASS/FAIL table over seeds, baseline and ablations",
         description="Judge finished runs (RUN_DIR…) or, with --train, train three seeds and the ablations "
-        "(no BC / no top-p / fixed α) first. Writes gate.json and gate.md to --out.",
+        "(no BC / no top-p / fixed α) first. A `lmpo sac reference` run among RUN_DIRs gives the supervised-twin "
+        "rows and ceilings. --heldout FILE re-scores the runs on FILE's chapters first. Writes gate.json and "
+        "gate.md to --out.",
     )
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
     p.add_argument("--train", action="store_true", help="train the seeds and ablations into --out first")
     p.add_argument("--config", default=None, help="config file for --train")
-    p.add_argument("--out", default=None, help="output directory (default: parent of the first RUN_DIR)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: RUN_DIR/../gate of the first RUN_DIR, or "
+                        "RUN_DIR/../gate_<FILE stem> with --heldout)")
+    p.add_argument("--heldout", default=None, metavar="FILE",
+                   help="score the finished runs on FILE's chapters (JSON list of {chapter, paragraphs}, a text "
+                        "file or a directory) with the gate's protocol, then judge them")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds for --train")
     p.add_argument("--ablations", default="no_bc,no_top_p,fixed_alpha", help="comma-separated, or 'none'")
     p.add_argument("--parallel", type=int, default=2, help="training processes at a time")
@@ -188,9 +195,16 @@ def _gate(args: argparse.Namespace) -> int:
         raise InputError(f"unexpected arguments {' '.join(args.overrides)}: config overrides only apply with --train.")
     if not run_dirs:
         raise InputError("no finished runs to judge; give RUN_DIRs or --train --out DIR.")
+    if args.heldout is not None and not Path(args.heldout).exists():
+        raise InputError(f"--heldout {args.heldout!r}: no such file or directory; give a held-out text: a JSON list "
+                         'of {"chapter": str, "paragraphs": [str, ...]} objects, a UTF-8 text file or a directory '
+                         "of them.")
     _check_summaries(run_dirs)
-    out = args.out or str(Path(run_dirs[0]).parent / "gate")
-    result = run_gate(run_dirs, out)
+    if args.heldout is not None:
+        out = args.out or str(Path(run_dirs[0]).parent / f"gate_{Path(args.heldout).stem}")
+    else:
+        out = args.out or str(Path(run_dirs[0]).parent / "gate")
+    result = run_gate(run_dirs, out, heldout=args.heldout)
     print(f"[gate] wrote {out}/gate.json and {out}/gate.md")
     print(json.dumps({"overall": result["overall"]}))
     return 0 if result["overall"] == "PASS" else 1

@@ -7,7 +7,14 @@
   prompt and the model writes L characters greedily (argmax; the legal mask follows its own history).
   4-gram coverage = share of the generated 4-grams (including the 3 prompt characters before them) that
   occur in the reference continuation (same span, same prompt tail); chrF and BLEU are sacrebleu's
-  corpus scores with character tokenisation, generation vs true continuation.
+  corpus scores with character tokenisation, generation vs true continuation.  With
+  ``eval_no_repeat_ngram = n > 0`` the agent's greedy decoding never completes an n-gram already in its own
+  output (the n-gram baseline decodes plain greedy).  ``repeat4`` = share of a continuation's 4-grams that
+  already occurred earlier in the same continuation (agent, baseline, and the true continuations).
+* Baselines: stupid-backoff n-gram models of orders 2–5 fitted on ``bundle.train_chapters`` (the base
+  corpus's train chapters only, never ``extra_train_corpus``).  ``baseline`` is the best order by top-1 (as
+  before); ``baseline_best`` names the best order separately for each metric (top1, top3, coverage4, chrf,
+  bleu).
 * Compliance: agent-only episodes (sampling, teacher off) on an environment over the held-out chapters:
   illegal-action rate per step and early-termination rate per episode.
 """
@@ -84,19 +91,59 @@ def generation_prompts(chapters: list[str], m: int, count: int, length: int) -> 
 
 
 @torch.no_grad()
-def agent_generate(agent, alphabet, compliance, prompt: str, m: int, length: int) -> str:
+def agent_generate(agent, alphabet, compliance, prompt: str, m: int, length: int, no_repeat_ngram: int = 0) -> str:
+    """Greedy continuation of ``prompt`` (up to ``length`` characters, stopping at ``<eos>``).
+
+    ``no_repeat_ngram = n > 0``: never emit a character that would complete an n-gram already present in the
+    generated output (the prompt does not count); the most probable legal character that does not is taken
+    instead, and plain greedy when every legal character is blocked. ``0`` is plain greedy (argmax of π).
+    """
     ids = alphabet.encode(prompt)
     out: list[int] = []
+    n = int(no_repeat_ngram)
+    seen: dict[tuple[int, ...], set[int]] = {}  # (n−1)-gram of the output → ids that followed it
     for _ in range(length):
         hist = ids + out
         win = left_padded_window(hist, len(hist), m, alphabet.pad_id)[None]
         mask = compliance.mask(hist)[0].astype(bool)[None]
-        a, _ = agent.act(win, mask, greedy=True)
-        a = int(a[0])
+        banned = seen.get(tuple(out[len(out) - n + 1:]) if n > 1 else ()) if n > 0 and len(out) >= n - 1 else None
+        if banned:
+            a = _greedy_avoiding(agent, win, mask, banned)
+        else:
+            a, _ = agent.act(win, mask, greedy=True)
+            a = int(a[0])
         if a == alphabet.eos_id:
             break
         out.append(a)
+        if n > 0 and len(out) >= n:
+            seen.setdefault(tuple(out[len(out) - n:len(out) - 1]), set()).add(a)
     return alphabet.decode(out)
+
+
+def _greedy_avoiding(agent, win: np.ndarray, mask: np.ndarray, banned: set[int]) -> int:
+    """The most probable legal action outside ``banned`` (ties: lowest id, as argmax); argmax when none is left."""
+    agent.policy.eval()
+    probs, _ = agent.policy(torch.as_tensor(win, dtype=torch.long, device=agent.device),
+                            torch.as_tensor(mask, dtype=torch.bool, device=agent.device))
+    agent.policy.train()
+    p = probs[0].clone()
+    allowed = torch.as_tensor(mask[0], device=p.device).clone()
+    allowed[list(banned)] = False
+    if not bool(allowed.any()):
+        return int(p.argmax())
+    p[~allowed] = -1.0
+    return int(p.argmax())
+
+
+def repeat_share(text: str, n: int = 4) -> float:
+    """Share of the n-grams of ``text`` that already occurred earlier in ``text`` (0 when it has none)."""
+    grams = [text[i:i + n] for i in range(len(text) - n + 1)]
+    seen: set[str] = set()
+    rep = 0
+    for g in grams:
+        rep += g in seen
+        seen.add(g)
+    return rep / len(grams) if grams else 0.0
 
 
 def ngram_coverage(prompt_tail: str, generated: str, reference: str, n: int = 4) -> float:
@@ -117,22 +164,41 @@ def text_scores(hyps: list[str], refs: list[str]) -> dict[str, float]:
     return {"bleu": bleu, "chrf": chrf}
 
 
+def _generation_scores(prompts, chapters: list[str], hyps: list[str], refs: list[str],
+                       examples: int = 0) -> dict[str, Any]:
+    cov = [ngram_coverage(chapters[ci][max(0, p - 3):p], h, r) for (ci, p), h, r in zip(prompts, hyps, refs)]
+    out: dict[str, Any] = {"coverage4": float(np.mean(cov)) if cov else 0.0, **text_scores(hyps, refs),
+                           "repeat4": float(np.mean([repeat_share(h) for h in hyps])) if hyps else 0.0}
+    if examples:
+        out["examples"] = [{"prompt": chapters[ci][max(0, p - 12):p], "generated": h, "reference": r}
+                           for (ci, p), h, r in list(zip(prompts, hyps, refs))[:examples]]
+    return out
+
+
 def compare_generations(agent, model: NgramModel, alphabet, compliance, chapters: list[str], m: int,
-                        count: int, length: int) -> dict[str, Any]:
+                        count: int, length: int, no_repeat_ngram: int = 0,
+                        baselines: dict[int, NgramModel] | None = None) -> dict[str, Any]:
+    """Free-running continuations of the agent and of ``model`` from the same prompts, scored against the text.
+
+    ``baselines`` (order → fitted model): also score each of them (``baseline_by_order``). ``reference`` holds
+    the repetition share of the true continuations themselves.
+    """
     prompts = generation_prompts(chapters, m, count, length)
     rows = {"agent": [], "baseline": []}
     refs = []
     for ci, p in prompts:
         prompt, ref = chapters[ci][max(0, p - m):p], chapters[ci][p:p + length]
         refs.append(ref)
-        rows["agent"].append(agent_generate(agent, alphabet, compliance, prompt, m, length))
+        rows["agent"].append(agent_generate(agent, alphabet, compliance, prompt, m, length, no_repeat_ngram))
         rows["baseline"].append(model.generate(chapters[ci][:p], length))
-    out: dict[str, Any] = {}
-    for who, hyps in rows.items():
-        cov = [ngram_coverage(chapters[ci][max(0, p - 3):p], h, r) for (ci, p), h, r in zip(prompts, hyps, refs)]
-        out[who] = {"coverage4": float(np.mean(cov)) if cov else 0.0, **text_scores(hyps, refs),
-                    "examples": [{"prompt": chapters[ci][max(0, p - 12):p], "generated": h, "reference": r}
-                                 for (ci, p), h, r in list(zip(prompts, hyps, refs))[:3]]}
+    out: dict[str, Any] = {who: _generation_scores(prompts, chapters, hyps, refs, examples=3)
+                           for who, hyps in rows.items()}
+    out["reference"] = {"repeat4": float(np.mean([repeat_share(r) for r in refs])) if refs else 0.0}
+    if baselines:
+        out["baseline_by_order"] = {
+            str(k): _generation_scores(prompts, chapters, [b.generate(chapters[ci][:p], length) for ci, p in prompts],
+                                       refs)
+            for k, b in baselines.items()}
     return out
 
 
@@ -154,23 +220,47 @@ def rollout_compliance(agent, make_env, chapters: list[str], episodes: int, seed
             "steps": steps, "episodes": episodes}
 
 
+def best_orders(baselines: dict[str, dict[str, float]], generation: dict[str, dict[str, float]] | None = None
+                ) -> dict[str, dict[str, float | int]]:
+    """{metric: {"order", "value"}}: the best n-gram order for each metric (ties: the lowest order).
+
+    ``baselines`` = ``baseline_by_order`` (teacher-forced top1 / top3); ``generation`` = the free-running scores
+    per order (coverage4 / chrf / bleu).
+    """
+    out: dict[str, dict[str, float | int]] = {}
+    for table, metrics in ((baselines, ("top1", "top3")), (generation or {}, ("coverage4", "chrf", "bleu"))):
+        orders = sorted(table, key=int)
+        for key in metrics:
+            if orders and all(key in table[o] for o in orders):
+                best = max(orders, key=lambda o: (table[o][key], -int(o)))
+                out[key] = {"order": int(best), "value": table[best][key]}
+    return out
+
+
 def evaluate_run(agent, bundle, cfg) -> dict[str, Any]:
-    """All held-out numbers for one trained agent, plus the n-gram baselines on the same positions."""
+    """All held-out numbers for one trained agent, plus the n-gram baselines on the same positions.
+
+    The baselines are fitted on ``bundle.train_chapters`` only (the base corpus's train chapters, never the
+    extra training text): ``baseline`` / ``baseline_order`` is the best order by top-1 (the free-running
+    ``generation.baseline`` uses it too), ``baseline_best`` the best order per metric.
+    """
     alphabet, heldout, m = bundle.alphabet, bundle.heldout_chapters, bundle.window
     compliance = bundle.envs[0].compliance
     positions = heldout_positions(heldout, cfg.eval_max_positions)
     res: dict[str, Any] = {"agent": agent_teacher_forced(agent, alphabet, compliance, heldout, positions, m)}
-    baselines = {}
+    baselines, models = {}, {}
     for order in BASELINE_ORDERS:
-        model = NgramModel(order).fit(bundle.train_chapters)
-        baselines[str(order)] = baseline_teacher_forced(model, heldout, positions)
+        models[order] = NgramModel(order).fit(bundle.train_chapters)
+        baselines[str(order)] = baseline_teacher_forced(models[order], heldout, positions)
     best = max(baselines, key=lambda k: baselines[k]["top1"])
     res["baseline_by_order"] = baselines
     res["baseline_order"] = int(best)
     res["baseline"] = baselines[best]
-    gen = compare_generations(agent, NgramModel(int(best)).fit(bundle.train_chapters), alphabet, compliance,
-                              heldout, m, cfg.eval_generations, cfg.eval_generation_chars)
+    gen = compare_generations(agent, models[int(best)], alphabet, compliance, heldout, m, cfg.eval_generations,
+                              cfg.eval_generation_chars, no_repeat_ngram=getattr(cfg, "eval_no_repeat_ngram", 0),
+                              baselines=models)
     res["generation"] = gen
+    res["baseline_best"] = best_orders(baselines, gen.get("baseline_by_order"))
     if bundle.make_eval_env is not None:
         res["compliance"] = rollout_compliance(agent, bundle.make_eval_env, heldout, episodes=cfg.eval_rollout_episodes,
                                                seed=cfg.seed)
