@@ -29,7 +29,7 @@ def test_leak_filter_drops_paragraphs_sharing_ten_han_characters_with_the_heldou
         ("c", ["曰学而时习之不亦说乎"]),            # exactly 10 in a row ("学而时习之不亦说乎" + 曰 before)
     ])
     got = load_extra_text([extra], heldout, leak_chars=10)
-    assert got.chapters == ["天地玄黄，宇宙洪荒。日月盈昃，辰宿列张。", "有朋自远方来，不亦乐"]
+    assert got.chapters == ["天地玄黄，宇宙洪荒。日月盈昃，辰宿列张。有朋自远方来，不亦乐"]  # one chapter per file
     assert (got.paragraphs_kept, got.paragraphs_dropped) == (2, 2)
     assert got.chars_dropped == len("学而时习之不亦说乎有朋") + len("曰学而时习之不亦说乎")
     assert load_extra_text([extra], heldout, leak_chars=0).paragraphs_dropped == 0

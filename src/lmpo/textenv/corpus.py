@@ -276,7 +276,7 @@ class ExtraText:
     """Train-only text added after the split, with what the leak filter removed.
 
     Attributes:
-        chapters: the kept text, one entry per source chapter that kept at least one paragraph.
+        chapters: the kept text, one chapter per file that kept at least one paragraph.
         paragraphs_kept / paragraphs_dropped: paragraphs of the extra files kept and dropped by the filter.
         chars_kept / chars_dropped: their characters.
     """
@@ -301,6 +301,10 @@ def load_extra_text(paths: Sequence[str | os.PathLike], heldout: Sequence[str], 
     characters removed (so punctuation or spacing differences cannot hide a quotation). ``leak_chars = 0``
     turns the filter off. Call it after the split, with the split's held-out chapters: the held-out set
     stays exactly the one the base corpus defines.
+
+    Each file becomes one chapter (its kept paragraphs in order): the environment ends an episode with
+    ``<eos>`` at a chapter's end, and the hundreds of short poems and sections of a collection would otherwise
+    teach the agent to stop after almost any full stop.
     """
     if leak_chars < 0:
         raise ValueError(f"leak_chars={leak_chars} must be >= 0 (0 turns the filter off)")
@@ -316,8 +320,8 @@ def load_extra_text(paths: Sequence[str | os.PathLike], heldout: Sequence[str], 
     for f in files:
         units = (_load_json(f, paragraphs=True) if f.suffix.lower() == ".json"
                  else [(t, [b]) for t, b in split_text_chapters(_read_utf8(f))])
+        keep = []
         for _, paras in units:
-            keep = []
             for p in paras:
                 h = _han_only(p) if n else ""
                 if n and any(h[i:i + n] in seen for i in range(len(h) - n + 1)):
@@ -325,6 +329,6 @@ def load_extra_text(paths: Sequence[str | os.PathLike], heldout: Sequence[str], 
                 else:
                     keep.append(p)
                     kept, ckept = kept + 1, ckept + len(p)
-            if keep:
-                chapters.append("".join(keep))
+        if keep:
+            chapters.append("".join(keep))
     return ExtraText(chapters, kept, dropped, ckept, cdropped)
