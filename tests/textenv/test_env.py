@@ -350,3 +350,17 @@ def test_everything_blacklisted_falls_back_to_whitelist_and_bad_chapters():
         CharTextEnv(["\u200b\u200c" * 40], config=EnvConfig(window_chars=4, use_infonce=False))
     with pytest.raises(TypeError, match="chapters must be strings, got int"):
         CharTextEnv(["好的", 3], config=EnvConfig(use_infonce=False))
+
+
+def test_lambda_target_ranks_the_reference_character_above_other_lexicon_hits():
+    text = "今天天气很好，我们一起去公园散步吧。" * 3
+    lex = Lexicon({"天气": 3, "天空": 3}, num_dictionary=2, num_names=0, num_reference=0)
+    cfg = EnvConfig(window_chars=2, use_infonce=False, lambda_bigram=1.0, bigram_match_bonus=0.5, lambda_target=2.0)
+    env = CharTextEnv([text + "空"], config=cfg, lexicon=lex)
+    ids = env.alphabet.char_to_id
+    env.reset(options={"chapter": 0, "position": 3})  # prev ref "天", target "气"
+    assert env.step(ids["气"])[4]["reward/bonus"] == 3.0  # 天气 ∈ L and = target: λ_bigram + λ_target
+    env.reset(options={"chapter": 0, "position": 3})
+    assert env.step(ids["空"])[4]["reward/bonus"] == 1.0  # 天空 ∈ L, not the target: λ_bigram only
+    env.reset(options={"chapter": 0, "position": 4})  # prev "气", target "很": 气很 ∉ L
+    assert env.step(ids["很"])[4]["reward/bonus"] == 2.5  # fallback 0.5 + λ_target

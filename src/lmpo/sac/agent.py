@@ -41,9 +41,17 @@ class SACAgent:
         )
         # CQL sampling and action sampling draw from their own generators: reproducible and resumable
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)
+        self.ref_policy: PolicyNetwork | None = None
         self.updates = 0
         self.nonfinite_skips = 0
         self.nonfinite_in_row = 0
+
+    def init_from_reference(self, state: dict[str, torch.Tensor]) -> None:
+        """Start the policy from the supervised reference and keep a frozen copy for the anchor term."""
+        self.policy.load_state_dict(state)
+        self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False).eval()
+        # Adam's moments must describe the new starting point, not the random one
+        self.opt_policy = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.lr_policy)
 
     # ------------------------------------------------------------------ acting
     @torch.no_grad()
@@ -132,7 +140,15 @@ class SACAgent:
         if cfg.bc_rows == "all":
             bc_w = batch.legal.gather(-1, label.long().unsqueeze(-1)).squeeze(-1).to(probs.dtype)
         loss_bc = L.bc_loss(logp, label, bc_w)
-        loss_pi_total = loss_pi + cfg.bc_weight * loss_bc
+        # the critics start random: until policy_warmup_updates the policy learns from BC and the anchor only
+        rl_on = float(self.updates >= cfg.policy_warmup_updates)
+        loss_pi_total = rl_on * loss_pi + cfg.bc_weight * loss_bc
+        loss_anchor = torch.zeros((), device=self.device)
+        if self.ref_policy is not None and cfg.anchor_weight > 0:
+            with torch.no_grad():
+                ref_probs, ref_logp = self.ref_policy(batch.obs, batch.legal)
+            loss_anchor = L.anchor_kl(ref_probs, ref_logp, logp)
+            loss_pi_total = loss_pi_total + cfg.anchor_weight * loss_anchor
 
         # ---- non-finite guard: skip the whole update (both nets) if anything is not finite
         finite = torch.isfinite(loss_q_total) & torch.isfinite(loss_pi_total)
@@ -175,6 +191,7 @@ class SACAgent:
                 "losses/cql": cql_term.detach(),
                 "losses/policy": loss_pi.detach(),
                 "losses/bc": loss_bc.detach(),
+                "losses/anchor_kl": loss_anchor.detach(),
                 "losses/grad_norm_q": gn_q.detach(),
                 "losses/grad_norm_pi": gn_pi.detach(),
                 "policy/entropy": ent.mean(),

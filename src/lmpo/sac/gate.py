@@ -302,7 +302,7 @@ def load_heldout_file(path: str | Path):
     """FILE's chapters and paragraphs (``lmpo.textenv.load_corpus`` formats); an InputError names the fix."""
     from lmpo.errors import InputError
     from lmpo.textenv import load_corpus
-    from lmpo.textenv.corpus import CorpusError, paragraph_units
+    from lmpo.textenv.corpus import CorpusError
 
     fix = ('give a held-out text: a JSON list of {"chapter": str, "paragraphs": [str, ...]} objects, a UTF-8 '
            "text file or a directory of them")
@@ -310,13 +310,27 @@ def load_heldout_file(path: str | Path):
         raise InputError(f"--heldout {str(path)!r}: no such file or directory; {fix}.")
     try:
         corpus = load_corpus(path)
-        paragraphs = [p for unit in paragraph_units([path]) for p in unit]
+        paragraphs = file_paragraphs(path)
     except CorpusError as e:
         raise InputError(f"--heldout {str(path)!r}: {e}; {fix}.") from None
     except OSError as e:
         raise InputError(f"--heldout {str(path)!r}: cannot be read ({type(e).__name__}: {e.strerror or e}); {fix}.") \
             from None
     return list(corpus.chapters), paragraphs
+
+
+def file_paragraphs(path: str | Path) -> list[str]:
+    """FILE's paragraphs as the ``extra_train_corpus`` leak filter reads them: each JSON ``paragraphs`` entry, each
+    chapter of a text file (:func:`lmpo.textenv.corpus.load_extra_text`)."""
+    from lmpo.textenv.corpus import _expand, _load_json, _read_utf8, split_text_chapters
+
+    out: list[str] = []
+    for f in _expand([path]):
+        if f.suffix.lower() == ".json":
+            out += [p for _, paras in _load_json(f, paragraphs=True) for p in paras]
+        else:
+            out += [b for _, b in split_text_chapters(_read_utf8(f))]
+    return out
 
 
 def check_scorable(runs: list[dict[str, Any]]) -> None:
@@ -405,11 +419,12 @@ def leaked_paragraphs(paragraphs: list[str], training: list[str], n: int = LEAK_
     """How many ``paragraphs`` share a run of ``n`` Han characters with ``training`` (the rule of the
     ``extra_train_corpus`` leak filter, :func:`lmpo.textenv.corpus.load_extra_text`; the paragraphs' runs are
     indexed, so a large training text is scanned once and never held as a set)."""
-    from lmpo.textenv.corpus import _han_only, han_runs
+    from lmpo.textenv.corpus import _han_only
 
     owner: dict[str, list[int]] = {}
     for i, p in enumerate(paragraphs):
-        for g in han_runs([p], n):
+        h = _han_only(p)
+        for g in {h[j:j + n] for j in range(len(h) - n + 1)}:
             owner.setdefault(g, []).append(i)
     hit: set[int] = set()
     for text in training:

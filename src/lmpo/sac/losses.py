@@ -182,6 +182,18 @@ def bc_loss(log_probs: torch.Tensor, actions: torch.Tensor, weight: torch.Tensor
     return (nll * w).sum() / w.sum().clamp_min(1.0)
 
 
+def anchor_kl(ref_probs: torch.Tensor, ref_log_probs: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
+    """KL(π_ref ‖ π) per state, averaged over the batch: ``mean_B Σ_a π_ref(a) (log π_ref(a) − log π(a))``.
+
+    ref_probs, ref_log_probs (B, A) of the frozen reference policy (no gradient), log_probs (B, A) of π →
+    scalar. Actions the reference gives probability 0 (illegal ones) contribute 0. The forward direction
+    (reference first) is mass-covering: π is pulled to keep every character the reference finds likely,
+    which is what keeps the RL stage from forgetting what imitation learned.
+    """
+    terms = torch.where(ref_probs > 0, ref_probs * (ref_log_probs - log_probs), torch.zeros_like(log_probs))
+    return terms.sum(-1).mean()
+
+
 def target_entropy(legal_mask: torch.Tensor, kappa: float) -> torch.Tensor:
     """H_tgt(s) = κ · log |A(s)| in nats.  legal_mask (B, A) → (B,)."""
     return kappa * legal_mask.sum(-1).clamp_min(1).to(torch.float32).log()

@@ -6,8 +6,9 @@ the run's ``net`` section, same legal masking), same training text (the train ch
 filtered ``extra_train_corpus``), same held-out protocol (:func:`lmpo.sac.evaluate.evaluate_run`).
 
 Training: AdamW on ``−log π(c_t | window)`` over every position of the training text, ``batch`` windows per
-step, a fixed number of steps (no early stopping on the held-out chapters: the number reported is the final
-model's). The held-out top-1 curve is logged every ``eval_every`` steps for reading only.
+step, a fixed number of steps with the learning rate decayed to 0 on a cosine (Loshchilov & Hutter 2017,
+arXiv 1608.03983) so that the final model is a settled one; no early stopping on the held-out chapters: the
+number reported is the final model's. The held-out top-1 curve is logged every ``eval_every`` steps for reading only.
 
 Ceiling (an optimistic upper bound, not a fair number): ``λ·π + (1−λ)·S_ngram`` with the Analects-only n-gram
 scores normalised per position, λ picked on the held-out chapters themselves.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -172,6 +174,7 @@ def train_reference(cfg, run_dir: str | Path, *, steps: int = 6000, batch: int =
         print(f"reference: {len(Y):,} training pairs, |Σ| {bundle.num_actions:,}, {steps} steps of {batch}",
               file=sys.stderr)
     opt = torch.optim.AdamW(agent.policy.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps)))
     gen = torch.Generator().manual_seed(cfg.seed)
     metrics = JsonlAppender(run / "metrics.jsonl")
     curve: list[list[float]] = []
@@ -183,6 +186,7 @@ def train_reference(cfg, run_dir: str | Path, *, steps: int = 6000, batch: int =
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        sched.step()
         if step % eval_every == 0 or step == steps:
             res = agent_teacher_forced(agent, alphabet, compliance, bundle.heldout_chapters, positions, m)
             row = {"step": step, "seconds": time.time() - start, "train_ce": float(loss.detach()),

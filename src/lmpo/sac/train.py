@@ -189,6 +189,13 @@ class Trainer:
         if len(b.envs) != cfg.num_envs:
             raise ValueError(f"num_envs={cfg.num_envs} but {len(b.envs)} environments were given")
         self.agent = SACAgent(b.num_actions, b.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device=cfg.device)
+        if cfg.init_policy:
+            from lmpo.sac.reference import load_reference_policy
+
+            if b.alphabet is None:
+                raise InputError("`init_policy` needs the run's alphabet to check the reference against; this "
+                                 "environment bundle has none.")
+            self.agent.init_from_reference(load_reference_policy(cfg.init_policy, b.alphabet))
         self.agent_buf = ReplayBuffer(cfg.replay.agent_capacity, b.window, b.num_actions, is_demo=False)
         self.demo_buf = ReplayBuffer(cfg.replay.demo_capacity, b.window, b.num_actions, is_demo=True)
         self.rng = np.random.default_rng(cfg.seed)

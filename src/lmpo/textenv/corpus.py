@@ -276,7 +276,7 @@ class ExtraText:
     """Train-only text added after the split, with what the leak filter removed.
 
     Attributes:
-        chapters: the kept text, one entry per source chapter that kept at least one paragraph.
+        chapters: the kept text, one chapter per file that kept at least one paragraph.
         paragraphs_kept / paragraphs_dropped: paragraphs of the extra files kept and dropped by the filter.
         chars_kept / chars_dropped: their characters.
     """
@@ -293,30 +293,6 @@ class ExtraText:
                 "chars_dropped": self.chars_dropped}
 
 
-def han_runs(texts: Iterable[str], n: int) -> set[str]:
-    """Every run of ``n`` consecutive Han characters of ``texts``, read with everything but Han removed."""
-    out: set[str] = set()
-    for text in texts:
-        h = _han_only(text)
-        out.update(h[i:i + n] for i in range(len(h) - n + 1))
-    return out
-
-
-def shares_han_run(text: str, runs: set[str], n: int) -> bool:
-    """Whether ``text`` (Han characters only) holds one of ``runs`` (runs of ``n`` characters, see ``han_runs``)."""
-    h = _han_only(text)
-    return any(h[i:i + n] in runs for i in range(len(h) - n + 1))
-
-
-def paragraph_units(paths: Sequence[str | os.PathLike]) -> list[list[str]]:
-    """Paragraphs of each chapter of ``paths``: a JSON ``paragraphs`` list, or a text file's chapter as one."""
-    units: list[list[str]] = []
-    for f in _expand(paths):
-        units += [paras for _, paras in (_load_json(f, paragraphs=True) if f.suffix.lower() == ".json"
-                                         else [(t, [b]) for t, b in split_text_chapters(_read_utf8(f))])]
-    return units
-
-
 def load_extra_text(paths: Sequence[str | os.PathLike], heldout: Sequence[str], leak_chars: int = 10) -> ExtraText:
     """Load train-only text and drop every paragraph that could leak the held-out chapters.
 
@@ -325,21 +301,34 @@ def load_extra_text(paths: Sequence[str | os.PathLike], heldout: Sequence[str], 
     characters removed (so punctuation or spacing differences cannot hide a quotation). ``leak_chars = 0``
     turns the filter off. Call it after the split, with the split's held-out chapters: the held-out set
     stays exactly the one the base corpus defines.
+
+    Each file becomes one chapter (its kept paragraphs in order): the environment ends an episode with
+    ``<eos>`` at a chapter's end, and the hundreds of short poems and sections of a collection would otherwise
+    teach the agent to stop after almost any full stop.
     """
     if leak_chars < 0:
         raise ValueError(f"leak_chars={leak_chars} must be >= 0 (0 turns the filter off)")
+    files = _expand(paths)
     n = leak_chars
-    seen = han_runs(heldout, n) if n else set()
+    seen: set[str] = set()
+    if n:
+        for text in heldout:
+            h = _han_only(text)
+            seen.update(h[i:i + n] for i in range(len(h) - n + 1))
     chapters: list[str] = []
     kept = dropped = ckept = cdropped = 0
-    for paras in paragraph_units(paths):
+    for f in files:
+        units = (_load_json(f, paragraphs=True) if f.suffix.lower() == ".json"
+                 else [(t, [b]) for t, b in split_text_chapters(_read_utf8(f))])
         keep = []
-        for p in paras:
-            if n and shares_han_run(p, seen, n):
-                dropped, cdropped = dropped + 1, cdropped + len(p)
-            else:
-                keep.append(p)
-                kept, ckept = kept + 1, ckept + len(p)
+        for _, paras in units:
+            for p in paras:
+                h = _han_only(p) if n else ""
+                if n and any(h[i:i + n] in seen for i in range(len(h) - n + 1)):
+                    dropped, cdropped = dropped + 1, cdropped + len(p)
+                else:
+                    keep.append(p)
+                    kept, ckept = kept + 1, ckept + len(p)
         if keep:
             chapters.append("".join(keep))
     return ExtraText(chapters, kept, dropped, ckept, cdropped)

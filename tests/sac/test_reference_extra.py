@@ -1,0 +1,139 @@
+"""Extra training text with its leak filter, the supervised reference (`lmpo sac reference`), and the RL stage
+that starts from it (``init_policy``, the KL anchor, the policy warm-up)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lmpo.errors import InputError
+from lmpo.sac import losses as L
+from lmpo.textenv import sample_text_path
+from lmpo.textenv.corpus import load_extra_text
+
+
+def _write_json(path, chapters):
+    path.write_text(json.dumps([{"chapter": t, "paragraphs": ps} for t, ps in chapters], ensure_ascii=False),
+                    encoding="utf-8")
+    return path
+
+
+def test_leak_filter_drops_paragraphs_sharing_ten_han_characters_with_the_heldout_text(tmp_path):
+    heldout = ["子曰：学而时习之，不亦说乎？有朋自远方来，不亦乐乎？"]
+    extra = _write_json(tmp_path / "extra.json", [
+        ("a", ["学而时习之不亦说乎有朋",            # 11 Han characters of the held-out text, punctuation removed
+               "天地玄黄，宇宙洪荒。日月盈昃，辰宿列张。"]),  # unrelated: kept
+        ("b", ["有朋自远方来，不亦乐"]),            # 9 Han characters in common only: kept
+        ("c", ["曰学而时习之不亦说乎"]),            # exactly 10 in a row ("学而时习之不亦说乎" + 曰 before)
+    ])
+    got = load_extra_text([extra], heldout, leak_chars=10)
+    assert got.chapters == ["天地玄黄，宇宙洪荒。日月盈昃，辰宿列张。有朋自远方来，不亦乐"]  # one chapter per file
+    assert (got.paragraphs_kept, got.paragraphs_dropped) == (2, 2)
+    assert got.chars_dropped == len("学而时习之不亦说乎有朋") + len("曰学而时习之不亦说乎")
+    assert load_extra_text([extra], heldout, leak_chars=0).paragraphs_dropped == 0
+    assert load_extra_text([extra], heldout, leak_chars=12).paragraphs_dropped == 0
+    with pytest.raises(ValueError, match="leak_chars"):
+        load_extra_text([extra], heldout, leak_chars=-1)
+
+
+def test_bundled_classical_text_is_found_and_does_not_leak_the_default_heldout_chapters():
+    from lmpo.textenv import load_corpus
+    from lmpo.textenv.bundled import resolve_corpus
+
+    train, heldout = load_corpus(resolve_corpus("lunyu.simplified.json")).split(0.2, seed=0)
+    extra = load_extra_text([resolve_corpus("classical")], heldout, leak_chars=10)
+    assert extra.paragraphs_dropped == 0 and extra.chars_kept > 300_000
+    assert resolve_corpus("classical/sishu").is_dir()
+    with pytest.raises(InputError, match="extra_train_corpus"):
+        resolve_corpus("no/such/text", "extra_train_corpus[0]")
+
+
+def test_anchor_kl_matches_the_formula_and_is_zero_at_the_reference():
+    ref = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    pi = torch.tensor([[0.25, 0.75, 0.0], [0.2, 0.3, 0.5]])
+    ref_logp = torch.where(ref > 0, ref.clamp_min(1e-30).log(), torch.full_like(ref, -1e9))
+    logp = torch.where(pi > 0, pi.clamp_min(1e-30).log(), torch.full_like(pi, -1e9))
+    expected = (0.5 * torch.log(torch.tensor(0.5 / 0.25)) + 0.5 * torch.log(torch.tensor(0.5 / 0.75))) / 2
+    assert torch.allclose(L.anchor_kl(ref, ref_logp, logp), expected)
+    assert L.anchor_kl(ref, ref_logp, ref_logp).item() == 0.0
+    # illegal actions (probability 0 under the reference) contribute nothing, even at log π = −1e9
+    logp2 = logp.clone()
+    logp2[0, 2] = -1e9
+    assert torch.isfinite(L.anchor_kl(ref, ref_logp, logp2))
+
+
+def _small(tmp_path, **over):
+    from lmpo.sac.config import TrainConfig, apply_overrides
+
+    base = {
+        "corpus": str(sample_text_path()), "heldout_fraction": 0.25, "num_envs": 2, "learning_starts": 32,
+        "checkpoint_every_updates": 0, "threads": 1, "eval_max_positions": 100, "eval_generations": 2,
+        "eval_generation_chars": 8, "eval_rollout_episodes": 2,
+        "net": {"embed_dim": 16, "gru_hidden": 32, "policy_hidden": 32, "q_hidden": 32, "action_embed_dim": 16},
+        "replay": {"transitions_per_batch": 32, "teacher_anneal_env_steps": 60},
+        "env": {"window_chars": 8, "max_steps": 16, "nce_pretrain_steps": 5, "use_jieba_lexicon": False},
+    }
+    return apply_overrides(apply_overrides(TrainConfig(), base), over)
+
+
+def test_reference_then_rl_starts_from_it_with_the_anchor(tmp_path, monkeypatch):
+    from lmpo.sac.reference import train_reference
+    from lmpo.sac.train import Trainer
+
+    monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
+    extra = _write_json(tmp_path / "extra.json", [("x", ["春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。"])])
+    cfg = _small(tmp_path, extra_train_corpus=[str(extra)])
+    summary = train_reference(cfg, tmp_path / "ref", steps=30, batch=32, eval_every=15, progress=False)
+    assert summary["kind"] == "reference" and summary["num_actions"] > 0
+    assert [s for s, _ in summary["heldout_top1_curve"]] == [15, 30]
+    ev = summary["eval"]
+    assert 0.0 <= ev["agent"]["top1"] <= ev["agent"]["top3"] <= 1.0
+    assert ev["interpolation"]["top1"] == max(v["top1"] for v in ev["interpolation"]["by_lambda"].values())
+    assert "啼" in "".join(summary["config"]["extra_train_corpus"]) or summary["extra_text"]["chars_kept"] > 0
+    with pytest.raises(InputError, match="not empty"):
+        train_reference(cfg, tmp_path / "ref", steps=2, progress=False)
+
+    from safetensors.torch import load_file
+
+    ref_state = load_file(str(tmp_path / "ref" / "policy.safetensors"))
+    rl = _small(tmp_path, extra_train_corpus=[str(extra)], init_policy=str(tmp_path / "ref"),
+                sac={"anchor_weight": 1.0, "policy_warmup_updates": 4})
+    t = Trainer(rl, tmp_path / "rl", progress=False)
+    assert all(torch.equal(t.agent.policy.state_dict()[k], v) for k, v in ref_state.items())
+    t.run(max_updates=8)
+    row = t.history[-1] if t.history else {}
+    assert t.agent.updates == 8 and t.agent.ref_policy is not None
+    assert all(torch.equal(t.agent.ref_policy.state_dict()[k], v) for k, v in ref_state.items())  # frozen
+    assert row == {} or "losses/anchor_kl" in row
+
+    # another alphabet (no extra text): refused, naming the fix
+    with pytest.raises(InputError, match="another alphabet"):
+        Trainer(_small(tmp_path, init_policy=str(tmp_path / "ref")), tmp_path / "rl2", progress=False)
+    with pytest.raises(InputError, match="init_policy"):
+        _small(tmp_path, init_policy=str(tmp_path / "missing")).validate()
+
+
+def test_policy_warmup_keeps_the_rl_term_off():
+    from lmpo.sac.agent import SACAgent
+    from lmpo.sac.config import NetworkConfig, SACConfig
+    from lmpo.sac.replay import ReplaySample
+
+    net = NetworkConfig(embed_dim=8, gru_hidden=8, policy_hidden=8, q_hidden=8, action_embed_dim=8)
+    B, M, A = 6, 4, 7
+    g = torch.Generator().manual_seed(0)
+    legal = torch.ones(B, A, dtype=torch.bool)
+    legal[:, 0] = False
+    batch = ReplaySample(
+        obs=torch.randint(1, A, (B, M), generator=g), legal=legal, action=torch.randint(1, A, (B,), generator=g),
+        reward=torch.randn(B, generator=g), next_obs=torch.randint(1, A, (B, M), generator=g), next_legal=legal,
+        terminated=torch.zeros(B), truncated=torch.zeros(B), is_demo=torch.zeros(B, dtype=torch.bool), teacher_action=torch.randint(1, A, (B,), generator=g),
+        is_relabeled=torch.zeros(B, dtype=torch.bool),
+    )
+    for warmup, moves in ((2, False), (0, True)):
+        agent = SACAgent(A, 0, net, SACConfig(bc_weight=0.0, policy_warmup_updates=warmup), seed=0)
+        before = [p.detach().clone() for p in agent.policy.parameters()]
+        agent.update(batch)
+        changed = any(not torch.equal(a, b) for a, b in zip(before, agent.policy.parameters()))
+        assert changed is moves
