@@ -189,8 +189,6 @@ class TrainConfig:
         for i, spec in enumerate(self.extra_train_corpus):
             resolve_corpus(spec, f"extra_train_corpus[{i}]")
         if self.init_policy:
-            from lmpo.sac.reference import policy_file
-
             policy_file(self.init_policy)
         env = self.env_config()
         if env.blacklist_path is not None and not Path(env.blacklist_path).is_file():
@@ -205,6 +203,21 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+
+#: the weights file of a ``lmpo sac reference`` run
+POLICY_FILE = "policy.safetensors"
+
+
+def policy_file(spec: str | Path) -> Path:
+    """The ``policy.safetensors`` that ``init_policy`` names (a reference run directory or the file itself)."""
+    path = Path(spec)
+    if path.is_dir():
+        path = path / POLICY_FILE
+    if not path.is_file():
+        raise ConfigError(f"`init_policy` = {str(spec)!r}: no {POLICY_FILE} there. Give the --run-dir of a finished "
+                          "`lmpo sac reference` run (or its policy.safetensors), or leave init_policy empty.")
+    return path
 
 
 def _check_device(device: str) -> None:

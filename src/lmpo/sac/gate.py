@@ -337,7 +337,7 @@ def check_scorable(runs: list[dict[str, Any]]) -> None:
     """Every run has weights to score: a valid checkpoint (SAC run) or policy.safetensors (reference run)."""
     from lmpo.checkpoints import latest_valid_checkpoint, list_checkpoints
     from lmpo.errors import InputError
-    from lmpo.sac.reference import POLICY_FILE
+    from lmpo.sac.config import POLICY_FILE
 
     for r in runs:
         d = Path(r["run_dir"])
@@ -355,9 +355,9 @@ def _load_policy(run: dict[str, Any]):
     """(agent, cfg, text split) of a finished run: the newest valid checkpoint, or the reference's weights."""
     from lmpo.sac.agent import SACAgent
     from lmpo.sac.config import config_from_dict, run_config_dict
-    from lmpo.sac.reference import load_reference_policy
     from lmpo.sac.sample import load_agent
     from lmpo.sac.train import text_split
+    from lmpo.sac.weights import load_reference_policy
 
     d = Path(run["run_dir"])
     cfg = config_from_dict(run_config_dict(d) if (d / "config.json").is_file() else run["config"])

@@ -19,7 +19,6 @@ Run directory: ``config.json``, ``policy.safetensors`` (the trained policy's wei
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
@@ -32,41 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from lmpo.errors import InputError
+from lmpo.sac.config import POLICY_FILE
+from lmpo.sac.weights import alphabet_digest
 
-POLICY_FILE = "policy.safetensors"
 INTERPOLATION_LAMBDAS = (0.3, 0.5, 0.7, 0.9)
-
-
-def alphabet_digest(alphabet) -> str:
-    """SHA-256 of the alphabet's characters in id order: two runs can share weights only when it is equal."""
-    return hashlib.sha256("\x00".join(alphabet.chars).encode("utf-8")).hexdigest()
-
-
-def policy_file(spec: str | Path) -> Path:
-    """The ``policy.safetensors`` that ``init_policy`` names (a reference run directory or the file itself)."""
-    path = Path(spec)
-    if path.is_dir():
-        path = path / POLICY_FILE
-    if not path.is_file():
-        raise InputError(f"`init_policy` = {str(spec)!r}: no {POLICY_FILE} there. Give the --run-dir of a finished "
-                         "`lmpo sac reference` run (or its policy.safetensors), or leave init_policy empty.")
-    return path
-
-
-def load_reference_policy(spec: str | Path, alphabet) -> dict[str, torch.Tensor]:
-    """The reference's policy weights, refused when its alphabet differs from the run's."""
-    from safetensors import safe_open
-
-    path = policy_file(spec)
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        state = {k: f.get_tensor(k) for k in f.keys()}
-    digest = alphabet_digest(alphabet)
-    if meta.get("alphabet_sha256") != digest:
-        raise InputError(f"`init_policy` = {str(spec)!r} was trained on another alphabet (|Σ| "
-                         f"{meta.get('alphabet_size', '?')} vs this run's {len(alphabet)}): train the reference "
-                         "with the same corpus, extra_train_corpus, leak_filter_chars and split settings.")
-    return state
 
 
 def training_pairs(texts: list[str], alphabet, compliance, m: int):

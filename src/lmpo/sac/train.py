@@ -190,7 +190,7 @@ class Trainer:
             raise ValueError(f"num_envs={cfg.num_envs} but {len(b.envs)} environments were given")
         self.agent = SACAgent(b.num_actions, b.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device=cfg.device)
         if cfg.init_policy:
-            from lmpo.sac.reference import load_reference_policy
+            from lmpo.sac.weights import load_reference_policy
 
             if b.alphabet is None:
                 raise InputError("`init_policy` needs the run's alphabet to check the reference against; this "
