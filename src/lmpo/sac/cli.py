@@ -169,6 +169,13 @@ def register_gate(subparsers: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds for --train")
     p.add_argument("--ablations", default="no_bc,no_top_p,fixed_alpha", help="comma-separated, or 'none'")
     p.add_argument("--parallel", type=int, default=2, help="training processes at a time")
+    p.add_argument("--reference", default=None, metavar="DIR",
+                   help="a finished `lmpo sac reference` run: judged as the supervised-twin reference, and with "
+                        "--train every run starts from it (--init_policy DIR)")
+    p.add_argument("--train-reference", action="store_true",
+                   help="with --train: train the reference into OUT/reference first (same config and overrides), "
+                        "then use it as --reference")
+    p.add_argument("--reference-steps", type=int, default=6000, help="steps of --train-reference (default 6000)")
     p.set_defaults(func=_gate)
     _swallow_overrides(p)
 
@@ -177,6 +184,14 @@ def _gate(args: argparse.Namespace) -> int:
     from lmpo.sac.gate import ABLATIONS, run_gate, train_gate_runs
 
     run_dirs = list(args.run_dirs)
+    reference = args.reference
+    if args.train_reference and not args.train:
+        raise InputError("--train-reference trains the reference before the gate's runs: it needs --train.")
+    if args.reference and args.train_reference:
+        raise InputError("give either --reference DIR (an existing reference run) or --train-reference, not both.")
+    if reference is not None and not (Path(reference) / "summary.json").is_file():
+        raise InputError(f"--reference {reference!r} holds no finished `lmpo sac reference` run (no summary.json); "
+                         "train one with `lmpo sac reference --run-dir DIR` or use --train-reference.")
     if args.train:
         if not args.out:
             raise InputError("--train needs --out DIR: the directory its runs and reports go to.")
@@ -189,10 +204,19 @@ def _gate(args: argparse.Namespace) -> int:
         if unknown or not seeds:
             raise InputError(f"--ablations {args.ablations!r} / --seeds {args.seeds!r}: give at least one seed and "
                              f"ablations among {', '.join(ABLATIONS)} (or 'none').")
-        run_dirs += [str(d) for d in train_gate_runs(args.config, args.out, seeds, abl, args.parallel,
-                                                     list(args.overrides))]
+        if args.reference_steps < 1:
+            raise InputError(f"--reference-steps {args.reference_steps}: must be ≥ 1.")
+        overrides = list(args.overrides)
+        if args.train_reference:
+            reference = str(Path(args.out) / "reference")
+            _train_reference_process(args.config, reference, args.reference_steps, overrides)
+        if reference is not None:
+            overrides += ["--init_policy", reference]
+        run_dirs += [str(d) for d in train_gate_runs(args.config, args.out, seeds, abl, args.parallel, overrides)]
     elif args.overrides:
         raise InputError(f"unexpected arguments {' '.join(args.overrides)}: config overrides only apply with --train.")
+    if reference is not None and reference not in run_dirs:
+        run_dirs.append(reference)
     if not run_dirs:
         raise InputError("no finished runs to judge; give RUN_DIRs or --train --out DIR.")
     if args.heldout is not None and not Path(args.heldout).exists():
@@ -208,6 +232,21 @@ def _gate(args: argparse.Namespace) -> int:
     print(f"[gate] wrote {out}/gate.json and {out}/gate.md")
     print(json.dumps({"overall": result["overall"]}))
     return 0 if result["overall"] == "PASS" else 1
+
+
+def _train_reference_process(config: str | None, run_dir: str, steps: int, overrides: list[str]) -> None:
+    """``lmpo sac reference`` in a child process, as the gate trains its runs (its log in RUN_DIR/../reference.log)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "lmpo.cli", "sac", "reference", *(["--config", config] if config else []),
+           "--run-dir", run_dir, "--overwrite", "--steps", str(steps), "--quiet", *overrides]
+    Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
+    print("[gate] " + " ".join(cmd[2:]), flush=True)
+    with open(Path(run_dir).parent / "reference.log", "w") as log:
+        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise RunError(f"the reference run failed (exit {code}); see {Path(run_dir).parent / 'reference.log'}.")
 
 
 def _check_summaries(run_dirs: list[str]) -> None:
