@@ -24,7 +24,7 @@ class SACAgent:
     """Discrete max-entropy SAC with top-p expected backups, CQL, BC and an adaptive temperature."""
 
     def __init__(self, num_actions: int, pad_id: int, net: NetworkConfig, sac: SACConfig, *,
-                 seed: int = 0, device: str | torch.device = "cpu") -> None:
+                 seed: int = 0, device: str | torch.device = "cpu", total_updates: int = 0) -> None:
         sac.validate()
         self.num_actions, self.pad_id, self.net_cfg, self.cfg = num_actions, pad_id, net, sac
         self.device = torch.device(device)
@@ -42,6 +42,7 @@ class SACAgent:
         # CQL sampling and action sampling draw from their own generators: reproducible and resumable
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)
         self.ref_policy: PolicyNetwork | None = None
+        self.total_updates = max(1, total_updates)  # the cosine schedule's length (TrainConfig checks it is set)
         self.updates = 0
         self.nonfinite_skips = 0
         self.nonfinite_in_row = 0
@@ -150,6 +151,12 @@ class SACAgent:
             loss_anchor = L.anchor_kl(ref_probs, ref_logp, logp)
             loss_pi_total = loss_pi_total + cfg.anchor_weight * loss_anchor
 
+        if cfg.lr_policy_schedule == "cosine":
+            # a function of the update count only, so a resumed run continues on the same curve
+            frac = min(self.updates, self.total_updates) / self.total_updates
+            for group in self.opt_policy.param_groups:
+                group["lr"] = cfg.lr_policy * 0.5 * (1.0 + math.cos(math.pi * frac))
+
         # ---- non-finite guard: skip the whole update (both nets) if anything is not finite
         finite = torch.isfinite(loss_q_total) & torch.isfinite(loss_pi_total)
         if not bool(finite):
@@ -192,6 +199,7 @@ class SACAgent:
                 "losses/policy": loss_pi.detach(),
                 "losses/bc": loss_bc.detach(),
                 "losses/anchor_kl": loss_anchor.detach(),
+                "losses/lr_policy": torch.tensor(self.opt_policy.param_groups[0]["lr"]),
                 "losses/grad_norm_q": gn_q.detach(),
                 "losses/grad_norm_pi": gn_pi.detach(),
                 "policy/entropy": ent.mean(),

@@ -82,6 +82,10 @@ class SACConfig:
     anchor_weight: float = _f(0.0, "λ_anchor: weight of KL(π_ref ‖ π) on every batch state, π_ref the frozen "
                               "policy of ``init_policy`` (0 = no anchor). Keeps the RL stage from unlearning what "
                               "the supervised reference knows.", ge=0)
+    lr_policy_schedule: str = _f("constant", "\"cosine\": the policy's learning rate decays to 0 on a cosine over "
+                                 "``max_updates`` (Loshchilov & Hutter 2017), so a run ends on a settled policy "
+                                 "rather than one still moving at full step size; \"constant\": no decay.",
+                                 choices=("constant", "cosine"))
     policy_warmup_updates: int = _f(0, "Updates at the start of a run in which only the critics (and α) learn; "
                                     "the policy starts moving once the critics are no longer random.", ge=0)
     bc_rows: str = _f("demo", "Rows the BC loss reads: \"demo\" (teacher steps, the usual rule) or \"all\" "
@@ -186,6 +190,9 @@ class TrainConfig:
         self.replay.validate()
         _check_device(self.device)
         resolve_corpus(self.corpus)
+        if self.sac.lr_policy_schedule == "cosine" and self.max_updates <= 0:
+            raise ConfigError("`sac.lr_policy_schedule` = 'cosine' decays the policy's learning rate over the run: "
+                              "set `max_updates` > 0, or use the constant schedule.")
         for i, spec in enumerate(self.extra_train_corpus):
             resolve_corpus(spec, f"extra_train_corpus[{i}]")
         if self.init_policy:

@@ -188,7 +188,8 @@ class Trainer:
         b = self.bundle
         if len(b.envs) != cfg.num_envs:
             raise ValueError(f"num_envs={cfg.num_envs} but {len(b.envs)} environments were given")
-        self.agent = SACAgent(b.num_actions, b.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device=cfg.device)
+        self.agent = SACAgent(b.num_actions, b.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device=cfg.device,
+                              total_updates=cfg.max_updates)
         if cfg.init_policy:
             from lmpo.sac.weights import load_reference_policy
 
