@@ -91,7 +91,7 @@ def test_reference_then_rl_starts_from_it_with_the_anchor(tmp_path, monkeypatch)
     ev = summary["eval"]
     assert 0.0 <= ev["agent"]["top1"] <= ev["agent"]["top3"] <= 1.0
     assert ev["interpolation"]["top1"] == max(v["top1"] for v in ev["interpolation"]["by_lambda"].values())
-    assert "啼" in "".join(summary["config"]["extra_train_corpus"]) or summary["extra_text"]["chars_kept"] > 0
+    assert summary["extra_text"]["chars_kept"] == len("春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。")
     with pytest.raises(InputError, match="not empty"):
         train_reference(cfg, tmp_path / "ref", steps=2, progress=False)
 
@@ -103,6 +103,7 @@ def test_reference_then_rl_starts_from_it_with_the_anchor(tmp_path, monkeypatch)
     t = Trainer(rl, tmp_path / "rl", progress=False)
     assert all(torch.equal(t.agent.policy.state_dict()[k], v) for k, v in ref_state.items())
     t.run(max_updates=8)
+    assert t.bundle.extra_report["chars_kept"] == len("春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。")
     row = t.history[-1] if t.history else {}
     assert t.agent.updates == 8 and t.agent.ref_policy is not None
     assert all(torch.equal(t.agent.ref_policy.state_dict()[k], v) for k, v in ref_state.items())  # frozen
@@ -137,3 +138,19 @@ def test_policy_warmup_keeps_the_rl_term_off():
         agent.update(batch)
         changed = any(not torch.equal(a, b) for a, b in zip(before, agent.policy.parameters()))
         assert changed is moves
+
+
+def test_cosine_policy_schedule_follows_the_update_count(tmp_path, monkeypatch):
+    import math
+
+    from lmpo.sac.config import ConfigError
+    from lmpo.sac.train import Trainer
+
+    monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = _small(tmp_path, max_updates=12, sac={"lr_policy": 1e-3, "lr_policy_schedule": "cosine"})
+    t = Trainer(cfg, tmp_path / "run", progress=False)
+    t.run(max_updates=6)
+    # the last update (number 6, counted from 0 = update 5) ran at lr·½(1 + cos(π·5/12))
+    assert math.isclose(t.agent.opt_policy.param_groups[0]["lr"], 1e-3 * 0.5 * (1 + math.cos(math.pi * 5 / 12)))
+    with pytest.raises(ConfigError, match="max_updates"):
+        _small(tmp_path, max_updates=0, sac={"lr_policy_schedule": "cosine"}).validate()

@@ -540,6 +540,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
         "teacher_ratio_curve": [r.get("data/teacher_ratio") for r in trainer.history],
         "heldout_top1_curve": [[r["step/updates"], r["quality/heldout_top1"]] for r in trainer.history
                                if "quality/heldout_top1" in r],
+        "extra_text": trainer.bundle.extra_report, "num_actions": trainer.bundle.num_actions,
     }
     c = trainer.counters
     summary["illegal_rate_train"] = c["illegal"] / max(1, c["agent_steps"])
