@@ -32,7 +32,7 @@ from lmpo.textenv.bundled import DEFAULT_CORPUS, resolve_corpus
 #: the keys ``--resume`` lets a run change: when it stops, how it logs, evaluates and checkpoints
 RESUMABLE_KEYS = ("total_env_steps", "max_updates", "time_budget_s", "log_every_updates", "eval_every_updates",
                   "checkpoint_every_updates", "checkpoint_keep_last", "eval_max_positions", "eval_generations",
-                  "eval_generation_chars", "eval_rollout_episodes", "trace_steps", "threads")
+                  "eval_generation_chars", "eval_rollout_episodes", "eval_no_repeat_ngram", "trace_steps", "threads")
 
 
 @dataclass(frozen=True)
