@@ -154,3 +154,20 @@ def test_cosine_policy_schedule_follows_the_update_count(tmp_path, monkeypatch):
     assert math.isclose(t.agent.opt_policy.param_groups[0]["lr"], 1e-3 * 0.5 * (1 + math.cos(math.pi * 5 / 12)))
     with pytest.raises(ConfigError, match="max_updates"):
         _small(tmp_path, max_updates=0, sac={"lr_policy_schedule": "cosine"}).validate()
+
+
+def test_resume_of_a_run_stored_before_a_field_existed_is_not_a_config_change(tmp_path, monkeypatch):
+    from lmpo.sac.train import train
+
+    monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = _small(tmp_path, total_env_steps=48, eval_max_positions=20)
+    train(cfg, tmp_path / "run", progress=False, evaluate=False)
+    stored = json.loads((tmp_path / "run" / "config.json").read_text())
+    del stored["sac"]["lr_policy_schedule"], stored["eval_no_repeat_ngram"]  # as written by an older lmpo
+    (tmp_path / "run" / "config.json").write_text(json.dumps(stored))
+    train(cfg, tmp_path / "run", resume=True, progress=False, evaluate=False)  # no InputError
+    with pytest.raises(InputError, match="sac.gamma"):
+        from lmpo.sac.config import apply_overrides
+
+        train(apply_overrides(cfg, {"sac": {"gamma": 0.5}}), tmp_path / "run", resume=True, progress=False,
+              evaluate=False)
