@@ -86,13 +86,12 @@ class _BufferLayer(DynamicLayer):
 
 
 class _StaticBufferLayer(_BufferLayer):
-    """A ``_BufferLayer`` whose decode steps have fixed shapes, for a compiled decode step.
+    """A ``_BufferLayer`` for a compiled decode step: no Python integer of it changes between decode steps.
 
     The prefill is the parent's. A decode step writes its key/value at ``position`` (a one-element tensor
-    shared by all layers and advanced in place between steps, so no Python integer changes between calls)
-    and returns the whole (B, heads, max_len, d) buffers: the positions not yet written are masked out by the
-    caller's attention mask, so every decode step sees the same shapes. The buffers start zeroed (masked
-    positions must hold finite values: a zero attention weight times NaN would still be NaN).
+    shared by all layers and advanced in place between steps) and returns the first ``view_len`` positions of
+    the (B, heads, max_len, d) buffers, ``view_len`` being set inside the compiled step from the attention
+    mask's length (a dynamic dimension). The buffers start zeroed, so that no position ever holds NaN.
     """
 
     def __init__(self, batch: int, max_len: int, repeats: int, position: torch.Tensor) -> None:
@@ -122,11 +121,11 @@ class _StaticBufferLayer(_BufferLayer):
 
 class _CompiledDecode:
     """One decode step (one token per row, keys/values in ``_StaticBufferLayer`` buffers) through
-    ``torch.compile``: fixed shapes for a given (batch, buffer length), so it compiles once per such shape.
+    ``torch.compile``: one graph per (batch, buffer length), the attended length being a dynamic dimension.
 
     The buffer length is P + T rounded up to a multiple of ``_STATIC_LEN_MULTIPLE``, so prompts of slightly
-    different padded lengths reuse one compiled step; the cache is kept between ``generate`` calls of the
-    same shape (its stale positions are masked out).
+    different padded lengths reuse one compiled step and one cache, kept between ``generate`` calls (a call
+    attends only to the positions it has written itself).
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -173,7 +172,7 @@ def _decode_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if torch.compiler.is_compiling():
         # an opaque call inside the compiled decode step: inductor would otherwise lower these matrix-vector
-        # products to generated loops, several times slower than the BLAS calls on CPU
+        # products (query length 1) to generated loops, which were slower than these BLAS calls on CPU
         return _decode_attention_op(query, key, value, attention_mask, scaling), None
     return _decode_attention_math(query, key, value, attention_mask, scaling), None
 
@@ -258,10 +257,11 @@ class HFRollout(SamplingEngine):
             token, with every completion position masked in (fixed-length benchmarks).
         record_logprobs: also return ``Rollout.logprobs``, ``log softmax(logits / τ)`` at each sampled token
             (τ = 1 when greedy); one extra (B, V) log-softmax per step (``impl="loop"`` only).
-        compile_decode: run each decode step (one token per row) through ``torch.compile`` with fixed shapes:
-            key/value buffers of P + T positions rounded up to a multiple of 64, attended under the mask,
-            and no compaction of finished rows (they are computed and discarded until all rows finish).
-            The first call of each shape compiles (tens of seconds on CPU). ``impl="loop"`` only.
+        compile_decode: run each decode step (one token per row) through ``torch.compile``: key/value
+            buffers of P + T positions rounded up to a multiple of 64, reused between calls, the attended
+            length a dynamic dimension, and no compaction of finished rows (they are computed and discarded
+            until all rows finish). The first call of each (batch, buffer length) compiles (tens of seconds
+            on CPU). ``impl="loop"`` only.
         sync_every_tokens: how often the loop reads the finished rows back on the host to stop early and
             compact the batch (default: every token on CPU, where reading costs nothing; every 8 on an
             accelerator). Tokens past a row's EOS are masked whatever this is.
