@@ -23,6 +23,11 @@ growth of at most 9× for 8× the tokens.
 
     .venv/bin/python benchmarks/trainer_vs_trl.py                        # lengths 8 64 256 1024, two models
     .venv/bin/python benchmarks/trainer_vs_trl.py --lengths 256 --steps 4
+    .venv/bin/python benchmarks/trainer_vs_trl.py --lengths 64 256 --steps 5 --warmup 2 --compile off on
+
+``--compile off on`` runs every setting twice in the one process, lmpo with ``loop.compile`` off, then on
+(TRL unchanged), so that the two ratios are measured under the same machine load; ``--warmup`` steps are left
+out of each setting (a compiled run compiles in its first steps, again when a new shape arrives).
 
 The last line is ``min ratio: X.XX``, the smallest per-setting median ratio of the run.
 """
@@ -116,7 +121,7 @@ class Party:
         self.started = self.baton.wait(self.name)  # blocked until the other side has run its step
 
 
-def make_lmpo(model, tok, args, length: int, steps: int):
+def make_lmpo(model, tok, args, length: int, steps: int, compile: bool = False):
     from lmpo.trainer import Trainer
     from lmpo.trainer.config import config_from_dict
 
@@ -128,7 +133,7 @@ def make_lmpo(model, tok, args, length: int, steps: int):
         "objective": {"preset": "grpo"},
         "optim": {"lr": args.lr, "max_grad_norm": 1.0},
         "loop": {"steps": steps, "prompts_per_step": args.prompts, "seqs_per_microbatch": args.prompts * args.group,
-                 "seed": 0, "device": "cpu", "num_threads": args.threads},
+                 "seed": 0, "device": "cpu", "num_threads": args.threads, "compile": compile},
         "eval": {"at_start": False, "max_new_tokens": 4},
         "checkpoint": {"at_end": False},
         "logging": {"run_dir": tempfile.mkdtemp(prefix="lmpo_bench_"), "progress_bar": False, "tensorboard": False},
@@ -227,12 +232,12 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(values), q[2]
 
 
-def run_setting(model_name: str, length: int, steps: int, args) -> dict:
+def run_setting(model_name: str, length: int, steps: int, args, compile: bool = False) -> dict:
     baton = Baton("lmpo", "trl")
     lmpo_party, trl_party = Party("lmpo", baton), Party("trl", baton)
     model_a, tok = build_model(model_name)
     model_b, _ = build_model(model_name)
-    lmpo = make_lmpo(model_a, tok, args, length, steps)
+    lmpo = make_lmpo(model_a, tok, args, length, steps, compile)
     trl = make_trl(model_b, tok, args, length, steps, trl_party)
     phases: list[dict] = []
     threads = [_thread(baton, "lmpo", lambda: run_lmpo(lmpo, lmpo_party, phases)),
@@ -244,14 +249,14 @@ def run_setting(model_name: str, length: int, steps: int, args) -> dict:
     if baton.errors:
         raise baton.errors[0]
     n = min(len(lmpo_party.durations), len(trl_party.durations))
-    pairs = list(range(1, n)) if n > 1 else [0]  # step 1 is the warm-up
+    pairs = list(range(args.warmup, n)) if n > args.warmup else [n - 1]  # the first steps warm up
     ratios = [trl_party.durations[i] / lmpo_party.durations[i] for i in pairs]
     q1, med, q3 = quartiles(ratios)
     steady = [phases[i] for i in pairs]
     total = sum(p["step_s"] for p in steady)
     gen = sum(p["gen"] for p in steady) / total
     logp = sum(p["logp"] for p in steady) / total
-    return {"model": model_name, "params": param_count(model_a), "length": length, "pairs": len(pairs),
+    return {"model": model_name, "compile": compile, "params": param_count(model_a), "length": length, "pairs": len(pairs),
             "ratio": med, "q1": q1, "q3": q3,
             "lmpo_s": statistics.median(lmpo_party.durations[i] for i in pairs),
             "trl_s": statistics.median(trl_party.durations[i] for i in pairs),
@@ -288,6 +293,10 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--threads", type=int, default=1, help="torch threads (one process, shared by both)")
+    p.add_argument("--warmup", type=int, default=1, help="first steps of each setting left out (warm-up)")
+    p.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"],
+                   help="lmpo's loop.compile (torch.compile of the log-prob forwards and the decode step); "
+                        "'off on' runs every setting twice, side by side in one process")
     p.add_argument("--gen-scaling", action=argparse.BooleanOptionalAction, default=None,
                    help="also time lmpo's generation alone at 32 and 256 tokens (default: on without --lengths)")
     args = p.parse_args()
@@ -300,17 +309,21 @@ def main() -> None:
     print(f"settings: addition, {args.prompts} prompts x {args.group} completions per step, fixed-length "
           f"completions, lr {args.lr}, {args.threads} torch thread(s), CPU, one process stepping in turn; "
           f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}", flush=True)
-    print(f"{'model':>10} {'params':>8} {'T':>5} {'pairs':>5} {'lmpo s':>8} {'TRL s':>8} {'ratio':>6} "
+    print(f"lmpo options: loop.compile in {args.compile}; {args.warmup} warm-up step(s) left out per setting",
+          flush=True)
+    print(f"{'model':>10} {'compile':>7} {'params':>8} {'T':>5} {'pairs':>5} {'lmpo s':>8} {'TRL s':>8} {'ratio':>6} "
           f"{'IQR':>11} {'gen':>5} {'logp':>5} {'update':>6}", flush=True)
     results = []
     for model_name in args.models:
         for length in lengths:
             steps = args.steps or DEFAULT_STEPS.get(length, 6)
-            r = run_setting(model_name, length, steps, args)
-            results.append(r)
-            print(f"{r['model']:>10} {r['params'] / 1e6:7.2f}M {r['length']:5d} {r['pairs']:5d} {r['lmpo_s']:8.3f} "
-                  f"{r['trl_s']:8.3f} {r['ratio']:5.2f}x {r['q1']:5.2f}-{r['q3']:4.2f}x {r['gen']:5.0%} "
-                  f"{r['logp']:5.0%} {r['update']:6.0%}", flush=True)
+            for mode in args.compile:
+                t0 = time.perf_counter()
+                r = run_setting(model_name, length, steps, args, compile=mode == "on")
+                results.append(r)
+                print(f"{r['model']:>10} {mode:>7} {r['params'] / 1e6:7.2f}M {r['length']:5d} {r['pairs']:5d} "
+                      f"{r['lmpo_s']:8.3f} {r['trl_s']:8.3f} {r['ratio']:5.2f}x {r['q1']:5.2f}-{r['q3']:4.2f}x "
+                      f"{r['gen']:5.0%} {r['logp']:5.0%} {r['update']:6.0%}  ({time.perf_counter() - t0:.0f} s wall)", flush=True)
     if gen_scaling:
         for model_name in args.models:
             g = generation_scaling(model_name, args)

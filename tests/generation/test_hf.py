@@ -245,3 +245,19 @@ def test_greedy_loop_matches_hf_generate_with_rows_finishing_early(tiny):
     assert len(set(loop.completion_lengths.tolist())) > 1
     assert torch.equal(loop.completion_mask, ref.completion_mask[:, : loop.completion_mask.shape[1]])
     assert torch.equal(loop.completion_ids, ref.completion_ids[:, : loop.completion_ids.shape[1]])
+
+
+@pytest.mark.slow  # ~60 s on a cold torch.compile cache (CPU)
+def test_compiled_decode_step_samples_what_the_eager_loop_samples(eos_heavy):
+    # rows finish at different steps (the compiled loop keeps them in the batch, masked); one engine, one shape
+    model, tok = eos_heavy
+    compiled = HFRollout(model, tok, max_new_tokens=8, temperature=1.0, record_logprobs=True, compile_decode=True)
+    eager = HFRollout(model, tok, max_new_tokens=8, temperature=1.0, record_logprobs=True)
+    for kwargs in ({"greedy": True}, {"seed": 1}, {"seed": 2}):
+        a, b = compiled.generate(PROMPTS, 3, **kwargs), eager.generate(PROMPTS, 3, **kwargs)
+        assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+        torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+    assert len(set(b.completion_lengths.tolist())) > 1
+    assert compiled._compiled is not None and compiled._compiled.cache is not None
+    with pytest.raises(ValueError, match="compile_decode"):
+        HFRollout(model, tok, impl="generate", compile_decode=True)

@@ -85,6 +85,80 @@ class _BufferLayer(DynamicLayer):
         self.batch = indices.numel()
 
 
+class _StaticBufferLayer(_BufferLayer):
+    """A ``_BufferLayer`` for a compiled decode step: no Python integer of it changes between decode steps.
+
+    The prefill is the parent's. A decode step writes its key/value at ``position`` (a one-element tensor
+    shared by all layers and advanced in place between steps) and returns the first ``view_len`` positions of
+    the (B, heads, max_len, d) buffers, ``view_len`` being set inside the compiled step from the attention
+    mask's length (a dynamic dimension). The buffers start zeroed, so that no position ever holds NaN.
+    """
+
+    def __init__(self, batch: int, max_len: int, repeats: int, position: torch.Tensor) -> None:
+        super().__init__(batch, max_len, repeats)
+        self.position = position
+        self.decoding = False
+        self.view_len = max_len  # positions a decode step attends over (set by the compiled step)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.keys.zero_()
+        self.values.zero_()
+
+    def reset(self) -> None:
+        """Ready for the prefill of a new ``generate`` call (the buffers are reused as they are)."""
+        self.length, self.decoding = 0, False
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.decoding:
+            out = super().update(key_states, value_states, *args, **kwargs)
+            self.decoding = True
+            return out
+        self.keys.index_copy_(2, self.position, key_states)
+        self.values.index_copy_(2, self.position, value_states)
+        return self.keys[:, :, : self.view_len], self.values[:, :, : self.view_len]
+
+
+class _CompiledDecode:
+    """One decode step (one token per row, keys/values in ``_StaticBufferLayer`` buffers) through
+    ``torch.compile``: one graph per (batch, buffer length), the attended length being a dynamic dimension.
+
+    The buffer length is P + T rounded up to a multiple of ``_STATIC_LEN_MULTIPLE``, so prompts of slightly
+    different padded lengths reuse one compiled step and one cache, kept between ``generate`` calls (a call
+    attends only to the positions it has written itself).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.cache: Cache | None = None
+        self.key: tuple | None = None
+        self.position = torch.zeros(1, dtype=torch.long)
+        self.step = torch.compile(self._step, dynamic=False)
+
+    def _step(self, input_ids, mask, position_ids, cache):
+        for layer in cache.layers:  # attend over the mask's length (a dynamic dimension: one compiled graph)
+            layer.view_len = mask.shape[-1]
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                         use_cache=True)
+        return out.logits[:, -1]
+
+    def cache_for(self, batch: int, max_len: int, repeats: int, device: torch.device) -> Cache:
+        key = (batch, max_len, repeats, device)
+        if self.cache is None or self.key != key:
+            self.position = torch.zeros(1, dtype=torch.long, device=device)
+            layers = self.model.config.get_text_config().num_hidden_layers
+            self.cache = Cache(layers=[_StaticBufferLayer(batch, max_len, repeats, self.position)
+                                       for _ in range(layers)])
+            self.key = key
+        for layer in self.cache.layers:
+            layer.reset()
+        return self.cache
+
+
+# Static decode buffers are this many positions long, or a multiple of it.
+_STATIC_LEN_MULTIPLE = 64
+
+
 def _decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """SDPA, except for one query per row on CPU: two batched matmuls.
 
@@ -95,15 +169,36 @@ def _decode_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if query.shape[2] != 1 or query.device.type != "cpu" or kwargs.get("output_attentions"):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if torch.compiler.is_compiling():
+        # an opaque call inside the compiled decode step: inductor would otherwise lower these matrix-vector
+        # products (query length 1) to generated loops, which were slower than these BLAS calls on CPU
+        return _decode_attention_op(query, key, value, attention_mask, scaling), None
+    return _decode_attention_math(query, key, value, attention_mask, scaling), None
+
+
+def _decode_attention_math(query, key, value, attention_mask, scaling: float) -> torch.Tensor:
     B, H, _, d = query.shape
     kv_heads = key.shape[1]
     q = query.view(B, kv_heads, H // kv_heads, d)  # query heads grouped under their key/value head
     scores = torch.matmul(q, key.transpose(-1, -2)).float()  # (B, H_kv, H/H_kv, L)
-    scores.mul_(d ** -0.5 if scaling is None else scaling)
+    scores.mul_(scaling)
     if attention_mask is not None:
         scores.masked_fill_(~attention_mask, float("-inf"))  # (B, 1, 1, L) broadcast over heads
     probs = scores.softmax(-1).to(value.dtype)
-    return torch.matmul(probs, value).view(B, 1, H, d), None
+    return torch.matmul(probs, value).view(B, 1, H, d)
+
+
+@torch.library.custom_op("lmpo::decode_attention", mutates_args=())
+def _decode_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    return _decode_attention_math(query, key, value, attention_mask, scaling)
+
+
+@_decode_attention_op.register_fake
+def _(query, key, value, attention_mask, scaling):
+    B, H, _, d = query.shape
+    return query.new_empty(B, 1, H, d)
 
 
 # Registered under a name of its own, used only while ``HFRollout`` samples from a model configured for SDPA.
@@ -162,6 +257,11 @@ class HFRollout(SamplingEngine):
             token, with every completion position masked in (fixed-length benchmarks).
         record_logprobs: also return ``Rollout.logprobs``, ``log softmax(logits / τ)`` at each sampled token
             (τ = 1 when greedy); one extra (B, V) log-softmax per step (``impl="loop"`` only).
+        compile_decode: run each decode step (one token per row) through ``torch.compile``: key/value
+            buffers of P + T positions rounded up to a multiple of 64, reused between calls, the attended
+            length a dynamic dimension, and no compaction of finished rows (they are computed and discarded
+            until all rows finish). The first call of each (batch, buffer length) compiles (tens of seconds
+            on CPU). ``impl="loop"`` only.
         sync_every_tokens: how often the loop reads the finished rows back on the host to stop early and
             compact the batch (default: every token on CPU, where reading costs nothing; every 8 on an
             accelerator). Tokens past a row's EOS are masked whatever this is.
@@ -179,6 +279,7 @@ class HFRollout(SamplingEngine):
         ignore_eos: bool = False,
         record_logprobs: bool = False,
         sync_every_tokens: int | None = None,
+        compile_decode: bool = False,
     ) -> None:
         if impl not in ("loop", "generate"):
             raise ValueError(f"impl={impl!r} must be 'loop' or 'generate'")
@@ -187,8 +288,19 @@ class HFRollout(SamplingEngine):
         if sync_every_tokens is not None and sync_every_tokens < 1:
             raise ValueError(f"sync_every_tokens={sync_every_tokens} must be >= 1")
         super().__init__(model, tokenizer, max_new_tokens, temperature, top_p, top_k, ignore_eos, record_logprobs)
+        if compile_decode and impl != "loop":
+            raise ValueError("compile_decode=True needs impl='loop'")
         self.impl = impl
         self.sync_every_tokens = sync_every_tokens
+        self.compile_decode = compile_decode
+        self._compiled: _CompiledDecode | None = None
+
+    def _compiled_decode(self) -> _CompiledDecode:
+        """The compiled decode step of the current model (made at the first call, again after ``sync_weights``
+        hands over another model object)."""
+        if self._compiled is None or self._compiled.model is not self.model:
+            self._compiled = _CompiledDecode(self.model)
+        return self._compiled
 
     def sync_weights(self, model: nn.Module) -> None:
         """Nothing to copy: this engine samples from the training model's own parameters."""
@@ -288,12 +400,18 @@ class HFRollout(SamplingEngine):
         eos = torch.tensor(self.eos_token_ids, device=device)
         sync_every = self.sync_every_tokens or (1 if device.type == "cpu" else 8)
 
-        cache = _buffer_cache(model, B, P + T, G)
+        compiled = self._compiled_decode() if self.compile_decode else None
+        length = P + T
+        if compiled is not None:
+            length = -(-length // _STATIC_LEN_MULTIPLE) * _STATIC_LEN_MULTIPLE
+            cache = compiled.cache_for(B, length, G, device)
+        else:
+            cache = _buffer_cache(model, B, length, G)
         positions = position_ids_from_mask(prompt_mask)  # (N, P)
         out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].repeat_interleave(G, 0)  # (B, V): every row's next-token logits
-        attention = torch.zeros(B, P + T, dtype=torch.bool, device=device)  # the decode batch's mask
+        attention = torch.zeros(B, length, dtype=torch.bool, device=device)  # the decode batch's mask
         attention[:, :P] = prompt_mask.bool().repeat_interleave(G, 0)
         next_position = positions[:, -1:].repeat_interleave(G, 0) + 1  # (B, 1)
         rows = torch.arange(B, device=device)  # decode-batch row -> output row
@@ -317,12 +435,19 @@ class HFRollout(SamplingEngine):
                 if left == 0:
                     steps = t + 1
                     break
-                if rows.numel() - left >= _COMPACT_FINISHED_FRACTION * rows.numel():
+                if compiled is None and rows.numel() - left >= _COMPACT_FINISHED_FRACTION * rows.numel():
                     keep = running.nonzero().squeeze(-1)
                     rows, attention, next_position = rows[keep], attention[keep], next_position[keep]
                     cache.batch_select_indices(keep)
             # the sampled token itself is attended to (an EOS too); a finished row's inputs are ignored
             attention[:, P + t] = True
+            if compiled is not None:  # fixed shapes: all B rows, the whole buffer under the mask
+                compiled.position.fill_(P + t)
+                mask = attention[:, None, None, : P + t + 1]
+                torch._dynamo.maybe_mark_dynamic(mask, 3)
+                logits = compiled.step(next_ids[:, None], mask, next_position, cache)
+                next_position = next_position + 1
+                continue
             out = model(input_ids=next_ids[rows, None], attention_mask=attention[:, : P + t + 1],
                         position_ids=next_position, past_key_values=cache, use_cache=True)
             logits.index_copy_(0, rows, out.logits[:, -1].to(logits.dtype))

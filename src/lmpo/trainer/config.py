@@ -243,6 +243,9 @@ class LoopConfig:
                                       "`share_prompt_prefix` off for the training forward.")
     autocast: bool = _f(False, "Run the forward passes (generation and log-probs) under bfloat16 autocast; "
                         "parameters, gradients and optimizer state keep the model's dtype.")
+    compile: bool = _f(False, "Run the policy's training and log-prob forward passes (and their backward) and "
+                       "each generation decode step through `torch.compile`; the first calls of each new shape "
+                       "compile (tens of seconds on CPU). Same results up to float rounding.")
     seed: int = _f(0, "Seed of data order, sampling and clip_cov selection.", ge=0)
     max_nonfinite_steps: int = _f(5, "Stop after this many consecutive steps with a non-finite loss or "
                                   "gradient (each is skipped and counted).", ge=1)

@@ -60,6 +60,24 @@ RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "checkpoints", FINAL_MODEL_DIR, "
 RESUMABLE_KEYS = ("loop.steps", "logging.*", "eval.*", "checkpoint.*")
 
 
+class CompiledCalls:
+    """A module whose calls (``module(...)``) run through ``torch.compile``; every other attribute is the
+    module's own (``train()``, ``config``, ``get_decoder()``...), so code that takes a model can take this.
+
+    Only the log-prob forwards go through it: generation and checkpoints use the module itself.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self._compiled = torch.compile(module)
+
+    def __call__(self, *args, **kwargs):
+        return self._compiled(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.module, name)
+
+
 class NonFiniteError(RunError):
     """Too many consecutive optimizer steps had a non-finite loss or gradient."""
 
@@ -174,6 +192,9 @@ class Trainer:
         self.ref_model = None
         self._generate_s = 0.0  # seconds spent in rollout_engine.generate during the current RL step
         self.kl_ctrl = self._build_kl_controller()
+        #: ``loop.compile``: the policy's log-prob forwards (with their backward) and the HF engine's decode step
+        self.compile_train = self.compile_decode = config.loop.compile
+        self._compiled_policy: CompiledCalls | None = None
 
     @property
     def controller(self):
@@ -230,9 +251,19 @@ class Trainer:
         ro = self.cfg.rollout
         options = {"gpu_memory_utilization": ro.vllm_gpu_memory_utilization, "seed": self.cfg.loop.seed} if (
             ro.engine == "vllm") else {}
+        if ro.engine == "hf" and self.compile_decode:
+            options["compile_decode"] = True
         return ENGINES[ro.engine](self.model, self.tokenizer, max_new_tokens=ro.max_new_tokens,
                                   temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, ignore_eos=ro.ignore_eos,
                                   record_logprobs=ro.record_logprobs or self.driver.needs.rollout_logp, **options)
+
+    def _policy_for_logprobs(self, model):
+        """``model``, or for the policy under ``loop.compile`` a view of it whose calls run compiled."""
+        if not self.compile_train or model is not self.model:
+            return model
+        if self._compiled_policy is None or self._compiled_policy.module is not model:
+            self._compiled_policy = CompiledCalls(model)
+        return self._compiled_policy
 
     def _autocast(self):
         """The forward passes' autocast context (``loop.autocast``); parameters and optimizer stay as they are."""
@@ -648,6 +679,7 @@ class Trainer:
         ids, attn, tokens = batch["input_ids"], batch["attention_mask"], batch["completion_ids"]
         if rows is not None:
             ids, attn, tokens = ids[rows], attn[rows], tokens[rows]
+        model = self._policy_for_logprobs(model)
         with self._autocast():
             return policy_logprobs(model, ids, attn, tokens, temperature=cfg.rollout.temperature,
                                    with_entropy=with_entropy, grad_norm_mode=grad_norm_mode,
