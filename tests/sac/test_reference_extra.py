@@ -171,3 +171,38 @@ def test_resume_of_a_run_stored_before_a_field_existed_is_not_a_config_change(tm
 
         train(apply_overrides(cfg, {"sac": {"gamma": 0.5}}), tmp_path / "run", resume=True, progress=False,
               evaluate=False)
+
+
+def test_bc_text_batch_adds_the_cross_entropy_of_the_training_text(tmp_path, monkeypatch):
+    import torch.nn.functional as F
+
+    from lmpo.sac.agent import SACAgent
+    from lmpo.sac.config import NetworkConfig, SACConfig
+    from lmpo.sac.replay import ReplaySample
+    from lmpo.sac.train import Trainer
+
+    net = NetworkConfig(embed_dim=8, gru_hidden=8, policy_hidden=8, q_hidden=8, action_embed_dim=8)
+    B, M, A = 6, 4, 7
+    g = torch.Generator().manual_seed(1)
+    legal = torch.ones(B, A, dtype=torch.bool)
+    legal[:, 0] = False
+    batch = ReplaySample(
+        obs=torch.randint(1, A, (B, M), generator=g), legal=legal, action=torch.randint(1, A, (B,), generator=g),
+        reward=torch.randn(B, generator=g), next_obs=torch.randint(1, A, (B, M), generator=g), next_legal=legal,
+        terminated=torch.zeros(B), truncated=torch.zeros(B), is_demo=torch.ones(B, dtype=torch.bool),
+        teacher_action=torch.randint(1, A, (B,), generator=g), is_relabeled=torch.zeros(B, dtype=torch.bool),
+    )
+    text = (torch.randint(1, A, (5, M), generator=g), legal[:5], torch.randint(1, A, (5,), generator=g))
+    plain = SACAgent(A, 0, net, SACConfig(), seed=0)
+    with_text = SACAgent(A, 0, net, SACConfig(), seed=0)
+    _, logp_text = with_text.policy(text[0], text[1])
+    expected_extra = F.nll_loss(logp_text, text[2]).item()
+    extra = with_text.update(batch, text)["losses/bc"].item() - plain.update(batch)["losses/bc"].item()
+    assert abs(extra - expected_extra) < 1e-5
+
+    monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
+    t = Trainer(_small(tmp_path, sac={"bc_text_batch": 8}), tmp_path / "run", progress=False)
+    X, _, Y, _ = t.text_pairs
+    assert len(X) == len(Y) > 0 and X.shape[1] == t.bundle.window
+    t.run(max_updates=4)
+    assert t.agent.updates == 4

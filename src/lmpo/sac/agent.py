@@ -85,8 +85,13 @@ class SACAgent:
         return net(ctx, cand.indices)
 
     # ------------------------------------------------------------------ update
-    def update(self, batch: ReplaySample) -> dict[str, torch.Tensor]:
-        """One critic + actor + temperature step on ``batch``; returns detached 0-dim statistics."""
+    def update(self, batch: ReplaySample,
+               text_batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """One critic + actor + temperature step on ``batch``; returns detached 0-dim statistics.
+
+        ``text_batch`` = (windows (T, M), legal masks (T, A), next characters (T,)) of the training text: its
+        cross-entropy joins the BC term (``sac.bc_text_batch``).
+        """
         cfg = self.cfg
         alpha = self.alpha.detach()
         stats: dict[str, torch.Tensor] = {}
@@ -141,6 +146,9 @@ class SACAgent:
         if cfg.bc_rows == "all":
             bc_w = batch.legal.gather(-1, label.long().unsqueeze(-1)).squeeze(-1).to(probs.dtype)
         loss_bc = L.bc_loss(logp, label, bc_w)
+        if text_batch is not None:
+            _, logp_text = self.policy(text_batch[0], text_batch[1])
+            loss_bc = loss_bc + L.bc_loss(logp_text, text_batch[2], torch.ones_like(text_batch[2], dtype=logp.dtype))
         # the critics start random: until policy_warmup_updates the policy learns from BC and the anchor only
         rl_on = float(self.updates >= cfg.policy_warmup_updates)
         loss_pi_total = rl_on * loss_pi + cfg.bc_weight * loss_bc

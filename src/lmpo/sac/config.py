@@ -88,6 +88,10 @@ class SACConfig:
                                  choices=("constant", "cosine"))
     policy_warmup_updates: int = _f(0, "Updates at the start of a run in which only the critics (and α) learn; "
                                     "the policy starts moving once the critics are no longer random.", ge=0)
+    bc_text_batch: int = _f(0, "Windows of the training text (train chapters + extra text, every position, as the "
+                            "supervised twin reads them) added to each update's BC term, λ_BC-weighted; 0 = BC "
+                            "reads the replay rows only. Keeps the policy on the twin's data instead of the few "
+                            "thousand demonstrations in the buffer.", ge=0)
     bc_rows: str = _f("demo", "Rows the BC loss reads: \"demo\" (teacher steps, the usual rule) or \"all\" "
                       "(DAgger labelling: agent rows too, each labelled with the reference character c_t of its "
                       "step when the mask allows it).", choices=("demo", "all"))

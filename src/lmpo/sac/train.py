@@ -200,6 +200,15 @@ class Trainer:
         self.agent_buf = ReplayBuffer(cfg.replay.agent_capacity, b.window, b.num_actions, is_demo=False)
         self.demo_buf = ReplayBuffer(cfg.replay.demo_capacity, b.window, b.num_actions, is_demo=True)
         self.rng = np.random.default_rng(cfg.seed)
+        self.text_pairs = None
+        if cfg.sac.bc_text_batch > 0:
+            from lmpo.sac.textdata import training_pairs
+
+            if b.alphabet is None:
+                raise InputError("`sac.bc_text_batch` needs the run's text; this environment bundle has none.")
+            X, blocked, Y = training_pairs(b.train_chapters + b.extra_chapters, b.alphabet, b.envs[0].compliance,
+                                           b.window)
+            self.text_pairs = (X, blocked, Y, torch.as_tensor(b.envs[0].compliance.static_mask.astype(bool)))
         self.obs = [env.reset(seed=cfg.seed * 1000 + i)[0] for i, env in enumerate(b.envs)]
         self.env_steps = 0
         self.episodes = 0
@@ -408,7 +417,7 @@ class Trainer:
                 for _ in range(cfg.updates_per_iteration):
                     batch = sample_mixed(self.agent_buf, self.demo_buf, cfg.replay.transitions_per_batch,
                                          cfg.replay.agent_fraction, self.rng, cfg.device)
-                    stats = self.agent.update(batch)
+                    stats = self.agent.update(batch, self._text_batch())
                     for k, v in stats.items():
                         upd.add(k, float(v))
                     if self.agent.updates % cfg.log_every_updates == 0 and self.agent.updates > 0:
@@ -435,6 +444,17 @@ class Trainer:
             raise Interrupted(f"stopped by Ctrl-C after {self.agent.updates} updates ({self.env_steps} env steps); "
                               f"checkpoint written to {path}.", checkpoint=path)
         return {"stop_reason": stop_reason, "train_seconds": self.seconds_before}
+
+    def _text_batch(self):
+        """``sac.bc_text_batch`` windows of the training text, drawn with the run's (checkpointed) generator."""
+        if self.text_pairs is None:
+            return None
+        from lmpo.sac.textdata import batch_masks
+
+        X, blocked, Y, static = self.text_pairs
+        idx = torch.as_tensor(self.rng.integers(0, len(Y), size=self.cfg.sac.bc_text_batch))
+        dev = self.cfg.device
+        return X[idx].to(dev), batch_masks(static, blocked[idx]).to(dev), Y[idx].to(dev)
 
     def _eval_due(self) -> bool:
         # called on log rows (multiples of log_every_updates); [k·n, k·n + log_every) holds exactly one of
