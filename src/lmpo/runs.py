@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpo.checkpoints import remove_stale, replace_file
-from lmpo.config import changed_keys
+from lmpo.config import ConfigError, changed_keys, from_dict, to_dict
 from lmpo.errors import InputError
 
 
@@ -78,12 +78,22 @@ def _allowed(key: str, allowed: Iterable[str]) -> bool:
 
 
 def check_resume_config(stored: Mapping[str, Any], new: Mapping[str, Any], allowed: Iterable[str], *,
-                        allow_change: bool, stored_path: str | os.PathLike) -> list[tuple[str, Any, Any]]:
+                        allow_change: bool, stored_path: str | os.PathLike,
+                        schema: type | None = None) -> list[tuple[str, Any, Any]]:
     """Compare a run's stored config with the one it is resumed with; return the changes.
+
+    With ``schema`` (the config dataclass), the stored config is read through it first, so a field that a later
+    lmpo added counts at its default and not as a change; a stored config that no longer reads as one is
+    compared as stored (the message then names what differs).
 
     Raises :class:`InputError` naming every changed key outside ``allowed`` (``"loop.steps"``,
     ``"logging.*"``) unless ``allow_change``.
     """
+    if schema is not None:
+        try:
+            stored = to_dict(from_dict(schema, stored))
+        except (ConfigError, TypeError, ValueError):
+            pass
     allowed = tuple(allowed)
     changes = changed_keys(stored, new)
     blocked = [c for c in changes if not _allowed(c[0], allowed)]

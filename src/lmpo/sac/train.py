@@ -503,18 +503,6 @@ class Trainer:
         return row
 
 
-def _with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
-    """A stored config with the fields a later lmpo added filled in at their defaults, so that resuming a run
-    written before a field existed does not count the new field as a change; kept as stored when it no longer
-    reads as a config (the comparison then names what differs)."""
-    from lmpo.config import ConfigError, from_dict, to_dict
-
-    try:
-        return to_dict(from_dict(TrainConfig, stored))
-    except (ConfigError, TypeError, ValueError):
-        return stored
-
-
 def resume_checkpoint(run_dir: str | Path) -> Path:
     """The newest complete checkpoint of a run; an error naming the problem when there is none."""
     path = latest_valid_checkpoint(run_dir, log=lambda m: print(f"[sac] {m}", file=sys.stderr))
@@ -550,8 +538,9 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
     checkpoint = None
     if resume:
         if (Path(run_dir) / "config.json").is_file():
-            check_resume_config(_with_defaults(run_config_dict(run_dir)), cfg.to_dict(), RESUMABLE_KEYS,
-                                allow_change=allow_config_change, stored_path=Path(run_dir) / "config.json")
+            check_resume_config(run_config_dict(run_dir), cfg.to_dict(), RESUMABLE_KEYS,
+                                allow_change=allow_config_change, stored_path=Path(run_dir) / "config.json",
+                                schema=TrainConfig)
         checkpoint = resume_checkpoint(run_dir)  # before the environments are built: fail fast
     trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
     if checkpoint is not None:

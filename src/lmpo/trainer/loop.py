@@ -382,7 +382,7 @@ class Trainer:
             stored = run_dir / "config.yaml"
             if own and stored.is_file():
                 check_resume_config(read_yaml(stored, "stored config"), config_to_dict(cfg), RESUMABLE_KEYS,
-                                    allow_change=allow_config_change, stored_path=stored)
+                                    allow_change=allow_config_change, stored_path=stored, schema=TrainConfig)
             resume_path = ckpt.resolve_resume(target, run_dir, log=self.log)
         replace_file(run_dir / "config.yaml",
                      yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True).encode("utf-8"))
