@@ -322,15 +322,9 @@ def load_heldout_file(path: str | Path):
 def file_paragraphs(path: str | Path) -> list[str]:
     """FILE's paragraphs as the ``extra_train_corpus`` leak filter reads them: each JSON ``paragraphs`` entry, each
     chapter of a text file (:func:`lmpo.textenv.corpus.load_extra_text`)."""
-    from lmpo.textenv.corpus import _expand, _load_json, _read_utf8, split_text_chapters
+    from lmpo.textenv.corpus import paragraph_units
 
-    out: list[str] = []
-    for f in _expand([path]):
-        if f.suffix.lower() == ".json":
-            out += [p for _, paras in _load_json(f, paragraphs=True) for p in paras]
-        else:
-            out += [b for _, b in split_text_chapters(_read_utf8(f))]
-    return out
+    return [p for paras in paragraph_units(path) for p in paras]
 
 
 def check_scorable(runs: list[dict[str, Any]]) -> None:
@@ -418,21 +412,17 @@ def rescore_on_file(runs: list[dict[str, Any]], path: str | Path) -> tuple[list[
 def leaked_paragraphs(paragraphs: list[str], training: list[str], n: int = LEAK_CHARS) -> int:
     """How many ``paragraphs`` share a run of ``n`` Han characters with ``training`` (the rule of the
     ``extra_train_corpus`` leak filter, :func:`lmpo.textenv.corpus.load_extra_text`; the paragraphs' runs are
-    indexed, so a large training text is scanned once and never held as a set)."""
-    from lmpo.textenv.corpus import _han_only
+    indexed, so the training text is scanned once)."""
+    from lmpo.textenv.corpus import han_ngrams
 
     owner: dict[str, list[int]] = {}
     for i, p in enumerate(paragraphs):
-        h = _han_only(p)
-        for g in {h[j:j + n] for j in range(len(h) - n + 1)}:
+        for g in han_ngrams(p, n):
             owner.setdefault(g, []).append(i)
     hit: set[int] = set()
     for text in training:
-        h = _han_only(text)
-        for i in range(len(h) - n + 1):
-            ids = owner.get(h[i:i + n])
-            if ids:
-                hit.update(ids)
+        for g in han_ngrams(text, n):
+            hit.update(owner.get(g, ()))
     return len(hit)
 
 

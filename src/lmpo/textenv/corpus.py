@@ -267,8 +267,23 @@ def load_sample_corpus() -> Corpus:
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\U00020000-\U0002ffff]")
 
 
-def _han_only(text: str) -> str:
-    return "".join(_HAN.findall(text))
+def han_ngrams(text: str, n: int) -> set[str]:
+    """Every run of ``n`` consecutive Han characters of ``text`` once everything but Han characters is removed
+    (so punctuation or spacing cannot hide a quotation): the unit of the leak filter."""
+    h = "".join(_HAN.findall(text))
+    return {h[i:i + n] for i in range(len(h) - n + 1)}
+
+
+def paragraph_units(path: str | os.PathLike) -> list[list[str]]:
+    """The paragraphs of a corpus path, one list per chapter: each JSON ``paragraphs`` entry, or each chapter
+    of a text file (as one paragraph); files in the order :func:`load_corpus` reads them."""
+    units: list[list[str]] = []
+    for f in _expand([path]):
+        if f.suffix.lower() == ".json":
+            units += [paras for _, paras in _load_json(f, paragraphs=True)]
+        else:
+            units += [[b] for _, b in split_text_chapters(_read_utf8(f))]
+    return units
 
 
 @dataclass(frozen=True)
@@ -308,23 +323,18 @@ def load_extra_text(paths: Sequence[str | os.PathLike], heldout: Sequence[str], 
     """
     if leak_chars < 0:
         raise ValueError(f"leak_chars={leak_chars} must be >= 0 (0 turns the filter off)")
-    files = _expand(paths)
     n = leak_chars
     seen: set[str] = set()
     if n:
         for text in heldout:
-            h = _han_only(text)
-            seen.update(h[i:i + n] for i in range(len(h) - n + 1))
+            seen |= han_ngrams(text, n)
     chapters: list[str] = []
     kept = dropped = ckept = cdropped = 0
-    for f in files:
-        units = (_load_json(f, paragraphs=True) if f.suffix.lower() == ".json"
-                 else [(t, [b]) for t, b in split_text_chapters(_read_utf8(f))])
+    for f in _expand(paths):
         keep = []
-        for _, paras in units:
+        for paras in paragraph_units(f):
             for p in paras:
-                h = _han_only(p) if n else ""
-                if n and any(h[i:i + n] in seen for i in range(len(h) - n + 1)):
+                if n and not seen.isdisjoint(han_ngrams(p, n)):
                     dropped, cdropped = dropped + 1, cdropped + len(p)
                 else:
                     keep.append(p)
