@@ -116,22 +116,29 @@ def test_reference_then_rl_starts_from_it_with_the_anchor(tmp_path, monkeypatch)
         _small(tmp_path, init_policy=str(tmp_path / "missing")).validate()
 
 
+def _replay_batch(seed: int, is_demo: bool):
+    """A small random replay batch (B = 6 windows of M = 4 over A = 7 actions, action 0 illegal)."""
+    from lmpo.sac.replay import ReplaySample
+
+    B, M, A = 6, 4, 7
+    g = torch.Generator().manual_seed(seed)
+    legal = torch.ones(B, A, dtype=torch.bool)
+    legal[:, 0] = False
+    return ReplaySample(
+        obs=torch.randint(1, A, (B, M), generator=g), legal=legal, action=torch.randint(1, A, (B,), generator=g),
+        reward=torch.randn(B, generator=g), next_obs=torch.randint(1, A, (B, M), generator=g), next_legal=legal,
+        terminated=torch.zeros(B), truncated=torch.zeros(B), is_demo=torch.full((B,), is_demo),
+        teacher_action=torch.randint(1, A, (B,), generator=g), is_relabeled=torch.zeros(B, dtype=torch.bool),
+    ), g
+
+
 def test_policy_warmup_keeps_the_rl_term_off():
     from lmpo.sac.agent import SACAgent
     from lmpo.sac.config import NetworkConfig, SACConfig
-    from lmpo.sac.replay import ReplaySample
 
     net = NetworkConfig(embed_dim=8, gru_hidden=8, policy_hidden=8, q_hidden=8, action_embed_dim=8)
-    B, M, A = 6, 4, 7
-    g = torch.Generator().manual_seed(0)
-    legal = torch.ones(B, A, dtype=torch.bool)
-    legal[:, 0] = False
-    batch = ReplaySample(
-        obs=torch.randint(1, A, (B, M), generator=g), legal=legal, action=torch.randint(1, A, (B,), generator=g),
-        reward=torch.randn(B, generator=g), next_obs=torch.randint(1, A, (B, M), generator=g), next_legal=legal,
-        terminated=torch.zeros(B), truncated=torch.zeros(B), is_demo=torch.zeros(B, dtype=torch.bool), teacher_action=torch.randint(1, A, (B,), generator=g),
-        is_relabeled=torch.zeros(B, dtype=torch.bool),
-    )
+    A = 7
+    batch, _ = _replay_batch(0, is_demo=False)
     for warmup, moves in ((2, False), (0, True)):
         agent = SACAgent(A, 0, net, SACConfig(bc_weight=0.0, policy_warmup_updates=warmup), seed=0)
         before = [p.detach().clone() for p in agent.policy.parameters()]
@@ -178,21 +185,12 @@ def test_bc_text_batch_adds_the_cross_entropy_of_the_training_text(tmp_path, mon
 
     from lmpo.sac.agent import SACAgent
     from lmpo.sac.config import NetworkConfig, SACConfig
-    from lmpo.sac.replay import ReplaySample
     from lmpo.sac.train import Trainer
 
     net = NetworkConfig(embed_dim=8, gru_hidden=8, policy_hidden=8, q_hidden=8, action_embed_dim=8)
-    B, M, A = 6, 4, 7
-    g = torch.Generator().manual_seed(1)
-    legal = torch.ones(B, A, dtype=torch.bool)
-    legal[:, 0] = False
-    batch = ReplaySample(
-        obs=torch.randint(1, A, (B, M), generator=g), legal=legal, action=torch.randint(1, A, (B,), generator=g),
-        reward=torch.randn(B, generator=g), next_obs=torch.randint(1, A, (B, M), generator=g), next_legal=legal,
-        terminated=torch.zeros(B), truncated=torch.zeros(B), is_demo=torch.ones(B, dtype=torch.bool),
-        teacher_action=torch.randint(1, A, (B,), generator=g), is_relabeled=torch.zeros(B, dtype=torch.bool),
-    )
-    text = (torch.randint(1, A, (5, M), generator=g), legal[:5], torch.randint(1, A, (5,), generator=g))
+    M, A = 4, 7
+    batch, g = _replay_batch(1, is_demo=True)
+    text = (torch.randint(1, A, (5, M), generator=g), batch.legal[:5], torch.randint(1, A, (5,), generator=g))
     plain = SACAgent(A, 0, net, SACConfig(), seed=0)
     with_text = SACAgent(A, 0, net, SACConfig(), seed=0)
     _, logp_text = with_text.policy(text[0], text[1])

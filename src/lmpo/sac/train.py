@@ -40,6 +40,7 @@ from lmpo.runs import JsonlAppender, check_resume_config, prepare_run_dir, stop_
 from lmpo.sac.agent import SACAgent
 from lmpo.sac.config import RESUMABLE_KEYS, TrainConfig, check_device_available, run_config_dict
 from lmpo.sac.replay import ReplayBuffer, nearest_legal, sample_mixed, teacher_ratio
+from lmpo.sac.textdata import batch_masks, training_pairs
 
 
 @dataclass
@@ -202,8 +203,6 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.text_pairs = None
         if cfg.sac.bc_text_batch > 0:
-            from lmpo.sac.textdata import training_pairs
-
             if b.alphabet is None:
                 raise InputError("`sac.bc_text_batch` needs the run's text; this environment bundle has none.")
             X, blocked, Y = training_pairs(b.train_chapters + b.extra_chapters, b.alphabet, b.envs[0].compliance,
@@ -449,8 +448,6 @@ class Trainer:
         """``sac.bc_text_batch`` windows of the training text, drawn with the run's (checkpointed) generator."""
         if self.text_pairs is None:
             return None
-        from lmpo.sac.textdata import batch_masks
-
         X, blocked, Y, static = self.text_pairs
         idx = torch.as_tensor(self.rng.integers(0, len(Y), size=self.cfg.sac.bc_text_batch))
         dev = self.cfg.device
