@@ -154,13 +154,21 @@ def test_cosine_policy_schedule_follows_the_update_count(tmp_path, monkeypatch):
     from lmpo.sac.train import Trainer
 
     monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
-    cfg = _small(tmp_path, max_updates=12, sac={"lr_policy": 1e-3, "lr_policy_schedule": "cosine"})
+    cfg = _small(tmp_path, max_updates=12, sac={"lr_policy": 1e-3, "lr_policy_schedule": "cosine",
+                                                 "lr_q": 2e-3, "lr_q_schedule": "cosine"})
     t = Trainer(cfg, tmp_path / "run", progress=False)
     t.run(max_updates=6)
     # the last update (number 6, counted from 0 = update 5) ran at lr·½(1 + cos(π·5/12))
-    assert math.isclose(t.agent.opt_policy.param_groups[0]["lr"], 1e-3 * 0.5 * (1 + math.cos(math.pi * 5 / 12)))
-    with pytest.raises(ConfigError, match="max_updates"):
-        _small(tmp_path, max_updates=0, sac={"lr_policy_schedule": "cosine"}).validate()
+    decay = 0.5 * (1 + math.cos(math.pi * 5 / 12))
+    assert math.isclose(t.agent.opt_policy.param_groups[0]["lr"], 1e-3 * decay)
+    assert math.isclose(t.agent.opt_q.param_groups[0]["lr"], 2e-3 * decay)
+    for key in ("lr_policy_schedule", "lr_q_schedule"):
+        with pytest.raises(ConfigError, match=f"sac.{key}.*max_updates"):
+            _small(tmp_path, max_updates=0, sac={key: "cosine"}).validate()
+    # constant: the critics keep their learning rate
+    t = Trainer(_small(tmp_path, max_updates=12, sac={"lr_q": 2e-3}), tmp_path / "run2", progress=False)
+    t.run(max_updates=3)
+    assert t.agent.opt_q.param_groups[0]["lr"] == 2e-3
 
 
 def test_resume_of_a_run_stored_before_a_field_existed_is_not_a_config_change(tmp_path, monkeypatch):
@@ -200,7 +208,34 @@ def test_bc_text_batch_adds_the_cross_entropy_of_the_training_text(tmp_path, mon
 
     monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
     t = Trainer(_small(tmp_path, sac={"bc_text_batch": 8}), tmp_path / "run", progress=False)
-    X, _, Y, _ = t.text_pairs
-    assert len(X) == len(Y) > 0 and X.shape[1] == t.bundle.window
+    pairs = t.text_pairs
+    assert len(pairs) == len(pairs.windows) > 0 and pairs.windows.shape[1] == t.bundle.window
     t.run(max_updates=4)
     assert t.agent.updates == 4
+
+
+def test_corpus_share_draws_that_share_of_each_batch_from_the_corpus_chapters(tmp_path):
+    from lmpo.sac.config import ConfigError
+    from lmpo.sac.textdata import TextPairs, training_pairs
+    from lmpo.textenv import Alphabet
+    from lmpo.textenv.compliance import Compliance
+
+    corpus, extra = ["学而时习之不亦说乎"], ["春眠不觉晓处处闻啼鸟", "夜来风雨声花落知多少"]
+    alphabet = Alphabet.from_texts(corpus + extra)
+    compliance = Compliance(alphabet)
+    pairs = TextPairs(corpus, extra, alphabet, compliance, 4)
+    X, _, Y = training_pairs(corpus + extra, alphabet, compliance, 4)
+    assert torch.equal(pairs.windows, X) and torch.equal(pairs.targets, Y)  # corpus rows first, same pairs
+    assert pairs.num_corpus == len(training_pairs(corpus, alphabet, compliance, 4)[2]) == 8
+
+    g = torch.Generator().manual_seed(0)
+    draw = lambda lo, hi, n: torch.randint(lo, hi, (n,), generator=g)  # noqa: E731
+    idx = pairs.sample(40, 0.25, draw)
+    assert (idx < 8).sum() == 10 and ((idx >= 8) & (idx < len(pairs))).sum() == 30
+    uniform = torch.cat([pairs.sample(40, 0.0, draw) for _ in range(50)])
+    assert 0.25 < (uniform < 8).float().mean() < 0.55  # 8 of 26 rows ≈ 0.31 when every row is equally likely
+    windows, masks, targets = pairs.batch(idx)
+    assert masks.shape == (40, len(alphabet)) and bool(masks[torch.arange(40), targets].all())
+
+    with pytest.raises(ConfigError, match="corpus_share.*extra_train_corpus"):
+        _small(tmp_path, corpus_share=0.5).validate()

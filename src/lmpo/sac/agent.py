@@ -159,11 +159,13 @@ class SACAgent:
             loss_anchor = L.anchor_kl(ref_probs, ref_logp, logp)
             loss_pi_total = loss_pi_total + cfg.anchor_weight * loss_anchor
 
-        if cfg.lr_policy_schedule == "cosine":
-            # a function of the update count only, so a resumed run continues on the same curve
-            frac = min(self.updates, self.total_updates) / self.total_updates
-            for group in self.opt_policy.param_groups:
-                group["lr"] = cfg.lr_policy * 0.5 * (1.0 + math.cos(math.pi * frac))
+        # a function of the update count only, so a resumed run continues on the same curve
+        decay = 0.5 * (1.0 + math.cos(math.pi * min(self.updates, self.total_updates) / self.total_updates))
+        for opt, base, schedule in ((self.opt_policy, cfg.lr_policy, cfg.lr_policy_schedule),
+                                    (self.opt_q, cfg.lr_q, cfg.lr_q_schedule)):
+            if schedule == "cosine":
+                for group in opt.param_groups:
+                    group["lr"] = base * decay
 
         # ---- non-finite guard: skip the whole update (both nets) if anything is not finite
         finite = torch.isfinite(loss_q_total) & torch.isfinite(loss_pi_total)
@@ -208,6 +210,7 @@ class SACAgent:
                 "losses/bc": loss_bc.detach(),
                 "losses/anchor_kl": loss_anchor.detach(),
                 "losses/lr_policy": torch.tensor(self.opt_policy.param_groups[0]["lr"]),
+                "losses/lr_q": torch.tensor(self.opt_q.param_groups[0]["lr"]),
                 "losses/grad_norm_q": gn_q.detach(),
                 "losses/grad_norm_pi": gn_pi.detach(),
                 "policy/entropy": ent.mean(),

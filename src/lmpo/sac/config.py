@@ -86,6 +86,10 @@ class SACConfig:
                                  "``max_updates`` (Loshchilov & Hutter 2017), so a run ends on a settled policy "
                                  "rather than one still moving at full step size; \"constant\": no decay.",
                                  choices=("constant", "cosine"))
+    lr_q_schedule: str = _f("constant", "\"cosine\": the critics' learning rate decays to 0 on a cosine over "
+                            "``max_updates``, as ``lr_policy_schedule`` does for the policy: once the policy has "
+                            "settled, the critics' steps shrink and the TD loss settles with them; \"constant\": no "
+                            "decay.", choices=("constant", "cosine"))
     policy_warmup_updates: int = _f(0, "Updates at the start of a run in which only the critics (and α) learn; "
                                     "the policy starts moving once the critics are no longer random.", ge=0)
     bc_text_batch: int = _f(0, "Windows of the training text (train chapters + extra text, every position, as the "
@@ -147,6 +151,11 @@ class TrainConfig:
                                               "environments, the alphabet and the supervised reference train on "
                                               "it, the held-out chapters and the n-gram baseline stay those of "
                                               "``corpus``.")
+    corpus_share: float = _f(0.0, "Share of each supervised batch (the twin's, and ``sac.bc_text_batch``'s) drawn "
+                             "from the train chapters of ``corpus``, the rest from ``extra_train_corpus``; 0 = every "
+                             "training position equally likely (the Analects are ~5% of the text with the bundled "
+                             "classical text). Raising it keeps the extra text as a regulariser while the model "
+                             "fits the held-out chapters' own style.", ge=0, lt=1)
     leak_filter_chars: int = _f(10, "Drop every paragraph of ``extra_train_corpus`` that shares this many "
                                 "consecutive Han characters with a held-out chapter (0 = no filter); the drop "
                                 "count is logged and kept in summary.json.", ge=0)
@@ -194,11 +203,15 @@ class TrainConfig:
         self.replay.validate()
         _check_device(self.device)
         resolve_corpus(self.corpus)
-        if self.sac.lr_policy_schedule == "cosine" and self.max_updates <= 0:
-            raise ConfigError("`sac.lr_policy_schedule` = 'cosine' decays the policy's learning rate over the run: "
-                              "set `max_updates` > 0, or use the constant schedule.")
+        for key in ("lr_policy_schedule", "lr_q_schedule"):
+            if getattr(self.sac, key) == "cosine" and self.max_updates <= 0:
+                raise ConfigError(f"`sac.{key}` = 'cosine' decays a learning rate over the run: set `max_updates` "
+                                  "> 0, or use the constant schedule.")
         for i, spec in enumerate(self.extra_train_corpus):
             resolve_corpus(spec, f"extra_train_corpus[{i}]")
+        if self.corpus_share > 0 and not self.extra_train_corpus:
+            raise ConfigError(f"`corpus_share` = {self.corpus_share} weights `corpus` against `extra_train_corpus`, "
+                              "which is empty: add extra text or set `corpus_share: 0`.")
         if self.init_policy:
             policy_file(self.init_policy)
         env = self.env_config()

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from lmpo.errors import InputError
 from lmpo.sac.config import POLICY_FILE
-from lmpo.sac.textdata import batch_masks, training_pairs
+from lmpo.sac.textdata import TextPairs
 from lmpo.sac.weights import alphabet_digest
 
 INTERPOLATION_LAMBDAS = (0.3, 0.5, 0.7, 0.9)
@@ -104,11 +104,10 @@ def train_reference(cfg, run_dir: str | Path, *, steps: int = 6000, batch: int =
     bundle = make_text_envs(cfg)
     alphabet, compliance, m = bundle.alphabet, bundle.envs[0].compliance, bundle.window
     agent = SACAgent(bundle.num_actions, bundle.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device="cpu")
-    X, blocked, Y = training_pairs(bundle.train_chapters + bundle.extra_chapters, alphabet, compliance, m)
-    static = torch.as_tensor(compliance.static_mask.astype(bool))
+    pairs = TextPairs(bundle.train_chapters, bundle.extra_chapters, alphabet, compliance, m)
     positions = heldout_positions(bundle.heldout_chapters, cfg.eval_max_positions)
     if progress:
-        print(f"reference: {len(Y):,} training pairs, |Σ| {bundle.num_actions:,}, {steps} steps of {batch}",
+        print(f"reference: {len(pairs):,} training pairs ({pairs.num_corpus:,} of `corpus`, share {cfg.corpus_share}), |Σ| {bundle.num_actions:,}, {steps} steps of {batch}",
               file=sys.stderr)
     opt = torch.optim.AdamW(agent.policy.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps)))
@@ -117,9 +116,10 @@ def train_reference(cfg, run_dir: str | Path, *, steps: int = 6000, batch: int =
     curve: list[list[float]] = []
     start = time.time()
     for step in range(1, steps + 1):
-        idx = torch.randint(0, len(Y), (batch,), generator=gen)
-        _, logp = agent.policy(X[idx], batch_masks(static, blocked[idx]))
-        loss = F.nll_loss(logp, Y[idx])
+        windows, masks, targets = pairs.batch(pairs.sample(
+            batch, cfg.corpus_share, lambda lo, hi, n: torch.randint(lo, hi, (n,), generator=gen)))
+        _, logp = agent.policy(windows, masks)
+        loss = F.nll_loss(logp, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -142,7 +142,8 @@ def train_reference(cfg, run_dir: str | Path, *, steps: int = 6000, batch: int =
     ev["interpolation"] = interpolation(agent, bundle, positions, ev["baseline_order"])
     replace_file(run / "eval.json", json.dumps(ev, indent=2, ensure_ascii=False).encode("utf-8"))
     summary = {"kind": "reference", "config": cfg.to_dict(), "steps": steps, "batch": batch, "lr": lr,
-               "weight_decay": weight_decay, "train_seconds": train_seconds, "training_pairs": len(Y),
+               "weight_decay": weight_decay, "train_seconds": train_seconds, "training_pairs": len(pairs),
+               "corpus_pairs": pairs.num_corpus,
                "num_actions": bundle.num_actions, "extra_text": bundle.extra_report, "heldout_top1_curve": curve,
                "eval": ev}
     replace_file(run / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False).encode("utf-8"))

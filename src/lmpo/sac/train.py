@@ -40,7 +40,7 @@ from lmpo.runs import JsonlAppender, check_resume_config, prepare_run_dir, stop_
 from lmpo.sac.agent import SACAgent
 from lmpo.sac.config import RESUMABLE_KEYS, TrainConfig, check_device_available, run_config_dict
 from lmpo.sac.replay import ReplayBuffer, nearest_legal, sample_mixed, teacher_ratio
-from lmpo.sac.textdata import batch_masks, training_pairs
+from lmpo.sac.textdata import TextPairs
 
 
 @dataclass
@@ -205,9 +205,8 @@ class Trainer:
         if cfg.sac.bc_text_batch > 0:
             if b.alphabet is None:
                 raise InputError("`sac.bc_text_batch` needs the run's text; this environment bundle has none.")
-            X, blocked, Y = training_pairs(b.train_chapters + b.extra_chapters, b.alphabet, b.envs[0].compliance,
-                                           b.window)
-            self.text_pairs = (X, blocked, Y, torch.as_tensor(b.envs[0].compliance.static_mask.astype(bool)))
+            self.text_pairs = TextPairs(b.train_chapters, b.extra_chapters, b.alphabet, b.envs[0].compliance,
+                                        b.window)
         self.obs = [env.reset(seed=cfg.seed * 1000 + i)[0] for i, env in enumerate(b.envs)]
         self.env_steps = 0
         self.episodes = 0
@@ -448,10 +447,9 @@ class Trainer:
         """``sac.bc_text_batch`` windows of the training text, drawn with the run's (checkpointed) generator."""
         if self.text_pairs is None:
             return None
-        X, blocked, Y, static = self.text_pairs
-        idx = torch.as_tensor(self.rng.integers(0, len(Y), size=self.cfg.sac.bc_text_batch))
-        dev = self.cfg.device
-        return X[idx].to(dev), batch_masks(static, blocked[idx]).to(dev), Y[idx].to(dev)
+        idx = self.text_pairs.sample(self.cfg.sac.bc_text_batch, self.cfg.corpus_share,
+                                     lambda lo, hi, n: self.rng.integers(lo, hi, size=n))
+        return tuple(t.to(self.cfg.device) for t in self.text_pairs.batch(idx))
 
     def _eval_due(self) -> bool:
         # called on log rows (multiples of log_every_updates); [k·n, k·n + log_every) holds exactly one of
