@@ -239,3 +239,27 @@ def test_corpus_share_draws_that_share_of_each_batch_from_the_corpus_chapters(tm
 
     with pytest.raises(ConfigError, match="corpus_share.*extra_train_corpus"):
         _small(tmp_path, corpus_share=0.5).validate()
+
+
+def test_training_pairs_are_every_allowed_position_with_its_window_and_blocked_id():
+    from lmpo.sac.evaluate import left_padded_window
+    from lmpo.sac.textdata import training_pairs
+    from lmpo.textenv import Alphabet
+    from lmpo.textenv.compliance import Compliance
+
+    texts = ["哈哈哈哈哈。子曰：学而时习之", "之", "不不不，不不不不也"]
+    alphabet = Alphabet.from_texts(texts)
+    compliance = Compliance(alphabet, max_run_chars=3, blacklist="也")
+    m = 5
+    expected = []  # the definition, position by position
+    for text in texts:
+        ids = alphabet.encode(text)
+        for p in range(1, len(ids)):
+            b = compliance.run_blocked(ids[:p])
+            if ids[p] != b and compliance.static_mask[ids[p]]:
+                expected.append((left_padded_window(ids, p, m, alphabet.pad_id).tolist(), b, ids[p]))
+    X, blocked, Y = training_pairs(texts, alphabet, compliance, m)
+    assert list(zip(X.tolist(), blocked.tolist(), Y.tolist())) == expected
+    # kept with the run's id blocked: 。 after 哈×5 and ， after 不不不; a fourth 哈 / 不 is forbidden (dropped), and
+    # 也 is blacklisted
+    assert (blocked >= 0).sum() == 2

@@ -272,8 +272,8 @@ GPU_PRESET: dict[str, Any] = {
 }
 
 #: small CPU setting: what `lmpo sac train` uses when no config file is given (= configs/sac_cpu.yaml minus
-#: its time budget and evaluation settings; see docs/sac.md "Defaults" for why γ, λ_BC, lr_π and dropout
-#: differ from the full-size settings)
+#: its time budget and evaluation settings; see docs/sac.md "Defaults" for why γ, τ, κ, λ_BC, the anchor, the
+#: learning rates and dropout differ from the full-size settings)
 CPU_PRESET: dict[str, Any] = {
     "device": "cpu",
     "num_envs": 8,
@@ -282,12 +282,14 @@ CPU_PRESET: dict[str, Any] = {
     "updates_per_iteration": 2,
     "max_updates": 3000,
     "extra_train_corpus": ["classical"],
+    "corpus_share": 0.25,
     "eval_no_repeat_ngram": 4,
     "env": {"window_chars": 16, "max_steps": 64, "lambda_target": 1.0},
     "net": {"embed_dim": 64, "gru_hidden": 128, "policy_hidden": 256, "q_hidden": 128,
             "action_embed_dim": 64, "dropout": 0.1},
-    "sac": {"gamma": 0.9, "bc_weight": 1.0, "anchor_weight": 1.0, "policy_warmup_updates": 500,
-            "lr_policy": 1e-4, "lr_policy_schedule": "cosine", "lr_q": 3e-4,
+    "sac": {"gamma": 0.9, "tau": 0.02, "entropy_kappa": 0.55, "bc_weight": 4.0, "anchor_weight": 8.0,
+            "bc_text_batch": 128, "policy_warmup_updates": 500,
+            "lr_policy": 1e-4, "lr_policy_schedule": "cosine", "lr_q": 3e-4, "lr_q_schedule": "cosine",
             "top_p_k_max": 32, "top_p_k_limit": 128, "cql_samples": 32},
     "replay": {"transitions_per_batch": 128, "teacher_anneal_env_steps": 6_000,
                "agent_capacity": 100_000, "demo_capacity": 100_000},

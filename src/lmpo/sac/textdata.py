@@ -10,24 +10,34 @@ def training_pairs(texts: list[str], alphabet, compliance, m: int):
     """Every ``(left-padded window, blocked id, next id)`` of ``texts`` whose target the mask allows.
 
     The legal mask of a history is the static mask minus at most one id (a full run of one character), so a
-    pair stores that id (−1 for none) instead of a (|Σ|,) mask.
+    pair stores that id (−1 for none) instead of a (|Σ|,) mask. Vectorised per text (the classical text has
+    ~360k positions): the window before position p is ``padded[p : p + m]`` of the text left-padded by m.
     """
-    from lmpo.sac.evaluate import left_padded_window
-
+    static, k, special = compliance.static_mask, compliance.max_run_chars, alphabet.num_special
     windows, blocked, targets = [], [], []
-    static = compliance.static_mask
     for text in texts:
-        ids = alphabet.encode(text)
-        for p in range(1, len(ids)):
-            b = compliance.run_blocked(ids[:p][-compliance.max_run_chars:])
-            t = ids[p]
-            if t == b or not static[t]:
-                continue
-            windows.append(left_padded_window(ids, p, m, alphabet.pad_id))
-            blocked.append(b)
-            targets.append(t)
-    return (torch.as_tensor(np.stack(windows)), torch.as_tensor(blocked, dtype=torch.long),
-            torch.as_tensor(targets, dtype=torch.long))
+        ids = np.asarray(alphabet.encode(text), dtype=np.int64)
+        n = len(ids)
+        if n < 2:
+            continue
+        last = ids[:-1]  # the character before each target position p = 1..n−1
+        full_run = (np.arange(1, n) >= k) & (last >= special)
+        for j in range(2, k + 1):
+            # ids[p − j] for p = 1..n−1; positions with p < j are already excluded by p ≥ k
+            before = np.concatenate([np.full(j - 1, -1, dtype=np.int64), ids[:n - j]])
+            full_run &= before == last
+        b = np.where(full_run, last, -1)
+        t = ids[1:]
+        keep = (t != b) & static[t]
+        padded = np.concatenate([np.full(m, alphabet.pad_id, dtype=np.int64), ids])
+        windows.append(np.lib.stride_tricks.sliding_window_view(padded, m)[1:n][keep])
+        blocked.append(b[keep])
+        targets.append(t[keep])
+    if not targets:
+        return (torch.zeros((0, m), dtype=torch.long), torch.zeros(0, dtype=torch.long),
+                torch.zeros(0, dtype=torch.long))
+    return (torch.as_tensor(np.concatenate(windows)), torch.as_tensor(np.concatenate(blocked)),
+            torch.as_tensor(np.concatenate(targets)))
 
 
 class TextPairs:
