@@ -227,6 +227,7 @@ def test_corpus_share_draws_that_share_of_each_batch_from_the_corpus_chapters(tm
     X, _, Y = training_pairs(corpus + extra, alphabet, compliance, 4)
     assert torch.equal(pairs.windows, X) and torch.equal(pairs.targets, Y)  # corpus rows first, same pairs
     assert pairs.num_corpus == len(training_pairs(corpus, alphabet, compliance, 4)[2]) == 8
+    assert len(TextPairs(corpus, [], alphabet, compliance, 4)) == 8 and len(TextPairs([], [], alphabet, compliance, 4)) == 0
 
     g = torch.Generator().manual_seed(0)
     draw = lambda lo, hi, n: torch.randint(lo, hi, (n,), generator=g)  # noqa: E731

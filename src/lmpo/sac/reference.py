@@ -107,8 +107,8 @@ def train_reference(cfg, run_dir: str | Path, *, steps: int = 6000, batch: int =
     pairs = TextPairs(bundle.train_chapters, bundle.extra_chapters, alphabet, compliance, m)
     positions = heldout_positions(bundle.heldout_chapters, cfg.eval_max_positions)
     if progress:
-        print(f"reference: {len(pairs):,} training pairs ({pairs.num_corpus:,} of `corpus`, share {cfg.corpus_share}), |Σ| {bundle.num_actions:,}, {steps} steps of {batch}",
-              file=sys.stderr)
+        print(f"reference: {len(pairs):,} training pairs ({pairs.num_corpus:,} of `corpus`, drawn at share "
+              f"{cfg.corpus_share}), |Σ| {bundle.num_actions:,}, {steps} steps of {batch}", file=sys.stderr)
     opt = torch.optim.AdamW(agent.policy.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps)))
     gen = torch.Generator().manual_seed(cfg.seed)

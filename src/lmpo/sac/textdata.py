@@ -49,9 +49,9 @@ class TextPairs:
     """
 
     def __init__(self, corpus_chapters: list[str], extra_chapters: list[str], alphabet, compliance, m: int):
-        parts = [training_pairs(t, alphabet, compliance, m) for t in (corpus_chapters, extra_chapters) if t]
+        parts = [training_pairs(t, alphabet, compliance, m) for t in (corpus_chapters, extra_chapters)]
         self.windows, self.blocked, self.targets = (torch.cat(col) for col in zip(*parts))
-        self.num_corpus = len(parts[0][2]) if corpus_chapters else 0
+        self.num_corpus = len(parts[0][2])
         self.static = torch.as_tensor(compliance.static_mask.astype(bool))
 
     def __len__(self) -> int:
