@@ -87,8 +87,7 @@ class SACConfig:
                                  "rather than one still moving at full step size; \"constant\": no decay.",
                                  choices=("constant", "cosine"))
     lr_q_schedule: str = _f("constant", "\"cosine\": the critics' learning rate decays to 0 on a cosine over "
-                            "``max_updates``, as ``lr_policy_schedule`` does for the policy: once the policy has "
-                            "settled, the critics' steps shrink and the TD loss settles with them; \"constant\": no "
+                            "``max_updates``, as ``lr_policy_schedule`` does for the policy; \"constant\": no "
                             "decay.", choices=("constant", "cosine"))
     policy_warmup_updates: int = _f(0, "Updates at the start of a run in which only the critics (and α) learn; "
                                     "the policy starts moving once the critics are no longer random.", ge=0)
