@@ -108,31 +108,18 @@ def agent_generate(agent, alphabet, compliance, prompt: str, m: int, length: int
         mask = compliance.mask(hist)[0].astype(bool)[None]
         banned = seen.get(tuple(out[len(out) - n + 1:]) if n > 1 else ()) if n > 0 and len(out) >= n - 1 else None
         if banned:
-            a = _greedy_avoiding(agent, win, mask, banned)
-        else:
-            a, _ = agent.act(win, mask, greedy=True)
-            a = int(a[0])
+            # π renormalised over fewer legal actions keeps their order: argmax over the rest is the most
+            # probable character that completes no repeated n-gram
+            allowed = mask.copy()
+            allowed[0, list(banned)] = False
+            mask = allowed if allowed.any() else mask
+        a = int(agent.act(win, mask, greedy=True)[0][0])
         if a == alphabet.eos_id:
             break
         out.append(a)
         if n > 0 and len(out) >= n:
             seen.setdefault(tuple(out[len(out) - n:len(out) - 1]), set()).add(a)
     return alphabet.decode(out)
-
-
-def _greedy_avoiding(agent, win: np.ndarray, mask: np.ndarray, banned: set[int]) -> int:
-    """The most probable legal action outside ``banned`` (ties: lowest id, as argmax); argmax when none is left."""
-    agent.policy.eval()
-    probs, _ = agent.policy(torch.as_tensor(win, dtype=torch.long, device=agent.device),
-                            torch.as_tensor(mask, dtype=torch.bool, device=agent.device))
-    agent.policy.train()
-    p = probs[0].clone()
-    allowed = torch.as_tensor(mask[0], device=p.device).clone()
-    allowed[list(banned)] = False
-    if not bool(allowed.any()):
-        return int(p.argmax())
-    p[~allowed] = -1.0
-    return int(p.argmax())
 
 
 def repeat_share(text: str, n: int = 4) -> float:

@@ -121,7 +121,8 @@ def make_text_envs(cfg: TrainConfig, split: TextSplit | None = None) -> EnvBundl
     return EnvBundle(
         envs=envs, num_actions=len(alphabet), pad_id=alphabet.pad_id, eos_id=alphabet.eos_id, window=window,
         decode=alphabet.decode, code_points=code_points, alphabet=alphabet, train_chapters=train_ch,
-        heldout_chapters=heldout_ch, extra_chapters=split.extra, extra_report=split.extra_report, make_eval_env=lambda chapters: CharTextEnv(chapters, alphabet, env_cfg),
+        heldout_chapters=heldout_ch, extra_chapters=split.extra, extra_report=split.extra_report,
+        make_eval_env=lambda chapters: CharTextEnv(chapters, alphabet, env_cfg),
     )
 
 

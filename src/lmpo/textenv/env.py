@@ -45,7 +45,8 @@ class EnvConfig:
 
     # -- episode ---------------------------------------------------------------------------------------
     window_chars: int = option(32, "m: history characters in the observation window (and the reference history "
-                               "an episode starts with); at most 4,096 (the replay buffers store a window per transition).", ge=1, le=4096)
+                               "an episode starts with); at most 4,096 (the replay buffers store a window per "
+                               "transition).", ge=1, le=4096)
     max_steps: int = option(64, "T: steps before the episode is truncated.", ge=1)
     start: str = option("random", "'random': uniform over every (chapter, position) with a full m-character "
                         "history; 'chapter_start': a random chapter at position m.", choices=START_MODES)
