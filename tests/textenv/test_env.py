@@ -300,7 +300,7 @@ def test_normalised_components_follow_the_ema_standardiser(sample_chapters):
     from lmpo.textenv import EmaStandardizer
 
     env = CharTextEnv(sample_chapters, config=EnvConfig(norm_beta=0.05, max_steps=200, **FAST))
-    ref_cov, ref_nce = EmaStandardizer(0.05), EmaStandardizer(0.05)
+    ref_cov, ref_nce = EmaStandardizer(0.05, warmup=True), EmaStandardizer(0.05, warmup=True)
     rng = np.random.default_rng(1)
     obs, _ = env.reset(seed=4)
     for _ in range(60):

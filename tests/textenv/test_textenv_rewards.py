@@ -37,6 +37,38 @@ def test_ema_standardisation_matches_slow_loop_and_default_beta(seed):
         assert norm.update(float(x)) == pytest.approx((x - mu) / (math.sqrt(var) + 1e-8), rel=1e-12)
 
 
+def test_ema_standardisation_warmup_hand_computed():
+    # β=0.25, ε=0, warm-up: b = max(β, 1/n) → 1, 1/2, 1/3, 1/4, then 1/4 (the EMA)
+    # x=2: b=1,   μ=2,            σ²=0,                         N=0
+    # x=4: b=1/2, μ=3,            σ²=½·0+½·1²=0.5,               N=1/√0.5=1.414214
+    # x=0: b=1/3, μ=2,            σ²=⅔·0.5+⅓·2²=1.666667,        N=−2/√1.666667=−1.549193
+    # x=6: b=1/4, μ=3,            σ²=¾·1.666667+¼·3²=3.5,         N=3/√3.5=1.603567
+    # x=3: b=1/4, μ=3,            σ²=¾·3.5+0=2.625,              N=0
+    norm = EmaStandardizer(beta=0.25, eps=0.0, init_mean=100.0, init_var=50.0, warmup=True)
+    got = [norm.update(x) for x in (2.0, 4.0, 0.0, 6.0, 3.0)]
+    assert got == pytest.approx([0.0, 1.414214, -1.549193, 1.603567, 0.0], abs=1e-6)
+    assert (norm.mean, norm.var, norm.count) == (pytest.approx(3.0), pytest.approx(2.625), 5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ema_standardisation_warmup_mean_is_the_sample_mean_then_the_ema(seed):
+    # the init values drop out: μ after n ≤ 1/β updates is the plain mean of what it saw; after that the EMA
+    xs = np.random.default_rng(seed).normal(-4.0, 0.5, size=40)
+    warm = EmaStandardizer(beta=0.05, init_mean=7.0, init_var=9.0, warmup=True)
+    for n, x in enumerate(xs[:20], start=1):
+        warm.update(float(x))
+        assert warm.mean == pytest.approx(float(xs[:n].mean()), rel=1e-12)
+    mu = warm.mean
+    for x in xs[20:]:
+        warm.update(float(x))
+        mu = 0.95 * mu + 0.05 * x
+        assert warm.mean == pytest.approx(mu, rel=1e-12)
+    cold = EmaStandardizer(beta=0.05)
+    for x in xs:
+        cold.update(float(x))
+    assert abs(warm.mean - xs.mean()) < 0.5 < abs(cold.mean - xs.mean())  # 40 updates: the cold one is still ~1/e off
+
+
 def test_ema_standardisation_affine_invariance():
     # N is invariant to x → a·x + b (a > 0) when the initial statistics are transformed alike and ε = 0
     xs = np.random.default_rng(5).uniform(-1, 1, size=50)

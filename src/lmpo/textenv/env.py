@@ -90,6 +90,9 @@ class EnvConfig:
                                    "garble.", ge=0)
     norm_beta: float = option(1e-3, "β of the EMA standardisation.", gt=0, le=1)
     norm_eps: float = option(1e-8, "ε of the EMA standardisation.", gt=0)
+    norm_warmup: bool = option(True, "The EMA standardisation's first 1/β updates are a running average, so its "
+                               "statistics are the sample's from the first step (off: they start from μ = 0, "
+                               "σ² = 1 and settle after about 1/β steps per environment).")
     potential_coef: float = option(0.0, "κ of the bounded potential Φ(s) = κ·cov(s) ∈ [0, κ]; 0 turns shaping "
                                    "off.", ge=0)
     potential_gamma: float = option(0.995, "γ of the potential shaping γΦ(s') − Φ(s).", gt=0, le=1)
@@ -270,8 +273,8 @@ class CharTextEnv(gym.Env):
             self._pairs = lexicon.pair_ids(alphabet)
 
         self._coverage = NgramCoverage(cfg.ngram_n, cfg.coverage_window_chars, A)
-        self.norm_cov = EmaStandardizer(cfg.norm_beta, cfg.norm_eps)
-        self.norm_nce = EmaStandardizer(cfg.norm_beta, cfg.norm_eps)
+        self.norm_cov = EmaStandardizer(cfg.norm_beta, cfg.norm_eps, warmup=cfg.norm_warmup)
+        self.norm_nce = EmaStandardizer(cfg.norm_beta, cfg.norm_eps, warmup=cfg.norm_warmup)
         self.encoder = None
         self._scorer = None
         if cfg.use_infonce:

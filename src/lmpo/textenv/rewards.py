@@ -143,23 +143,29 @@ class NgramCoverage:
 class EmaStandardizer:
     """EMA standardisation (the seed's "PopArt/EMA"): running mean and variance, then a z-score.
 
-    Per update with observation x (docs/textenv.md)::
+    Per update with observation x, the n-th (docs/textenv.md)::
 
-        μ  ← (1−β)·μ + β·x
-        σ² ← (1−β)·σ² + β·(x − μ)²        (with the updated μ)
+        b  = max(β, 1/n)   with warmup,   b = β   without
+        μ  ← (1−b)·μ + b·x
+        σ² ← (1−b)·σ² + b·(x − μ)²        (with the updated μ)
         N(x) = (x − μ) / (σ + ε)
 
-    Starts from ``μ = init_mean`` (0), ``σ² = init_var`` (1), so the first outputs are close to the raw
-    value and the statistics settle after about 1/β updates.
+    Without warm-up the statistics start from ``μ = init_mean`` (0), ``σ² = init_var`` (1) and settle after
+    about 1/β updates, so a quantity far from 0 is mis-centred for that long (the text environment's InfoNCE
+    score sits near −4; with β = 1e-3 an environment that steps 1,500 times in a run never gets there, and its
+    rewards drift upwards the whole run).  With warm-up the first 1/β updates are a running average (μ is
+    then the exact sample mean and the init values drop out), and the EMA takes over from there.
     """
 
-    def __init__(self, beta: float = 1e-3, eps: float = 1e-8, init_mean: float = 0.0, init_var: float = 1.0):
+    def __init__(self, beta: float = 1e-3, eps: float = 1e-8, init_mean: float = 0.0, init_var: float = 1.0,
+                 warmup: bool = False):
         if not 0.0 < beta <= 1.0:
             raise ValueError(f"EMA standardisation beta={beta} must be in (0, 1]")
         if init_var < 0:
             raise ValueError(f"init_var={init_var} must be >= 0")
         self.beta, self.eps = float(beta), float(eps)
         self.init_mean, self.init_var = float(init_mean), float(init_var)
+        self.warmup = bool(warmup)
         self.reset()
 
     def reset(self) -> None:
@@ -171,13 +177,14 @@ class EmaStandardizer:
 
     def update(self, x: float) -> float:
         """Update the statistics with ``x`` and return ``N(x)``."""
-        b = self.beta
+        self.count += 1
+        b = max(self.beta, 1.0 / self.count) if self.warmup else self.beta
         mean = (1.0 - b) * self.mean + b * x
         d = x - mean
         var = (1.0 - b) * self.var + b * d * d
         self.mean, self.var = mean, var
-        self.count += 1
-        return d / (math.sqrt(var) + self.eps)
+        scale = math.sqrt(var) + self.eps
+        return d / scale if scale > 0 else 0.0  # σ = ε = 0 only when every value so far was x itself
 
     def normalize(self, x: float) -> float:
         """``N(x)`` with the current statistics, without updating them."""
