@@ -239,6 +239,8 @@ CASES: list[Case] = [
          (*S, "--extra_train_corpus", "[]", "--corpus_share", "0", "--env.window_chars", "4000"),
          "a window longer than every chapter"),
     Case("sac-corpus-share", (*S, "--extra_train_corpus", "[]"), "a corpus share with no extra text to weigh it against"),
+    Case("sac-bc-rows-empty", (*S, "--sac.bc_rows", "none", "--sac.bc_text_batch", "0"),
+         "BC told to read neither replay rows nor text windows"),
     Case("sac-window-range", (*S, "--env.window_chars", "100000"), "a window above the 4,096-character bound"),
     Case("sac-env-unknown", (*S, "--env.windw_chars", "8"), "an environment key with a typo"),
     Case("sac-blacklist-missing", (*S, "--env.blacklist_path", "missing.txt"), "a blacklist file that does not exist"),

@@ -137,3 +137,26 @@ def test_bc_rows_demo_and_all_label_the_right_rows():
         assert float(stats["losses/bc"]) == pytest.approx(float(expect), rel=1e-5), rows
     with pytest.raises(ValueError, match="bc_rows"):
         _cfg(sac={"bc_rows": "agent"}).validate()
+
+
+def test_bc_rows_none_is_the_text_windows_alone():
+    # "none": no replay row is cloned, the BC term is the mean cross-entropy of the text windows passed in
+    from lmpo.sac.agent import SACAgent
+
+    batch, legal = _bc_batch()
+    g = torch.Generator().manual_seed(5)
+    text = (torch.randint(3, A, (6, 3), generator=g), torch.ones(6, A, dtype=torch.bool),
+            torch.randint(3, A, (6,), generator=g))
+    for rows, with_demo in (("none", False), ("demo", True)):
+        cfg = _cfg(sac={"bc_rows": rows, "bc_weight": 1.0, "bc_text_batch": 6})
+        agent = SACAgent(A, 0, cfg.net, cfg.sac, seed=0)
+        with torch.no_grad():
+            _, logp_text = agent.policy(text[0], text[1])
+            _, logp = agent.policy(batch.obs, legal)
+        expect = -logp_text[torch.arange(6), text[2]].mean()
+        if with_demo:
+            expect = expect - logp[[0, 1], [4, 5]].mean()
+        stats = agent.update(batch, text_batch=text)
+        assert float(stats["losses/bc"]) == pytest.approx(float(expect), rel=1e-5), rows
+    with pytest.raises(ValueError, match="bc_text_batch"):
+        _cfg(sac={"bc_rows": "none", "bc_weight": 1.0}).validate()

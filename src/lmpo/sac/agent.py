@@ -145,6 +145,8 @@ class SACAgent:
         bc_w = batch.is_demo.to(probs.dtype)
         if cfg.bc_rows == "all":
             bc_w = batch.legal.gather(-1, label.long().unsqueeze(-1)).squeeze(-1).to(probs.dtype)
+        elif cfg.bc_rows == "none":
+            bc_w = torch.zeros_like(bc_w)
         loss_bc = L.bc_loss(logp, label, bc_w)
         if text_batch is not None:
             _, logp_text = self.policy(text_batch[0], text_batch[1])

@@ -95,9 +95,11 @@ class SACConfig:
                             "supervised twin reads them) added to each update's BC term, λ_BC-weighted; 0 = BC "
                             "reads the replay rows only. Keeps the policy on the twin's data instead of the few "
                             "thousand demonstrations in the buffer.", ge=0)
-    bc_rows: str = _f("demo", "Rows the BC loss reads: \"demo\" (teacher steps, the usual rule) or \"all\" "
+    bc_rows: str = _f("demo", "Replay rows the BC loss reads: \"demo\" (teacher steps, the usual rule), \"all\" "
                       "(DAgger labelling: agent rows too, each labelled with the reference character c_t of its "
-                      "step when the mask allows it).", choices=("demo", "all"))
+                      "step when the mask allows it) or \"none\" (BC is the text windows of ``bc_text_batch`` "
+                      "alone, in the twin's mix of `corpus` and extra text: the demo rows, all from `corpus`, "
+                      "would otherwise outweigh that mix).", choices=("demo", "all", "none"))
     grad_clip: float = _f(0.5, "Global gradient-norm clip of each network.", gt=0)
     max_nonfinite_in_row: int = _f(50, "Stop the run after this many consecutive skipped (non-finite) updates.",
                                    ge=1)
@@ -112,6 +114,10 @@ class SACConfig:
         if self.top_p_k_max > self.top_p_k_limit:
             raise ConfigError(f"`sac.top_p_k_max` = {self.top_p_k_max} is above `sac.top_p_k_limit` = "
                               f"{self.top_p_k_limit}; raise the limit or lower K_max.")
+        if self.bc_rows == "none" and self.bc_text_batch == 0 and self.bc_weight > 0:
+            raise ConfigError("`sac.bc_rows` = 'none' reads no replay row and `sac.bc_text_batch` = 0 adds no text "
+                              "window, so the BC term would be empty; set `sac.bc_text_batch` > 0, another "
+                              "`sac.bc_rows`, or `sac.bc_weight` 0.")
 
 
 @dataclass(frozen=True)
