@@ -294,7 +294,7 @@ CPU_PRESET: dict[str, Any] = {
             "action_embed_dim": 64, "dropout": 0.1},
     "sac": {"gamma": 0.9, "tau": 0.02, "entropy_kappa": 0.55, "bc_weight": 4.0, "anchor_weight": 8.0,
             "bc_text_batch": 128, "policy_warmup_updates": 500,
-            "lr_policy": 1e-4, "lr_policy_schedule": "cosine", "lr_q": 3e-4, "lr_q_schedule": "cosine",
+            "lr_policy": 1e-5, "lr_policy_schedule": "cosine", "lr_q": 3e-4, "lr_q_schedule": "cosine",
             "top_p_k_max": 32, "top_p_k_limit": 128, "cql_samples": 32},
     "replay": {"transitions_per_batch": 128, "teacher_anneal_env_steps": 6_000,
                "agent_capacity": 100_000, "demo_capacity": 100_000},
