@@ -147,6 +147,28 @@ def test_policy_warmup_keeps_the_rl_term_off():
         assert changed is moves
 
 
+def test_frozen_policy_warmup_keeps_the_policy_exactly_while_the_critics_learn():
+    from lmpo.sac.agent import SACAgent
+    from lmpo.sac.config import NetworkConfig, SACConfig
+
+    net = NetworkConfig(embed_dim=8, gru_hidden=8, policy_hidden=8, q_hidden=8, action_embed_dim=8)
+    A = 7
+    batch, _ = _replay_batch(0, is_demo=True)  # demo rows: BC alone would move an "imitate" warm-up
+    for mode, frozen in (("frozen", True), ("imitate", False)):
+        agent = SACAgent(A, 0, net, SACConfig(bc_weight=1.0, policy_warmup_updates=2, policy_warmup=mode), seed=0)
+        pol = [p.detach().clone() for p in agent.policy.parameters()]
+        crit = [p.detach().clone() for p in agent.critic.parameters()]
+        agent.update(batch)
+        agent.update(batch)
+        assert all(torch.equal(a, b) for a, b in zip(pol, agent.policy.parameters())) is frozen
+        assert any(not torch.equal(a, b) for a, b in zip(crit, agent.critic.parameters()))
+        assert agent.updates == 2
+        # the warm-up is over: the third update moves the policy in either mode
+        pol = [p.detach().clone() for p in agent.policy.parameters()]
+        agent.update(batch)
+        assert any(not torch.equal(a, b) for a, b in zip(pol, agent.policy.parameters()))
+
+
 def test_cosine_policy_schedule_follows_the_update_count(tmp_path, monkeypatch):
     import math
 

@@ -152,6 +152,7 @@ class SACAgent:
             _, logp_text = self.policy(text_batch[0], text_batch[1])
             loss_bc = loss_bc + L.bc_loss(logp_text, text_batch[2], torch.ones_like(text_batch[2], dtype=logp.dtype))
         # the critics start random: until policy_warmup_updates the policy learns from BC and the anchor only
+        # (or not at all, policy_warmup "frozen")
         rl_on = float(self.updates >= cfg.policy_warmup_updates)
         loss_pi_total = rl_on * loss_pi + cfg.bc_weight * loss_bc
         loss_anchor = torch.zeros((), device=self.device)
@@ -176,15 +177,20 @@ class SACAgent:
         self.opt_q.zero_grad(set_to_none=True)
         loss_q_total.backward()
         gn_q = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.grad_clip)
+        # a frozen warm-up: re-fitting the twin's own data at a fresh learning rate only moves it off its optimum
+        policy_moves = not (cfg.policy_warmup == "frozen" and self.updates < cfg.policy_warmup_updates)
         self.opt_policy.zero_grad(set_to_none=True)
-        loss_pi_total.backward()
-        gn_pi = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
+        gn_pi = torch.zeros((), device=self.device)
+        if policy_moves:
+            loss_pi_total.backward()
+            gn_pi = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
         if not bool(torch.isfinite(gn_q) & torch.isfinite(gn_pi)):
             self.opt_q.zero_grad(set_to_none=True)
             self.opt_policy.zero_grad(set_to_none=True)
             return self._skip(stats)
         self.opt_q.step()
-        self.opt_policy.step()
+        if policy_moves:
+            self.opt_policy.step()
         self.nonfinite_in_row = 0
 
         # ---- temperature: log α += η (H_tgt − H), clamped to [log α_min, log α_max]

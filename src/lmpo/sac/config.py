@@ -91,6 +91,11 @@ class SACConfig:
                             "decay.", choices=("constant", "cosine"))
     policy_warmup_updates: int = _f(0, "Updates at the start of a run in which only the critics (and α) learn; "
                                     "the policy starts moving once the critics are no longer random.", ge=0)
+    policy_warmup: str = _f("imitate", "What the policy does during ``policy_warmup_updates``: \"imitate\" (BC and "
+                            "the anchor still train it, the Q term is off) or \"frozen\" (no policy step at "
+                            "all: a policy started from the supervised twin stays exactly on it until the "
+                            "critics can say something the twin does not already know).",
+                            choices=("imitate", "frozen"))
     bc_text_batch: int = _f(0, "Windows of the training text (train chapters + extra text, every position, as the "
                             "supervised twin reads them) added to each update's BC term, λ_BC-weighted; 0 = BC "
                             "reads the replay rows only. Keeps the policy on the twin's data instead of the few "
@@ -293,8 +298,8 @@ CPU_PRESET: dict[str, Any] = {
     "net": {"embed_dim": 64, "gru_hidden": 128, "policy_hidden": 256, "q_hidden": 128,
             "action_embed_dim": 64, "dropout": 0.1},
     "sac": {"gamma": 0.9, "tau": 0.02, "entropy_kappa": 0.55, "bc_weight": 4.0, "anchor_weight": 8.0,
-            "bc_text_batch": 128, "policy_warmup_updates": 500,
-            "lr_policy": 1e-5, "lr_policy_schedule": "cosine", "lr_q": 3e-4, "lr_q_schedule": "cosine",
+            "bc_text_batch": 128, "policy_warmup_updates": 500, "policy_warmup": "frozen",
+            "lr_policy": 2e-5, "lr_policy_schedule": "cosine", "lr_q": 3e-4, "lr_q_schedule": "cosine",
             "top_p_k_max": 32, "top_p_k_limit": 128, "cql_samples": 32},
     "replay": {"transitions_per_batch": 128, "teacher_anneal_env_steps": 6_000,
                "agent_capacity": 100_000, "demo_capacity": 100_000},
