@@ -131,36 +131,41 @@ class SACAgent:
         loss_q_total = loss_q + cfg.cql_weight * cql_term * float(cfg.use_cql)
 
         # ---- policy: Σ π (α log π − min Q) over the top-p set or the full legal set, + λ_BC · BC(demo)
-        probs, logp = self.policy(batch.obs, batch.legal)
-        use_top_p_pi = cfg.use_top_p and cfg.policy_set == "top_p"
-        cand = self._candidates(probs, logp, batch.legal, use_top_p_pi)
-        with torch.no_grad():
-            # the critic context of this batch is reused (detached): one GRU pass fewer per update
-            q1_c, q2_c = self._q_on(self.critic, ctx.detach(), cand, not use_top_p_pi)
-            q_min_c = torch.min(q1_c, q2_c)
-        loss_pi, pstats = L.policy_loss(cand, q_min_c, alpha)
-        stats.update(pstats)
-        # a relabelled demo row clones the legal character that was stepped, not the forbidden reference
-        label = torch.where(batch.is_relabeled.bool(), batch.action, batch.teacher_action)
-        bc_w = batch.is_demo.to(probs.dtype)
-        if cfg.bc_rows == "all":
-            bc_w = batch.legal.gather(-1, label.long().unsqueeze(-1)).squeeze(-1).to(probs.dtype)
-        elif cfg.bc_rows == "none":
-            bc_w = torch.zeros_like(bc_w)
-        loss_bc = L.bc_loss(logp, label, bc_w)
-        if text_batch is not None:
-            _, logp_text = self.policy(text_batch[0], text_batch[1])
-            loss_bc = loss_bc + L.bc_loss(logp_text, text_batch[2], torch.ones_like(text_batch[2], dtype=logp.dtype))
-        # the critics start random: until policy_warmup_updates the policy learns from BC and the anchor only
-        # (or not at all, policy_warmup "frozen")
-        rl_on = float(self.updates >= cfg.policy_warmup_updates)
-        loss_pi_total = rl_on * loss_pi + cfg.bc_weight * loss_bc
-        loss_anchor = torch.zeros((), device=self.device)
-        if self.ref_policy is not None and cfg.anchor_weight > 0:
+        # a frozen warm-up: re-fitting the twin's own data at a fresh learning rate only moves it off its optimum;
+        # its losses are still computed for the log, without an autograd graph (the same forwards and RNG draws)
+        policy_moves = not (cfg.policy_warmup == "frozen" and self.updates < cfg.policy_warmup_updates)
+        with torch.set_grad_enabled(policy_moves):
+            probs, logp = self.policy(batch.obs, batch.legal)
+            use_top_p_pi = cfg.use_top_p and cfg.policy_set == "top_p"
+            cand = self._candidates(probs, logp, batch.legal, use_top_p_pi)
             with torch.no_grad():
-                ref_probs, ref_logp = self.ref_policy(batch.obs, batch.legal)
-            loss_anchor = L.anchor_kl(ref_probs, ref_logp, logp)
-            loss_pi_total = loss_pi_total + cfg.anchor_weight * loss_anchor
+                # the critic context of this batch is reused (detached): one GRU pass fewer per update
+                q1_c, q2_c = self._q_on(self.critic, ctx.detach(), cand, not use_top_p_pi)
+                q_min_c = torch.min(q1_c, q2_c)
+            loss_pi, pstats = L.policy_loss(cand, q_min_c, alpha)
+            stats.update(pstats)
+            # a relabelled demo row clones the legal character that was stepped, not the forbidden reference
+            label = torch.where(batch.is_relabeled.bool(), batch.action, batch.teacher_action)
+            bc_w = batch.is_demo.to(probs.dtype)
+            if cfg.bc_rows == "all":
+                bc_w = batch.legal.gather(-1, label.long().unsqueeze(-1)).squeeze(-1).to(probs.dtype)
+            elif cfg.bc_rows == "none":
+                bc_w = torch.zeros_like(bc_w)
+            loss_bc = L.bc_loss(logp, label, bc_w)
+            if text_batch is not None:
+                _, logp_text = self.policy(text_batch[0], text_batch[1])
+                ones = torch.ones_like(text_batch[2], dtype=logp.dtype)
+                loss_bc = loss_bc + L.bc_loss(logp_text, text_batch[2], ones)
+            # the critics start random: until policy_warmup_updates the policy learns from BC and the anchor only
+            # (or not at all, policy_warmup "frozen")
+            rl_on = float(self.updates >= cfg.policy_warmup_updates)
+            loss_pi_total = rl_on * loss_pi + cfg.bc_weight * loss_bc
+            loss_anchor = torch.zeros((), device=self.device)
+            if self.ref_policy is not None and cfg.anchor_weight > 0:
+                with torch.no_grad():
+                    ref_probs, ref_logp = self.ref_policy(batch.obs, batch.legal)
+                loss_anchor = L.anchor_kl(ref_probs, ref_logp, logp)
+                loss_pi_total = loss_pi_total + cfg.anchor_weight * loss_anchor
 
         # a function of the update count only, so a resumed run continues on the same curve
         decay = 0.5 * (1.0 + math.cos(math.pi * min(self.updates, self.total_updates) / self.total_updates))
@@ -177,8 +182,6 @@ class SACAgent:
         self.opt_q.zero_grad(set_to_none=True)
         loss_q_total.backward()
         gn_q = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.grad_clip)
-        # a frozen warm-up: re-fitting the twin's own data at a fresh learning rate only moves it off its optimum
-        policy_moves = not (cfg.policy_warmup == "frozen" and self.updates < cfg.policy_warmup_updates)
         self.opt_policy.zero_grad(set_to_none=True)
         gn_pi = torch.zeros((), device=self.device)
         if policy_moves:
