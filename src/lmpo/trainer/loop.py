@@ -38,7 +38,7 @@ import yaml
 from lmpo.checkpoints import replace_file
 from lmpo.config import read_yaml
 from lmpo.errors import InputError, Interrupted, RunError
-from lmpo.generation import PolicyLogprobs, policy_logprobs
+from lmpo.generation import PolicyLogprobs, avoid_cudnn_attention, policy_logprobs
 from lmpo.objectives import Objective, ObjectiveDriver
 from lmpo.objectives.driver import merge_stats
 from lmpo.rewards.overlong import overlong_penalty
@@ -149,6 +149,8 @@ class Trainer:
         if config.loop.num_threads > 0:
             torch.set_num_threads(config.loop.num_threads)
         self.device = _resolve_device(config.loop.device)
+        if self.device.type == "cuda":
+            avoid_cudnn_attention()  # its backward gives NaN on left-padded rows under bf16 (see its docstring)
         self.run_dir = Path(config.logging.run_dir)
         #: test hook: ``loss_hook(rl_step, loss) -> loss`` applied to every microbatch loss (NaN injection)
         self.loss_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None
@@ -253,6 +255,8 @@ class Trainer:
             ro.engine == "vllm") else {}
         if ro.engine == "hf" and self.compile_decode:
             options["compile_decode"] = True
+        elif ro.engine == "hf" and ro.cuda_graphs and self.device.type == "cuda":
+            options["cuda_graphs"] = True
         return ENGINES[ro.engine](self.model, self.tokenizer, max_new_tokens=ro.max_new_tokens,
                                   temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, ignore_eos=ro.ignore_eos,
                                   record_logprobs=ro.record_logprobs or self.driver.needs.rollout_logp, **options)
