@@ -77,6 +77,7 @@ class Setup:
         self.memory_seqs, self.memory_prompt, self.memory_completion = (2, 16, 48) if dry else (8, 512, 3584)
         self.mfu_seqs, self.mfu_prompt, self.mfu_completion = (2, 8, 24) if dry else (8, 128, 896)
         self.mfu_repeats = 2 if dry else 5
+        self.mfu_compile = not dry  # torch.compile's first call takes a minute or more: not in the dry run
         self.hf_lengths: tuple[int, ...] | None = None  # decode lengths with an HF baseline (None: all)
 
 
@@ -275,16 +276,18 @@ def _training_inputs(setup: Setup, vocab: int, seqs: int, prompt: int, completio
     return prompt_ids.to(**to), completion_ids.to(**to), adv.to(**to)
 
 
-def lmpo_update(model, optimizer, prompt_ids, completion_ids, adv, objective) -> float:
+def lmpo_update(model, optimizer, prompt_ids, completion_ids, adv, objective, fused_head: bool | None = None,
+                forward=None) -> float:
     """One lmpo update on these sequences: ``policy_logprobs`` with gradient → objective → backward → clip →
-    AdamW; returns the loss."""
+    AdamW; returns the loss. ``fused_head``: None = lmpo's own choice; ``forward``: what is called for the
+    forward (the model, or a compiled view of it)."""
     from lmpo.generation import policy_logprobs
 
     ids = torch.cat([prompt_ids, completion_ids], 1)
     attn = torch.ones_like(ids)
     mask = torch.ones_like(completion_ids, dtype=torch.bool)
     optimizer.zero_grad(set_to_none=True)
-    fwd = policy_logprobs(model, ids, attn, completion_ids, with_grad=True)
+    fwd = policy_logprobs(forward or model, ids, attn, completion_ids, with_grad=True, fused_head=fused_head)
     loss, _ = objective(fwd.logp, fwd.logp.detach(), adv, mask)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -386,27 +389,28 @@ def bench_mfu(setup: Setup) -> list[dict]:
     flops = 6 * (N - V * H) * seqs * S + 6 * V * H * seqs * T + 12 * L * H * S * seqs * S
     peak, device_name = peak_flops(setup.device)
     rows = []
-    import lmpo.generation.logprobs as lp
+    variants = [("fused head", True, None), ("materialised logits", False, None)]
+    if setup.mfu_compile:
+        from lmpo.trainer.loop import CompiledCalls
 
-    for fused in (True, False):
-        threshold = lp._FUSED_HEAD_MIN_BYTES
-        lp._FUSED_HEAD_MIN_BYTES = 0 if fused else 1 << 62  # the trainer's choice forced one way, then the other
-        try:
-            for _ in range(2):
-                lmpo_update(model, optimizer, prompt_ids, completion_ids, adv, objective)
+        variants.append(("materialised logits, torch.compile", False, CompiledCalls(model)))
+    for label, fused, forward in variants:
+        t_start = time.perf_counter()
+        for _ in range(2):  # warm-up (and, compiled, the compilation)
+            lmpo_update(model, optimizer, prompt_ids, completion_ids, adv, objective, fused, forward)
+        sync(setup.device)
+        warmup_s = time.perf_counter() - t_start
+        times = []
+        for _ in range(setup.mfu_repeats):
+            t0 = time.perf_counter()
+            lmpo_update(model, optimizer, prompt_ids, completion_ids, adv, objective, fused, forward)
             sync(setup.device)
-            times = []
-            for _ in range(setup.mfu_repeats):
-                t0 = time.perf_counter()
-                lmpo_update(model, optimizer, prompt_ids, completion_ids, adv, objective)
-                sync(setup.device)
-                times.append(time.perf_counter() - t0)
-        finally:
-            lp._FUSED_HEAD_MIN_BYTES = threshold
+            times.append(time.perf_counter() - t0)
         step_s = statistics.median(times)
         rows.append({"section": "mfu", "model": setup.large, "params": N, "seqs": seqs, "tokens_per_seq": S,
-                     "fused_head": fused, "step_s": step_s, "model_tflops_per_s": flops / step_s / 1e12,
-                     "device": device_name, "peak_tflops": peak / 1e12 if peak else None,
+                     "variant": label, "fused_head": fused, "compiled": forward is not None, "step_s": step_s,
+                     "warmup_s": warmup_s, "model_tflops_per_s": flops / step_s / 1e12, "device": device_name,
+                     "peak_tflops": peak / 1e12 if peak else None,
                      "mfu": flops / step_s / peak if peak else None, "target": 0.40})
     return rows
 
@@ -459,8 +463,8 @@ def markdown(report: dict) -> str:
                          f"V = {r['vocab']:,} | {r['lmpo_peak_gib']:.2f} GiB | {r['trl_peak_gib']:.2f} GiB (TRL) | "
                          f"{r['ratio']:.2f}× | ≤ TRL | {_pass(r, lower=True)} |")
         elif s == "mfu":
-            lines.append(f"| update MFU, {r['model']} bf16, {r['seqs']} × {r['tokens_per_seq']} tokens, fused head "
-                         f"{'on' if r['fused_head'] else 'off'} | {_fmt(r['mfu'] * 100 if r['mfu'] else None, 1)}% "
+            lines.append(f"| update MFU, {r['model']} bf16, {r['seqs']} × {r['tokens_per_seq']} tokens, "
+                         f"{r['variant']} | {_fmt(r['mfu'] * 100 if r['mfu'] else None, 1)}% "
                          f"({r['model_tflops_per_s']:.0f} TFLOP/s, {r['step_s'] * 1000:.0f} ms) | peak "
                          f"{_fmt(r['peak_tflops'], 0)} TFLOP/s | – | ≥ 40% | {_pass(r, key='mfu')} |")
     for s, err in report["errors"].items():
