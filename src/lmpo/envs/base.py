@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -28,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from lmpo.config import check_fields, option
-from lmpo.errors import InputError
+from lmpo.errors import InputError, RunError
 from lmpo.tasks.base import Example, Task
 
 Message = dict[str, Any]
@@ -40,6 +41,11 @@ OBSERVATION_ROLES = ("user", "tool")
 CARD_SECTIONS = ("Description", "Observations", "Actions", "Rewards", "Episode End", "Version")
 #: ``Name-vN``: a name and a version, bumped whenever the environment's behaviour changes
 ENV_ID_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(?:[/.][A-Za-z0-9_]+)*-v(\d+)$")
+
+
+class EnvError(RunError):
+    """An environment failed during an episode (raised, returned a malformed result, outlived its time limit);
+    the message names the environment, the episode and the turn."""
 
 
 class StepResult(NamedTuple):
@@ -168,9 +174,10 @@ def make_env_task(env_id: str, **options: Any) -> Task:
 
 
 def env_card(env: LMEnv | type) -> dict[str, str]:
-    """The sections of an environment's card, ``{heading: text}``, parsed from its class docstring."""
+    """The sections of an environment's card, ``{heading: text}``, parsed from its class docstring (the nearest
+    class in the hierarchy that has one: a subclass without a docstring keeps its parent's card)."""
     cls = env if isinstance(env, type) else type(env)
-    doc = cls.__doc__ or ""
+    doc = next((c.__dict__["__doc__"] for c in cls.__mro__ if c.__dict__.get("__doc__")), "")
     sections: dict[str, str] = {}
     current, lines = None, []
     for line in doc.splitlines():
@@ -230,3 +237,29 @@ def check_messages(messages: Any, roles: Sequence[str], what: str) -> list[Messa
 def strip_thinking(text: str) -> str:
     """The part of an assistant turn after its reasoning (after the last ``</think>``, if any), stripped."""
     return text.rsplit("</think>", 1)[-1].strip()
+
+
+def call_with_timeout(function: Callable[[], Any], timeout_s: float | None, name: str = "lmpo-call") -> Any:
+    """``function()``, re-raising what it raises, or TimeoutError after ``timeout_s`` seconds (None: no limit).
+
+    The call runs on a daemon thread; past the limit it is abandoned, not stopped (Python cannot kill a thread),
+    so it keeps its thread until it returns or the process ends.
+    """
+    if timeout_s is None:
+        return function()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = function()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

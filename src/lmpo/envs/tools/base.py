@@ -29,10 +29,11 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
+
+from lmpo.envs.base import call_with_timeout
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
@@ -169,22 +170,13 @@ def _as_text(value: Any) -> str:
 
 
 def _call_with_timeout(tool: Tool, arguments: dict[str, Any]) -> tuple[bool, str]:
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = _as_text(tool.function(**arguments))
-        except BaseException as e:  # noqa: BLE001 - the boundary: whatever the tool raises becomes an observation
-            outcome["error"] = f"{type(e).__name__}: {e}"
-
-    thread = threading.Thread(target=target, name=f"lmpo-tool-{tool.name}", daemon=True)
-    thread.start()
-    thread.join(tool.timeout_s)
-    if thread.is_alive():
+    try:
+        return True, _as_text(call_with_timeout(lambda: tool.function(**arguments), tool.timeout_s,
+                                                f"lmpo-tool-{tool.name}"))
+    except TimeoutError:
         return False, f"error: {tool.name} timed out after {tool.timeout_s:g} s"
-    if "error" in outcome:
-        return False, f"error: {tool.name} failed: {outcome['error']}"
-    return True, outcome["value"]
+    except BaseException as e:  # noqa: BLE001 - the boundary: whatever the tool raises becomes an observation
+        return False, f"error: {tool.name} failed: {type(e).__name__}: {e}"
 
 
 def run_tool_call(tools: Sequence[Tool], call: ToolCall) -> ToolResult:
