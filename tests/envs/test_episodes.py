@@ -6,8 +6,8 @@ import time
 
 import pytest
 import torch
-from torch import nn
 
+from episode_helpers import GENERATION_PROMPT, EosBias, ScriptedSampler
 from lmpo.envs import EnvError, EpisodeBudget, LMEnv, StepResult, make_env_task
 from lmpo.envs.tools import format_tool_call
 from lmpo.errors import InputError
@@ -15,7 +15,6 @@ from lmpo.generation.episodes import (
     ChatRenderer,
     EpisodeRunner,
     HFTurnSampler,
-    SampledTurn,
     collate_episodes,
     episode_metrics,
     run_episodes,
@@ -30,31 +29,6 @@ STRIPS_THINK = (
     "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-GENERATION_PROMPT = "<|im_start|>assistant\n"
-
-
-class ScriptedSampler:
-    """A policy that writes ``texts[k]`` at turn k (k read from the context), with made-up log-probs; a text
-    given as ``(text, False)`` is written without a stop token. Records every call."""
-
-    def __init__(self, tokenizer, texts):
-        self.tokenizer, self.texts = tokenizer, texts
-        self.stop_token_ids = [tokenizer.eos_token_id]
-        self.contexts, self.turns = [], []
-
-    def sample(self, contexts, max_new_tokens, generator=None):
-        out = []
-        for context, limit in zip(contexts, max_new_tokens):
-            k = self.tokenizer.decode(context).count(GENERATION_PROMPT) - 1
-            text, stop = self.texts[k] if isinstance(self.texts[k], tuple) else (self.texts[k], True)
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + ([self.tokenizer.eos_token_id] if stop else [])
-            stopped = stop and len(ids) <= limit
-            ids = ids[:limit]
-            turn = SampledTurn(ids, [-0.01 * (j + 1) - k for j in range(len(ids))], stopped)
-            self.contexts.append(list(context))
-            self.turns.append(turn)
-            out.append(turn)
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -95,19 +69,6 @@ def test_sampled_tokens_are_trained_tokens_with_a_template_that_strips_thinking(
     rerendered = tokenizer.decode(tokenizer(render_conversation(tokenizer, episode.messages, STRIPS_THINK, False))["input_ids"])
     assert rerendered.count("<think>") == 1 and tokenizer.decode(sequence).count("<think>") == 4
     assert [m["role"] for m in episode.messages] == ["user"] + ["assistant", "user"] * 3 + ["assistant"]
-
-
-class EosBias(nn.Module):
-    """The tiny model with its stop-token logit raised, so that random weights still end turns."""
-
-    def __init__(self, model, eos, bias):
-        super().__init__()
-        self.model, self.eos, self.bias = model, eos, bias
-
-    def forward(self, **kwargs):
-        out = self.model(**kwargs)
-        out.logits[..., self.eos] += self.bias
-        return out
 
 
 def test_hf_sampler_logprobs_match_a_teacher_forced_forward(tokenizer):

@@ -5,7 +5,9 @@
   ``make_env_task``), episode budgets (``EpisodeBudget``) and environment cards (``env_card``);
 - ``check_env``, the protocol checker run over every registered environment in the tests;
 - ``ToolEnv``, the base of environments whose turns call tools (``lmpo.envs.tools``);
-- the built-in environments: ``ToolArithmetic-v0`` (a calculator task) and ``GuessNumber-v0`` (higher/lower).
+- the built-in environments: ``ToolArithmetic-v0`` (a calculator task) and ``GuessNumber-v0`` (higher/lower);
+- adapters of third-party suites (``lmpo.envs.adapters``): TextArena's single-player games as
+  ``textarena/<Game>-vN`` (optional extra ``lmpo[textarena]``).
 
 The episode driver that turns an environment and a policy into token-exact training sequences is
 ``lmpo.generation.episodes``.
@@ -16,6 +18,7 @@ The episode driver that turns an environment and a policy into token-exact train
 """
 
 from lmpo.envs import arithmetic, guess  # noqa: F401  (registers the built-in environments)
+from lmpo.envs.adapters import textarena  # noqa: F401  (registers textarena/<game>; imports textarena lazily)
 from lmpo.envs.arithmetic import ToolArithmeticEnv, ToolArithmeticTask
 from lmpo.envs.base import (
     CARD_SECTIONS,

@@ -20,6 +20,7 @@ Every environment documents itself with an *environment card*: its class docstri
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -110,6 +111,12 @@ class EnvSpec:
     env_id: str
     factory: Callable[..., LMEnv]
     task: Callable[..., Task] | None = None
+    requires: str | None = None  # the module an optional extra provides (``textarena``)
+
+    @property
+    def available(self) -> bool:
+        """Whether the module the environment requires is installed."""
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
 
     @property
     def version(self) -> int:
@@ -119,11 +126,12 @@ class EnvSpec:
 ENVS: dict[str, EnvSpec] = {}
 
 
-def register_env(env_id: str, task: Callable[..., Task] | None = None) -> Callable:
+def register_env(env_id: str, task: Callable[..., Task] | None = None, requires: str | None = None) -> Callable:
     """Decorator adding an environment class (or a factory taking keyword options) to ``ENVS``.
 
     ``task`` builds the :class:`lmpo.tasks.Task` whose examples the environment is reset on (held-out split
-    included), so that a trainer can draw prompts for it like for any task.
+    included), so that a trainer can draw prompts for it like for any task. ``requires`` names the module of
+    an optional extra the environment needs (``make_env`` says how to install it when it is missing).
     """
     match = ENV_ID_PATTERN.match(env_id)
     if match is None:
@@ -132,7 +140,7 @@ def register_env(env_id: str, task: Callable[..., Task] | None = None) -> Callab
     def decorator(factory):
         if env_id in ENVS:
             raise ValueError(f"environment {env_id!r} is already registered")
-        ENVS[env_id] = EnvSpec(env_id, factory, task)
+        ENVS[env_id] = EnvSpec(env_id, factory, task, requires)
         if isinstance(factory, type):
             factory.env_id = env_id
         return factory
@@ -151,6 +159,9 @@ def _spec(env_id: str) -> EnvSpec:
 def make_env(env_id: str, **options: Any) -> LMEnv:
     """Build a registered environment: ``make_env("ToolArithmetic-v0", max_turns=4)``."""
     spec = _spec(env_id)
+    if not spec.available:
+        raise InputError(f"environment {env_id!r} needs the {spec.requires} package, which is not installed: "
+                         f"pip install 'lmpo[{spec.requires}]'.")
     try:
         env = spec.factory(**options)
     except TypeError as e:
@@ -173,11 +184,14 @@ def make_env_task(env_id: str, **options: Any) -> Task:
 # ----------------------------------------------------------------------------------------------------
 
 
-def env_card(env: LMEnv | type) -> dict[str, str]:
+def env_card(env: LMEnv | type | Callable[..., LMEnv]) -> dict[str, str]:
     """The sections of an environment's card, ``{heading: text}``, parsed from its class docstring (the nearest
     class in the hierarchy that has one: a subclass without a docstring keeps its parent's card)."""
-    cls = env if isinstance(env, type) else type(env)
-    doc = next((c.__dict__["__doc__"] for c in cls.__mro__ if c.__dict__.get("__doc__")), "")
+    if isinstance(env, LMEnv) or isinstance(env, type):
+        cls = env if isinstance(env, type) else type(env)
+        doc = next((c.__dict__["__doc__"] for c in cls.__mro__ if c.__dict__.get("__doc__")), "")
+    else:  # a registered factory function carries the card of what it builds
+        doc = getattr(env, "__doc__", None) or ""
     sections: dict[str, str] = {}
     current, lines = None, []
     for line in doc.splitlines():
