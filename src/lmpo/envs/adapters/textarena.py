@@ -172,7 +172,8 @@ def _register_games() -> None:
         def task(_game: str = game, **options: Any) -> TextArenaTask:
             return TextArenaTask(_game, **options)
 
-        factory.__doc__ = TextArenaEnv.__doc__
+        card = TextArenaEnv.__doc__[TextArenaEnv.__doc__.index("    ## Description"):]
+        factory.__doc__ = f"TextArena's {game.rsplit('-v', 1)[0]}, played unchanged.\n\n{card}"
         register_env(f"textarena/{game}", task=task, requires="textarena")(factory)
 
 
