@@ -171,7 +171,22 @@ class StepsAfterEnd(Echo):
         return super().step(action)
 
 
+class EndlessWithExpert(Echo):
+    def step(self, action):
+        return StepResult([{"role": "user", "content": "more"}], 0.0, False, False, {})
+
+    def expert_action(self):
+        return "x"
+
+
+class SilentExpert(Echo):
+    def expert_action(self):
+        return None
+
+
 @pytest.mark.parametrize("env, message", [
+    (EndlessWithExpert(), "expert's episode did not end within 64 steps"),
+    (SilentExpert(), "an action must be text, got NoneType"),
     (NoCard(), "lacks the card section"),
     (WrongVersion(), "no 'v0: …' entry"),
     (NotDeterministic(), "not deterministic"),

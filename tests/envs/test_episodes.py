@@ -271,3 +271,28 @@ def test_renderer_refusals(tokenizer):
     echo_free = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
     with pytest.raises(InputError, match="verbatim"):
         ChatRenderer(tokenizer, echo_free).observation_ids([{"role": "user", "content": "x"}], tokenizer.eos_token_id)
+
+
+@pytest.mark.parametrize("env_id", ["ToolArithmetic-v0", "GuessNumber-v0"])
+def test_experts_solve_every_held_out_example(tokenizer, env_id):
+    examples = make_env_task(env_id).eval_examples()[:16]
+    episodes = run_episodes(None, tokenizer, env_id, examples, expert=True,
+                            budget=EpisodeBudget(max_turns=8, max_new_tokens_per_turn=128))
+    assert all(e.end_reason == "terminated" and e.episode_return == 1.0 for e in episodes)
+    assert all(lp == 0.0 for e in episodes for lp in e.logprobs)
+    for e in episodes:  # each expert turn is its text, encoded once, and the stop token
+        texts = [m["content"] for m in e.messages if m["role"] == "assistant"]
+        turns = [[t for t, k in zip(e.completion_ids, e.turn_ids) if k == i] for i in range(e.num_turns)]
+        assert [tokenizer.decode(t) for t in turns] == [x + tokenizer.eos_token for x in texts]
+    if env_id == "ToolArithmetic-v0":
+        assert {e.num_turns for e in episodes} == {2}
+        assert episode_metrics(episodes)["episodes/tool_call_valid_rate"] == 1.0
+    else:
+        assert max(e.num_turns for e in episodes) == 5  # bisection over 1..16
+
+
+def test_expert_needs_an_expert_or_a_sampler(tokenizer):
+    with pytest.raises(NotImplementedError, match="no expert policy"):
+        run_episodes(None, tokenizer, Forever, [None], expert=True)
+    with pytest.raises(InputError, match="no sampler"):
+        run_episodes(None, tokenizer, Forever, [None])

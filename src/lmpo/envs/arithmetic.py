@@ -8,6 +8,7 @@ import re
 from lmpo.envs.base import Message, StepResult, register_env, strip_thinking
 from lmpo.envs.tool_env import ToolEnv
 from lmpo.envs.tools.calculator import calculator_tool
+from lmpo.envs.tools.parser import format_tool_call
 from lmpo.tasks.base import Example
 from lmpo.tasks.synthetic import GeneratedTask
 
@@ -83,6 +84,8 @@ class ToolArithmeticEnv(ToolEnv):
     ## Version
     v0: first version.
 
+    ``expert_action()`` calls the calculator on the example's ``meta["expression"]``, then answers.
+
     Args:
         max_turns: turns (tool turns and the answer) before the episode is truncated.
         task_options: options of ``ToolArithmeticTask`` for the problems ``reset(None)`` draws.
@@ -103,7 +106,8 @@ class ToolArithmeticEnv(ToolEnv):
             example = self._task._sample(random.Random(int(self.np_random.integers(2**62))))
         if not (example.answer.lstrip("-").isdigit() and (example.messages or example.prompt)):
             raise ValueError(f"{self.env_id}: example needs an integer answer and a question, got {example!r}")
-        self._answer, self._turns = example.answer, 0
+        self._answer, self._turns, self._called = example.answer, 0, False
+        self._expression = example.meta.get("expression")
         messages = example.messages or [{"role": "user", "content": example.prompt}]
         return [dict(m) for m in messages], {"answer": example.answer}
 
@@ -112,11 +116,20 @@ class ToolArithmeticEnv(ToolEnv):
             raise RuntimeError(f"{self.env_id}: step() called before reset() or after the episode ended")
         self._turns += 1
         result = super().step(action)
+        self._called = self._called or result.info["tool_calls"] - result.info["tool_errors"] > 0
         if not result.terminated and self._turns >= self.max_turns:
             result = result._replace(truncated=True)
         if result.terminated or result.truncated:
             self._answer = None
         return result
+
+    def expert_action(self) -> str:
+        """Call the calculator on the expression, then answer with its value."""
+        if self._answer is None:
+            raise RuntimeError(f"{self.env_id}: no episode is running")
+        if self._called or self._expression is None:
+            return self._answer
+        return format_tool_call("calculator", {"expression": self._expression})
 
     def answer(self, text: str) -> StepResult:
         numbers = _NUMBER.findall(strip_thinking(text))

@@ -93,6 +93,13 @@ class LMEnv:
     def close(self) -> None:
         """Release what the environment holds (processes, files); called by the driver after each episode."""
 
+    def expert_action(self) -> str:
+        """The turn a scripted expert would take now (demonstrations for a supervised warm-up, tests).
+
+        Optional: environments without an expert raise NotImplementedError (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} ({self.env_id or 'unregistered'}) has no expert policy")
+
     @property
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         """The JSON schemas of ``tools`` in the chat template's ``tools=`` format, or None without tools."""

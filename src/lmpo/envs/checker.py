@@ -4,7 +4,7 @@ language-model environments.)"""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lmpo.envs.base import (
     CARD_SECTIONS,
@@ -79,6 +79,19 @@ def _check_step(env: LMEnv, result: object, action: str) -> StepResult:
     return StepResult(observation, float(reward), terminated, truncated, info)
 
 
+def _play_to_end(env: LMEnv, example: Example | None, seed: int, max_steps: int, action: Callable[[int], str]) -> bool:
+    """Reset, then step with ``action(i)`` until the episode ends (True) or ``max_steps`` pass (False)."""
+    env.reset(example, seed=seed)
+    for i in range(max_steps):
+        text = action(i)
+        if not isinstance(text, str):
+            raise _fail(env, f"an action must be text, got {type(text).__name__}")
+        result = _check_step(env, env.step(text), text)
+        if result.terminated or result.truncated:
+            return True
+    return False
+
+
 def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: int = 0,
               max_steps: int = 64) -> None:
     """Raise :class:`EnvCheckError` naming the rule an environment breaks; return None when it keeps them all.
@@ -87,7 +100,8 @@ def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: in
     system/user messages and an info dict, the same for the same seed; every action in ``PROBE_ACTIONS`` gets a
     well-formed step result (observation messages of user/tool roles, a finite reward, bool flags, an info
     dict, an observation whenever the episode goes on) and never an exception; ``step`` after the episode has
-    ended raises; an episode of repeated probe actions ends within ``max_steps`` steps or keeps answering.
+    ended raises; an episode of repeated probe actions ends within ``max_steps`` steps or keeps answering; an
+    environment with an ``expert_action`` gets an expert episode that ends within ``max_steps`` steps.
     """
     check_card(env)
     for tool in env.tools:
@@ -112,18 +126,14 @@ def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: in
         for action in PROBE_ACTIONS:  # each probe on a fresh episode, so that every one is answered mid-episode
             env.reset(example, seed=seed)
             _check_step(env, env.step(action), action)
-        env.reset(example, seed=seed)
-        ended = False
-        for i in range(max_steps):
-            result = _check_step(env, env.step(PROBE_ACTIONS[i % len(PROBE_ACTIONS)]), PROBE_ACTIONS[i % len(PROBE_ACTIONS)])
-            if result.terminated or result.truncated:
-                ended = True
-                break
-        if ended:
+        if _play_to_end(env, example, seed, max_steps, lambda i: PROBE_ACTIONS[i % len(PROBE_ACTIONS)]):
             try:
                 env.step("hello")
             except Exception:  # noqa: BLE001 - any exception is the expected refusal
                 pass
             else:
                 raise _fail(env, "step() after the episode ended must raise (call reset() first), but it returned")
+        if type(env).expert_action is not LMEnv.expert_action:
+            if not _play_to_end(env, example, seed, max_steps, lambda i: env.expert_action()):
+                raise _fail(env, f"the expert's episode did not end within {max_steps} steps")
     env.close()

@@ -71,6 +71,8 @@ class GuessNumberEnv(LMEnv):
     ## Version
     v0: first version.
 
+    ``expert_action()`` bisects the interval that the feedback so far allows.
+
     Args:
         low, high: the range of secrets (used when ``reset(None)``; an example carries its own).
         max_guesses: turns (valid or not) before the game is lost.
@@ -94,8 +96,15 @@ class GuessNumberEnv(LMEnv):
         if not all(isinstance(meta.get(k), int) for k in ("secret", "low", "high")):
             raise ValueError(f"{self.env_id}: example needs integer meta 'secret', 'low', 'high', got {meta!r}")
         self._secret, self._range, self._guesses = meta["secret"], (meta["low"], meta["high"]), 0
+        self._bounds = self._range  # what the feedback so far allows (the expert's interval)
         messages = example.messages or [{"role": "user", "content": example.prompt}]
         return [dict(m) for m in messages], {"secret": self._secret}
+
+    def expert_action(self) -> str:
+        """Bisection: the middle of the interval the feedback so far allows."""
+        if self._secret is None:
+            raise RuntimeError(f"{self.env_id}: no episode is running")
+        return str(sum(self._bounds) // 2)
 
     def step(self, action: str) -> StepResult:
         if self._secret is None:
@@ -112,8 +121,10 @@ class GuessNumberEnv(LMEnv):
             return StepResult([], 1.0, True, False, info)
         if not valid:
             text = f"Reply with one number from {low} to {high}."
+        elif guess < self._secret:
+            text, self._bounds = "Higher.", (max(self._bounds[0], guess + 1), self._bounds[1])
         else:
-            text = "Higher." if guess < self._secret else "Lower."
+            text, self._bounds = "Lower.", (self._bounds[0], min(self._bounds[1], guess - 1))
         lost = self._guesses >= self.max_guesses
         if lost:
             self._secret = None

@@ -327,7 +327,7 @@ class EpisodeRunner:
     """Plays episodes of an environment with a :class:`TurnSampler`, all episodes of a call batched turn by turn.
 
     Args:
-        sampler: the policy (``HFTurnSampler`` or any ``TurnSampler``).
+        sampler: the policy (``HFTurnSampler`` or any ``TurnSampler``); None to play only experts.
         tokenizer: the policy's tokenizer (with a chat template, or give ``chat_template``).
         budget: the episode budgets (``lmpo.envs.EpisodeBudget``).
         chat_template: a template used instead of the tokenizer's own.
@@ -337,7 +337,7 @@ class EpisodeRunner:
             abandoned on its thread; the environment object is not used again.
     """
 
-    def __init__(self, sampler: TurnSampler, tokenizer, budget: EpisodeBudget | None = None,
+    def __init__(self, sampler: TurnSampler | None, tokenizer, budget: EpisodeBudget | None = None,
                  chat_template: str | None = None, mask_truncated: bool = False, on_env_error: str = "raise",
                  step_timeout_s: float | None = None) -> None:
         if on_env_error not in ON_ENV_ERROR:
@@ -359,16 +359,22 @@ class EpisodeRunner:
         episode._end("env_error", message)
 
     def run(self, env: str | Callable[[], LMEnv], examples: Sequence[Example | None], completions_per_example: int = 1,
-            seed: int = 0, generator: torch.Generator | None = None) -> list[Episode]:
+            seed: int = 0, generator: torch.Generator | None = None, expert: bool = False) -> list[Episode]:
         """Play ``completions_per_example`` episodes of every example; returns them example-major
         (episode ``i·G + g`` is example i's g-th, ``Episode.group`` = i).
 
         ``env`` is a registered id or a factory returning a fresh environment (one per episode). The G episodes of
         an example reset with the same seed, ``seed + i``, so that an environment drawing its own problem
         (``example=None``) gives the whole group the same one.
+
+        ``expert=True`` plays the environment's ``expert_action()`` instead of sampling (demonstrations for a
+        supervised warm-up): each turn is the expert's text encoded once and followed by the sampler's first stop
+        token (the tokenizer's EOS without a sampler), with log-prob 0, through the same budgets and rendering.
         """
         if completions_per_example < 1 or not examples:
             raise InputError("run() needs at least one example and completions_per_example >= 1")
+        if not expert and self.sampler is None:
+            raise InputError("EpisodeRunner has no sampler: give one, or play the environment's expert (expert=True)")
         factory = (lambda: make_env(env)) if isinstance(env, str) else env
         envs, episodes = [], []
         try:
@@ -379,7 +385,7 @@ class EpisodeRunner:
                     episodes.append(Episode(env_id=e.env_id or type(e).__name__, example=example, seed=seed + i,
                                             group=i, messages=[], prompt_ids=[]))
                     self._reset(e, episodes[-1], len(episodes) - 1)
-            self._play(envs, episodes, generator)
+            self._play(envs, episodes, generator, expert)
         finally:
             for e in envs:
                 try:
@@ -410,7 +416,13 @@ class EpisodeRunner:
                              f"{len(episode.prompt_ids)} tokens, which leaves no room within budget.max_total_tokens="
                              f"{self.budget.max_total_tokens}; raise max_total_tokens or shorten the prompt.")
 
-    def _play(self, envs: list[LMEnv], episodes: list[Episode], generator: torch.Generator | None) -> None:
+    def _expert_turn(self, env: LMEnv, limit: int) -> SampledTurn:
+        stop = self.sampler.stop_token_ids[0] if self.sampler is not None else self.tokenizer.eos_token_id
+        ids = list(self.tokenizer(env.expert_action(), add_special_tokens=False)["input_ids"]) + [stop]
+        return SampledTurn(ids[:limit], [0.0] * min(len(ids), limit), stopped=len(ids) <= limit)
+
+    def _play(self, envs: list[LMEnv], episodes: list[Episode], generator: torch.Generator | None,
+              expert: bool = False) -> None:
         budget = self.budget
         while True:
             active = [i for i, ep in enumerate(episodes) if not ep.done]
@@ -418,7 +430,10 @@ class EpisodeRunner:
                 return
             contexts = [episodes[i].prompt_ids + episodes[i].completion_ids for i in active]
             limits = [min(budget.max_new_tokens_per_turn, budget.max_total_tokens - len(c)) for c in contexts]
-            turns = self.sampler.sample(contexts, limits, generator)
+            if expert:
+                turns = [self._expert_turn(envs[i], n) for i, n in zip(active, limits)]
+            else:
+                turns = self.sampler.sample(contexts, limits, generator)
             if len(turns) != len(active):
                 raise RuntimeError(f"the sampler returned {len(turns)} turns for {len(active)} contexts")
             for i, turn, limit in zip(active, turns, limits):
@@ -461,12 +476,13 @@ class EpisodeRunner:
         episode.messages.extend(result.observation)
 
 
-def run_episodes(sampler: TurnSampler, tokenizer, env: str | Callable[[], LMEnv], examples: Sequence[Example | None],
+def run_episodes(sampler: TurnSampler | None, tokenizer, env: str | Callable[[], LMEnv], examples: Sequence[Example | None],
                  completions_per_example: int = 1, budget: EpisodeBudget | None = None, seed: int = 0,
-                 generator: torch.Generator | None = None, **runner_options: Any) -> list[Episode]:
+                 generator: torch.Generator | None = None, expert: bool = False,
+                 **runner_options: Any) -> list[Episode]:
     """``EpisodeRunner(sampler, tokenizer, budget, **runner_options).run(env, examples, …)`` in one call."""
     runner = EpisodeRunner(sampler, tokenizer, budget, **runner_options)
-    return runner.run(env, examples, completions_per_example, seed=seed, generator=generator)
+    return runner.run(env, examples, completions_per_example, seed=seed, generator=generator, expert=expert)
 
 
 # ----------------------------------------------------------------------------------------------------
