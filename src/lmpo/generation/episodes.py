@@ -164,7 +164,7 @@ class HFTurnSampler:
             with torch.no_grad():
                 cache = DynamicCache()
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                                 use_cache=True)
+                                 use_cache=True, logits_to_keep=1)
                 for step in range(int(limit.max())):
                     token, lp = self._next(out.logits[:, -1], generator)
                     tokens.append(token)
