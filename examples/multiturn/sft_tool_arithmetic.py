@@ -24,9 +24,11 @@ from lmpo.models import build_chat_tokenizer, build_tiny_model
 ENV = "ToolArithmetic-v0"
 
 
-def evaluate(model, tokenizer, examples, budget) -> dict[str, float]:
+def evaluate(model, tokenizer, examples, budget, show: int = 0) -> dict[str, float]:
     episodes = run_episodes(HFTurnSampler(model, tokenizer, temperature=0.0), tokenizer, ENV, examples, budget=budget)
-    metrics = episode_metrics(episodes)
+    for e in episodes[:show]:
+        print(json.dumps(e.messages), flush=True)
+    metrics = {"episodes/success_rate": 0.0, **episode_metrics(episodes)}  # no judged turn at all: no success
     return {k.removeprefix("episodes/"): round(v, 4) for k, v in metrics.items()
             if k in ("episodes/success_rate", "episodes/tool_call_valid_rate", "episodes/turns_mean",
                      "episodes/tool_calls_mean", "episodes/truncated_fraction")}
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--show", type=int, default=3, help="held-out conversations printed after training")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -52,6 +55,7 @@ def main() -> None:
     budget = EpisodeBudget(max_turns=4, max_total_tokens=256, max_new_tokens_per_turn=96)
     held_out = task.eval_examples()[: args.eval_examples]
     before = evaluate(model, tokenizer, held_out, budget)
+    print(f"[{time.monotonic() - start:.0f}s] held-out before: {before}", flush=True)
 
     demos = run_episodes(None, tokenizer, ENV, task.train_examples(seed=args.seed)[: args.train_examples],
                          expert=True, budget=budget)
@@ -78,8 +82,10 @@ def main() -> None:
         optimizer.step()
         schedule.step()
         losses.append(loss.item())
+        if len(losses) % 25 == 0:
+            print(f"[{time.monotonic() - start:.0f}s] step {len(losses)}: loss {sum(losses[-25:]) / 25:.4f}", flush=True)
     model.eval()
-    after = evaluate(model, tokenizer, held_out, budget)
+    after = evaluate(model, tokenizer, held_out, budget, show=args.show)
     print(json.dumps({
         "demonstrations": len(demos), "demo_tokens_per_episode": round(batch.attention_mask.sum().item() / len(demos), 1),
         "prompt_width": P, "steps": args.steps, "episodes_per_step": args.episodes_per_step, "lr": args.lr,

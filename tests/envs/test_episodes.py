@@ -238,6 +238,11 @@ def test_tool_episode_and_metrics(tokenizer):
     metrics = episode_metrics([episode])
     assert metrics["episodes/tool_calls_mean"] == 1.0 and metrics["episodes/tool_call_valid_rate"] == 1.0
     assert metrics["episodes/success_rate"] == 1.0 and metrics["episodes/turns_mean"] == 2.0
+    # an episode cut before it answered is a failure, not left out
+    cut = run_episodes(ScriptedSampler(tokenizer, texts), tokenizer, "ToolArithmetic-v0", [example],
+                       budget=EpisodeBudget(max_turns=1, max_new_tokens_per_turn=128))
+    assert cut[0].end_reason == "max_turns"
+    assert episode_metrics([episode, cut[0]])["episodes/success_rate"] == 0.5
 
 
 def test_tool_schemas_reach_the_opening(tokenizer):

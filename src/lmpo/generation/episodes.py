@@ -575,7 +575,8 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Means over episodes, keys ``episodes/<name>``: return, turns, policy and environment tokens, truncated
     fraction, the fraction ending for each reason (``episodes/end_<reason>``), tool calls per episode and the
     fraction of them that ran without error (``episodes/tool_call_valid_rate``, from ``ToolEnv``'s info), and
-    the success rate where the environment reports ``info["correct"]``."""
+    the fraction of episodes with a turn whose ``info["correct"]`` is true (``episodes/success_rate``; present
+    when any episode's environment reports ``correct``; episodes cut before an answer count as failures)."""
     if not episodes:
         return {}
     n = len(episodes)
@@ -593,7 +594,7 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     out["episodes/tool_calls_mean"] = calls / n
     if calls:
         out["episodes/tool_call_valid_rate"] = (calls - errors) / calls
-    judged = [e for e in episodes if any("correct" in i for i in e.infos)]
-    if judged:
-        out["episodes/success_rate"] = sum(any(i.get("correct") for i in e.infos) for e in judged) / len(judged)
+    if any("correct" in i for e in episodes for i in e.infos):  # the environment judges answers: over every
+        # episode, so that one cut before it answered counts as a failure
+        out["episodes/success_rate"] = sum(any(i.get("correct") for i in e.infos) for e in episodes) / n
     return out
