@@ -6,7 +6,7 @@ model (random init) is trained on them with cross-entropy; held-out success, the
 mean number of turns are measured with greedy episodes before and after. This is imitation, not reinforcement
 learning: it shows that the task is within the tiny model's reach and gives RL a policy that uses the tool.
 
-    python examples/multiturn/sft_tool_arithmetic.py --steps 300
+    PYTHONPATH=src python examples/multiturn/sft_tool_arithmetic.py      # the defaults are the run in docs/multiturn.md
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ def evaluate(model, tokenizer, examples, budget, show: int = 0) -> dict[str, flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train-examples", type=int, default=2000)
-    parser.add_argument("--eval-examples", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--train-examples", type=int, default=4000)
+    parser.add_argument("--eval-examples", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--episodes-per-step", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--show", type=int, default=3, help="held-out conversations printed after training")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
