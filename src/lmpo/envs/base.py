@@ -229,10 +229,10 @@ class EpisodeBudget:
     """
 
     max_turns: int = option(8, "Assistant turns per episode.", ge=1)
-    max_total_tokens: int = option(1024, "Tokens per episode: the opening prompt, every assistant turn and every "
+    max_total_tokens: int = option(2048, "Tokens per episode: the opening prompt, every assistant turn and every "
                                    "observation together (the length of the sequence the model is trained on).",
                                    ge=2)
-    max_new_tokens_per_turn: int = option(64, "Tokens the policy may sample in one turn; a turn that reaches it "
+    max_new_tokens_per_turn: int = option(256, "Tokens the policy may sample in one turn; a turn that reaches it "
                                           "without a stop token ends the episode (truncated).", ge=1)
 
     def __post_init__(self) -> None:
