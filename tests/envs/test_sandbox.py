@@ -72,13 +72,28 @@ def test_cpu_time_limit():
     assert time.monotonic() - start < 15  # killed by the CPU limit, far before the wall-clock one
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_wall_clock_limit():
     """Sleeping uses no CPU: only the wall-clock limit stops it; the child it started dies with it."""
     start = time.monotonic()
-    result = run_python("import subprocess, time\nsubprocess.Popen(['sleep', '60'])\ntime.sleep(60)", timeout_s=1)
+    code = "import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\nprint(child.pid, flush=True)\ntime.sleep(60)"
+    result = run_python(code, timeout_s=1)
     assert result.limit == "wall_clock"
     assert time.monotonic() - start < 5
     assert result.as_text().endswith("[killed: wall clock limit]")
+    child = int(result.stdout.split()[0])
+    deadline = time.monotonic() + 3
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
 
 
 def test_output_capped():
