@@ -11,7 +11,8 @@ stops holding):
   a guard against accidents, not a security boundary;
 - **CPU time**: ``RLIMIT_CPU`` (the kernel sends SIGXCPU, then SIGKILL);
 - **memory**: ``RLIMIT_AS`` (an allocation beyond it fails with ``MemoryError``);
-- **wall clock**: the process group is killed with SIGKILL at ``timeout_s`` (sleeping or blocked code too);
+- **wall clock**: the process group is killed with SIGKILL at ``timeout_s`` (sleeping or blocked code too, and
+  the processes it started, unless one left the group with ``setsid``);
 - **output**: stdout and stderr go to files limited by ``RLIMIT_FSIZE``; the policy sees at most
   ``max_output_chars`` characters;
 - **files**: it runs in a fresh temporary directory (deleted afterwards) with an empty environment, Python in
@@ -132,7 +133,7 @@ def run_python(code: str, *, timeout_s: float = 5.0, cpu_time_s: int = 2, memory
             except subprocess.TimeoutExpired:
                 limit = "wall_clock"
             finally:
-                try:  # the whole group: whatever the code started dies with it
+                try:  # the whole group: the processes the code started die with it
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
