@@ -17,7 +17,9 @@ from lmpo.generation.episodes import (
     HFTurnSampler,
     collate_episodes,
     episode_metrics,
+    per_turn_to_tokens,
     run_episodes,
+    turn_returns,
 )
 from lmpo.models import CHATML_TEMPLATE, build_chat_tokenizer, build_tiny_model
 from lmpo.tasks.chat import render_conversation
@@ -301,3 +303,45 @@ def test_expert_needs_an_expert_or_a_sampler(tokenizer):
         run_episodes(None, tokenizer, Forever, [None], expert=True)
     with pytest.raises(InputError, match="no sampler"):
         run_episodes(None, tokenizer, Forever, [None])
+
+
+def naive_turn_returns(rewards, n, gamma):
+    return [sum(gamma ** (j - k) * rewards[j] for j in range(k, n)) for k in range(n)]
+
+
+def test_turn_returns_by_hand():
+    # r = (0, 0, 1), γ = 0.5: G_2 = 1, G_1 = 0 + 0.5·1 = 0.5, G_0 = 0 + 0.5·0.5 = 0.25; row 2 has one turn (r = 2)
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [2.0, 7.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert turn_returns(rewards, mask, 0.5).tolist() == [[0.25, 0.5, 1.0], [2.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("gamma", [0.0, 0.37, 0.9, 1.0])
+def test_turn_returns_match_the_naive_loop_and_ignore_padding(seed, gamma):
+    g = torch.Generator().manual_seed(seed)
+    B, K = 5, 7
+    rewards = torch.randn(B, K, generator=g)
+    lengths = torch.randint(1, K + 1, (B,), generator=g)
+    mask = (torch.arange(K)[None] < lengths[:, None]).long()
+    out = turn_returns(rewards, mask, gamma)
+    for b in range(B):
+        n = int(lengths[b])
+        expected = naive_turn_returns(rewards[b].tolist(), n, gamma) + [0.0] * (K - n)
+        torch.testing.assert_close(out[b], torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    garbage = rewards.masked_fill(mask == 0, 1e6)  # invariance: what padding holds changes nothing
+    torch.testing.assert_close(turn_returns(garbage, mask, gamma), out)
+    if gamma == 1.0:  # G_0 is the episode return
+        torch.testing.assert_close(out[:, 0], (rewards * mask).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_turn_credit_from_a_batch(tokenizer):
+    sampler = ScriptedSampler(tokenizer, ["x"] * 3)
+    episodes = run_episodes(sampler, tokenizer, Forever, [None], budget=EpisodeBudget(max_turns=3))
+    batch = collate_episodes(episodes, tokenizer.pad_token_id)
+    assert batch.turn_rewards.tolist() == [[pytest.approx(0.1)] * 3] and batch.turn_mask.tolist() == [[1, 1, 1]]
+    returns = turn_returns(batch.turn_rewards, batch.turn_mask, 0.5)  # 0.1 + 0.05 + 0.025, 0.1 + 0.05, 0.1
+    tokens = per_turn_to_tokens(returns, batch.turn_ids)
+    for k, expected in enumerate([0.175, 0.15, 0.1]):
+        assert torch.allclose(tokens[batch.turn_ids == k], torch.tensor(expected))
+    assert (tokens[batch.turn_ids == -1] == 0).all()

@@ -506,6 +506,9 @@ class EpisodeBatch:
     group_ids:       (B,) long, the example each episode played (the advantage groups).
     truncated:       (B,) bool.
     num_turns:       (B,) long.
+    turn_rewards:    (B, K) float32, the reward of each policy turn (0 for a turn the environment never answered,
+                     and at padding), K the most turns of an episode.
+    turn_mask:       (B, K) long, 1 on the episode's turns.
     """
 
     prompt_ids: torch.Tensor
@@ -520,6 +523,8 @@ class EpisodeBatch:
     group_ids: torch.Tensor
     truncated: torch.Tensor
     num_turns: torch.Tensor
+    turn_rewards: torch.Tensor
+    turn_mask: torch.Tensor
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -548,8 +553,14 @@ def collate_episodes(episodes: Sequence[Episode], pad_token_id: int) -> EpisodeB
     attention_mask, policy_mask, loss_mask = (torch.zeros((B, T), dtype=torch.long) for _ in range(3))
     logprobs = torch.zeros((B, T), dtype=torch.float32)
     turn_ids = torch.full((B, T), -1, dtype=torch.long)
+    K = max(1, max(e.num_turns for e in episodes))
+    turn_rewards = torch.zeros((B, K), dtype=torch.float32)
+    turn_mask = torch.zeros((B, K), dtype=torch.long)
     groups: dict[int, int] = {}
     for b, e in enumerate(episodes):
+        turn_mask[b, : e.num_turns] = 1
+        if e.rewards:
+            turn_rewards[b, : len(e.rewards)] = torch.tensor(e.rewards, dtype=torch.float32)
         n, m = len(e.prompt_ids), len(e.completion_ids)
         prompt_ids[b, P - n:] = torch.tensor(e.prompt_ids, dtype=torch.long)
         prompt_mask[b, P - n:] = 1
@@ -568,7 +579,34 @@ def collate_episodes(episodes: Sequence[Episode], pad_token_id: int) -> EpisodeB
         group_ids=torch.tensor([groups[e.group] for e in episodes], dtype=torch.long),
         truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
         num_turns=torch.tensor([e.num_turns for e in episodes], dtype=torch.long),
+        turn_rewards=turn_rewards, turn_mask=turn_mask,
     )
+
+
+def turn_returns(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Discounted returns-to-go over an episode's turns: ``G_k = Σ_{j ≥ k} γ^{j−k} r_j``, 0 at padding.
+
+    turn_rewards: (B, K) float, turn_mask: (B, K) 0/1 with each row's ones first (``EpisodeBatch``'s).
+    Returns (B, K) float32. γ = 1 gives the undiscounted return-to-go, and ``G_0`` the episode return.
+    Naive equivalent: ``G[b, k] = sum(gamma ** (j - k) * r[b, j] for j in range(k, n_b))``, n_b = row b's turns.
+    The loop runs over turns (K ≤ ``max_turns``), not tokens.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma={gamma} must be in [0, 1]")
+    rewards = turn_rewards.float() * turn_mask
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for k in range(rewards.shape[1] - 1, -1, -1):
+        running = rewards[:, k] + gamma * running
+        returns[:, k] = running
+    return returns * turn_mask
+
+
+def per_turn_to_tokens(values: torch.Tensor, turn_ids: torch.Tensor) -> torch.Tensor:
+    """(B, K) per-turn values spread over the tokens of each turn: (B, T), 0 on environment tokens and padding
+    (``turn_ids`` −1). With ``turn_returns`` it gives per-token advantages of turn-level credit."""
+    gathered = values.gather(1, turn_ids.clamp(min=0))
+    return gathered.masked_fill(turn_ids < 0, 0.0)
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
