@@ -28,7 +28,7 @@ def smoke_config(lab_dir, model_dir, **sections) -> dict:
             "eval": {"every_steps": 2, "seqs_per_batch": 8},
         },
         "gradients": {"batches": 3, "onpolicy_batches": 2, "snapshots": [0.0, 1.0]},
-        "report": {"resamples": 200},
+        "report": {},
     }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}

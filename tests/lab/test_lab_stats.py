@@ -191,3 +191,72 @@ def test_paired_jackknife_difference_detects_a_shift_that_survives_leaving_sampl
         return z.mean() if idx is None else z[idx].mean(1)
 
     assert st.paired_jackknife_difference([c], [b], [20])["p"] > out["p"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rule v2: t intervals, power, Holm, one-sided tests, pass@k
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_t_interval_and_mde_by_hand():
+    # d = [1, 2, 3, 4, 5]: mean 3, sd 1.5811, se 0.70711, t_{0.975,4} = 2.77645 → 3 ± 1.96324;
+    # MDE at 80% power: (t_{0.975,4} + t_{0.80,4}) · se = (2.77645 + 0.94096) · 0.70711 = 2.62861
+    comp = st.paired_comparison([1, 2, 3, 4, 5], [0, 0, 0, 0, 0])
+    assert comp["diff"] == 3.0 and comp["df"] == 4 and comp["n"] == 5
+    assert comp["se"] == pytest.approx(0.707107, abs=1e-6)
+    assert comp["ci"] == pytest.approx([3 - 1.963243, 3 + 1.963243], abs=1e-5)
+    assert comp["mde"] == pytest.approx(2.628606, abs=1e-5)
+    # one-sided (non-inferiority) MDE: (t_{0.95,4} + t_{0.80,4}) · se = (2.13185 + 0.94096) · 0.70711 = 2.17281
+    assert st.minimum_detectable_effect(comp["se"], 4, sided=1) == pytest.approx(2.172806, abs=1e-5)
+
+
+def test_t_interval_is_wider_than_the_percentile_bootstrap_for_five_seeds():
+    x = [0.1, 0.4, 0.2, 0.5, 0.3]
+    t_lo, t_hi = st.t_interval(x)["ci"]
+    b_lo, b_hi = st.bootstrap_ci(x)
+    assert t_hi - t_lo > 1.3 * (b_hi - b_lo)
+
+
+def test_t_interval_edge_cases():
+    assert st.t_interval([0.2, 0.2, 0.2])["ci"] == [0.2, 0.2]
+    one = st.t_interval([0.3])
+    assert one["mean"] == 0.3 and all(math.isnan(v) for v in one["ci"])
+    assert math.isnan(st.minimum_detectable_effect(math.nan, 4))
+
+
+def test_student_t_ppf_matches_tables():
+    assert st.student_t_ppf(0.975, 4) == pytest.approx(2.776445, abs=1e-5)
+    assert st.student_t_ppf(0.80, 4) == pytest.approx(0.940965, abs=1e-5)
+    assert st.student_t_ppf(0.025, 4) == pytest.approx(-2.776445, abs=1e-5)
+    assert st.student_t_ppf(0.5, 3) == 0.0
+
+
+def test_holm_by_hand():
+    # sorted 0.01, 0.03, 0.04 → 3·0.01 = 0.03, 2·0.03 = 0.06, max(0.06, 1·0.04) = 0.06
+    assert st.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert st.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
+    out = st.holm([0.01, math.nan])
+    assert out[0] == pytest.approx(0.01) and math.isnan(out[1])  # nan does not count in m
+    assert st.holm([]) == []
+
+
+def test_one_sided_p_by_hand():
+    # d = 0, se = 0.02, df 4, H0: d ≤ −0.05 → t = 2.5, P(T ≥ 2.5) = 0.03339
+    assert st.one_sided_p(0.0, 0.02, 4, shift=-0.05) == pytest.approx(0.033389, abs=1e-5)
+    assert st.one_sided_p(0.0, 0.02, 4, shift=0.05, upper=False) == pytest.approx(0.033389, abs=1e-5)
+    assert st.one_sided_p(0.1, 0.0, 4) == 0.0 and st.one_sided_p(-0.1, 0.0, 4) == 1.0
+
+
+def test_last_mean_is_the_endpoint():
+    assert st.last_mean([0.1, 0.2, 0.3, 0.6, math.nan], 3) == pytest.approx((0.2 + 0.3 + 0.6) / 3)
+    assert math.isnan(st.last_mean([0.1, 0.2], 3))
+
+
+def test_pass_at_k_against_the_combinatorial_formula():
+    from math import comb
+
+    from lmpo.lab.jobs import pass_at_k
+
+    for n, c, k in ((8, 0, 8), (8, 1, 8), (10, 3, 4), (5, 5, 1), (20, 2, 5)):
+        assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)  # pass@1 is the share right

@@ -50,6 +50,8 @@ class LabSection:
                                      "resumes a cell where it stopped (0: only at the end).", ge=0)
     keep_checkpoints: bool = _f(False, "Keep a finished cell's checkpoints (they are deleted once its summary is "
                                 "written; the gradient study's snapshots are always kept).")
+    sampled_eval_k: int = _f(0, "After its last step each cell samples k completions per held-out problem "
+                             "(the rollout's temperature) for pass@k and avg@k (0: off).", ge=0)
     progress: str = _f("auto", "auto (a live status line on a terminal, plain lines otherwise) | lines | quiet "
                        "(nothing).", choices=("auto", "lines", "quiet"))
 
@@ -117,12 +119,12 @@ class ReportConfig:
     confidence: float = _f(0.95, "Level of every interval.", gt=0.5, lt=1, hint="e.g. 0.95.")
     alpha: float = _f(0.05, "Significance level of the paired tests in the verdict rule.", gt=0, lt=0.5,
                       hint="e.g. 0.05.")
-    resamples: int = _f(10000, "Bootstrap resamples over seeds (and over batches for per-batch gradient metrics).",
-                        ge=100)
-    accuracy_margin: float = _f(0.05, "Non-inferiority margin of held-out accuracy (absolute): 'keeps accuracy' "
-                                "holds when the interval of the difference lies above −margin.", ge=0)
+    power: float = _f(0.8, "Power at which every check's minimum detectable effect is given.", gt=0, lt=1,
+                      hint="e.g. 0.8.")
+    divergence_margin: float = _f(0.1, "A cell diverged (its runs are invalid for every claim that uses them) when "
+                                  "its held-out accuracy at an evaluation after the start falls more than this "
+                                  "below its start (absolute).", gt=0)
     claims: tuple[str, ...] = _f((), "Claims of `lmpo.lab.claims.CLAIMS` to judge (empty: all).")
-    seed: int = _f(0, "Seed of the bootstrap resamples.")
 
 
 @dataclass(frozen=True)

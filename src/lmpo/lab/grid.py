@@ -161,7 +161,8 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
                                       f"({'; '.join(diff)}); every objective of a task runs the same RL steps, "
                                       "prompts and completions: drop these keys from the entry's `train`.")
                 job = Job("train", key, run_dir,
-                          {"train": data, "keep_checkpoints": bool(cfg.lab.keep_checkpoints or is_reference)},
+                          {"train": data, "keep_checkpoints": bool(cfg.lab.keep_checkpoints or is_reference),
+                           "sampled_eval_k": cfg.lab.sampled_eval_k},
                           deps=(warm_key,) if has_warmup else (),
                           labels={"task": task, "objective": label, "seed": seed, "reference": is_reference})
                 (reference if is_reference else cells).append(job)
@@ -185,6 +186,10 @@ def _gradient_jobs(cfg: LabConfig, root: Path, task: str, seeded: dict, has_warm
         base = _deep_merge(base, {"model": {"name": str(warm_model)}, "sft": {"steps": 0}})
     entries = [{"label": objective_label(e), "objective": trainer_objective_section(e)}
                for e in gradient_objectives(cfg)]
+    measured = {e["label"] for e in entries}
+    claims = [CLAIMS[n] for n in cfg.report.claims] if cfg.report.claims else list(CLAIMS.values())
+    # the activity measure compares each objective's token gradient weights with those of its claims' baselines
+    baselines = sorted(({cfg.report.baseline} | {c.baseline for c in claims}) & measured)
     gr = cfg.gradients
     jobs = []
     for step in snapshot_steps(cfg):
@@ -196,7 +201,8 @@ def _gradient_jobs(cfg: LabConfig, root: Path, task: str, seeded: dict, has_warm
         deps = (ref_key,) if step > 0 else ((warm_key,) if has_warmup else ())
         spec = {"train": data, "checkpoint": checkpoint, "step": step, "objectives": entries,
                 "batches": gr.batches, "onpolicy_batches": gr.onpolicy_batches,
-                "updates_before_gradient": updates_before_gradient(cfg), "params": gr.params, "seed": gr.seed}
+                "updates_before_gradient": updates_before_gradient(cfg), "params": gr.params, "seed": gr.seed,
+                "baselines": baselines}
         jobs.append(Job("gradients", key, job_dir, spec, deps=deps, labels={"task": task, "step": step}))
     return jobs
 

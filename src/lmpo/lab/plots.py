@@ -3,7 +3,7 @@ objectives over seeds).
 
 - ``<task>_accuracy.png``, ``<task>_reward.png``, ``<task>_entropy.png``: one panel per objective (small
   multiples), held-out accuracy, training reward or token entropy against the RL step, mean over seeds with
-  its bootstrap band (per-step curves smoothed over a tenth of the run); the baseline's mean in grey in
+  its t band (per-step curves smoothed over a tenth of the run); the baseline's mean in grey in
   every panel.
 - ``<task>_final.png``: held-out accuracy, reward area and final entropy per objective with intervals (one
   row per objective), the baseline's mean as a vertical line.
@@ -84,7 +84,7 @@ def _smooth(values: list[float], width: int) -> list[float]:
 
 
 def _curves(training: dict, baseline: str, key: str, title: str, path: Path, task: str, confidence: float) -> Path:
-    """One panel per objective (5 per row): its mean over seeds with the bootstrap band, the baseline in grey.
+    """One panel per objective (5 per row): its mean over seeds with the t band, the baseline in grey.
     Per-step curves are smoothed by a trailing moving average over a tenth of the run."""
     plt = _plt()
     labels = list(training["curves"])
@@ -116,7 +116,7 @@ def _curves(training: dict, baseline: str, key: str, title: str, path: Path, tas
     for ax in axes[-1]:
         ax.set_xlabel("RL step", fontsize=8)
     smoothed = f", moving average over {width} steps" if width > 1 else ""
-    return _save(fig, path, f"{task}: {title}, mean over seeds with {confidence:.0%} bootstrap band{smoothed} "
+    return _save(fig, path, f"{task}: {title}, mean over seeds with {confidence:.0%} t band{smoothed} "
                  f"(grey: {baseline})")
 
 
