@@ -11,7 +11,8 @@ TIMING_KEYS = {"created", "cpu_seconds", "wall_seconds", "steps_per_s", "step_s"
 def smoke_config(lab_dir, model_dir, **sections) -> dict:
     """2 objectives × 2 seeds × a few steps, with a warm-up and a 2-snapshot gradient study: seconds on CPU."""
     base = {
-        "lab": {"dir": str(lab_dir), "jobs": 1, "checkpoint_every_steps": 2, "progress": "quiet"},
+        "lab": {"dir": str(lab_dir), "jobs": 1, "checkpoint_every_steps": 2, "progress": "quiet",
+                "sampled_eval_k": 2},
         "grid": {"objectives": ["grpo", "gspo"], "seeds": [0, 1]},
         "train": {
             "model": {"name": model_dir},

@@ -119,7 +119,9 @@ def _training(obj="dapo", base="grpo", *, comps=None, base_metrics=None, obj_met
     return {"metrics": {base: {k: _metric(v) for k, v in base_metrics.items()},
                         obj: {k: _metric(v) for k, v in obj_metrics.items()}},
             "comparisons": {obj: {base: comps or {}}},
-            "one_sample": {base: one_sample or {"entropy_change": _comp([-0.04, -0.05, -0.03, -0.045, -0.035])}},
+            "one_sample": {base: {"entropy_change": _comp([-0.04, -0.05, -0.03, -0.045, -0.035]),
+                                  "avg_at_k_gain": _comp([0.05, 0.06, 0.04, 0.07, 0.05]),
+                                  "pass_at_k_gain": _comp([0.01, -0.02, 0.0, -0.01, 0.02]), **(one_sample or {})}},
             "validity": validity or {}}
 
 
@@ -183,6 +185,17 @@ def test_unmet_precondition_is_invalid_with_its_reason():
     flat = {"entropy_change": _comp([0.01, -0.01, 0.02, -0.02, 0.0])}
     v = judge(CLAIMS["dapo_entropy"], _dapo_results(one_sample=flat), REPORT)
     assert v.verdict == INVALID and "the baseline's entropy falls" in v.reason
+    # an entropy that falls, but by 0.01 of 0.12 (8%, the nearly deterministic task), is not a collapse
+    small = {"entropy_change": _comp([-0.010, -0.011, -0.009, -0.0105, -0.0095])}
+    v = judge(CLAIMS["dapo_entropy"], _dapo_results(one_sample=small), REPORT)
+    assert v.verdict == INVALID and "≥ 30%" in v.reason and "-8.33%" in v.reason
+    # exploration: pass@k at large k that keeps rising is not the regime the entropy claims are about
+    rising = {"pass_at_k_gain": _comp([0.05, 0.06, 0.04, 0.07, 0.05])}
+    v = judge(CLAIMS["dapo_entropy"], _dapo_results(one_sample=rising), REPORT)
+    assert v.verdict == INVALID and "pass@k stagnates" in v.reason
+    flat_pass1 = {"avg_at_k_gain": _comp([0.0, 0.01, -0.01, 0.005, -0.005])}
+    v = judge(CLAIMS["dapo_entropy"], _dapo_results(one_sample=flat_pass1), REPORT)
+    assert v.verdict == INVALID and "pass@1" in v.reason
     # adaptive entropy: a target above the baseline's starting entropy (0.2 > 0.12) cannot be a fair test
     claim = CLAIMS["adaptive_entropy_entropy"]
     results = {"training": _training("adaptive_entropy", comps={"entropy_end": ENTROPY_UP, "accuracy": KEEPS,

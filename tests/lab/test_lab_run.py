@@ -61,6 +61,9 @@ def test_smoke_lab_writes_every_output_with_finite_numbers(finished_lab):
                      "length", "eval_length", "steps_per_s"):
             assert _finite(metrics[name]["mean"]) and all(_finite(v) for v in metrics[name]["ci"]), name
             assert len(metrics[name]["values"]) == 2
+        for name in ("pass_at_k", "avg_at_k", "pass_at_k_start", "pass_at_k_gain"):  # sampled, k = 2
+            assert all(0.0 <= v <= 1.0 or name.endswith("gain") for v in metrics[name]["values"]), name
+            assert all(_finite(v) for v in metrics[name]["values"]), name
         curves = task["training"]["curves"][label]
         assert curves["eval_accuracy"]["step"] == [0, 2, 4]
         assert all(_finite(v) for v in curves["entropy"]["mean"])

@@ -113,13 +113,39 @@ def test_gram_snr_and_cosine_match_the_vectors(seed):
     ref = rng.normal(size=30)
     gram = g @ g.T
     assert st.gram_snr(gram) == pytest.approx(_direct_snr(g), rel=1e-10)
-    mean = g.mean(0)
-    cos = mean @ ref / np.linalg.norm(mean) / np.linalg.norm(ref)
-    assert st.gram_cosine(gram, g @ ref, float(ref @ ref)) == pytest.approx(cos, rel=1e-10)
+    assert st.gram_cosine(gram, g @ ref, float(ref @ ref)) == pytest.approx(_direct_cos(g, ref), rel=1e-10)
+    assert st.gram_cosine(gram, g @ ref, float(ref @ ref), ref_noise=0.3) == pytest.approx(
+        _direct_cos(g, ref, 0.3), rel=1e-10)
     idx = np.array([0, 0, 3, 5, 6, 6, 2])  # a resample: the same as the vectors picked by idx
     assert st.gram_snr(gram, idx) == pytest.approx(_direct_snr(g[idx]), rel=1e-10)
-    assert st.gram_cosine(gram, g @ ref, float(ref @ ref), idx) == pytest.approx(
-        g[idx].mean(0) @ ref / np.linalg.norm(g[idx].mean(0)) / np.linalg.norm(ref), rel=1e-10)
+    assert st.gram_cosine(gram, g @ ref, float(ref @ ref), idx) == pytest.approx(_direct_cos(g[idx], ref),
+                                                                                 rel=1e-10)
+
+
+def _direct_cos(vectors, ref, ref_noise=0.0):
+    """The bias-corrected cosine from the vectors: ‖ḡ‖² − V/R and ‖g*‖² − ref_noise as the squared norms."""
+    mean = vectors.mean(0)
+    var = ((vectors - mean) ** 2).sum() / (len(vectors) - 1)
+    return float(mean @ ref / np.sqrt((mean @ mean - var / len(vectors)) * (ref @ ref - ref_noise)))
+
+
+def test_bias_corrected_cosine_removes_the_noise_of_both_means():
+    # true directions: E g = E g* = e_0 (cosine 1); each sample adds isotropic noise of total variance
+    # 400 · 0.1² = 4. With R = R* = 8 the means have ‖·‖² ≈ 1 + 4/8 = 1.5, so the raw cosine is ≈ 1/1.5 = 0.667;
+    # the corrected one is ≈ 1.
+    rng = np.random.default_rng(0)
+    dim, R = 400, 8
+    raw, fixed = [], []
+    for _ in range(200):
+        mu = np.zeros(dim)
+        mu[0] = 1.0
+        g = mu + rng.normal(0.0, 0.1, (R, dim))
+        on = mu + rng.normal(0.0, 0.1, (R, dim))
+        g_star = on.mean(0)
+        raw.append(g.mean(0) @ g_star / np.linalg.norm(g.mean(0)) / np.linalg.norm(g_star))
+        fixed.append(st.gram_cosine(g @ g.T, g @ g_star, float(g_star @ g_star), ref_noise=st.mean_noise(on @ on.T)))
+    assert np.mean(raw) == pytest.approx(1 / 1.5, abs=0.02)
+    assert np.nanmean(fixed) == pytest.approx(1.0, abs=0.03)
 
 
 def test_gram_snr_of_pure_noise_is_near_zero_and_of_signal_large():

@@ -4,7 +4,9 @@
 warm-up and one GRPO cell (the train section as it is: same model, task, budget), and measures on the warm-up
 model — the start of RL — R off-policy batches exactly as the gradient study draws them (k GRPO minibatch
 updates from the snapshot, so that ratios differ from 1 as at the last update of a training step). It prints
-(and writes to ``DIR/calibration.json``) the measurements and the parameters they give:
+(and writes to ``DIR/calibration.json``) the measurements — with the GRPO cells' entropy trajectory and, with
+``lab.sampled_eval_k``, pass@k / avg@k at the start and the end (the exploration precondition) — and the
+parameters they give:
 
 - ``ptrw_sigma`` = 2 × the standard deviation over sequences of AMIC's sequence ratio ``s' = mean_t ρ_t``: the
   Gaussian factor φ then falls to ``exp(−1/8) ≈ 0.88`` one spread from 1 and ``exp(−1/2) ≈ 0.61`` two spreads
@@ -99,7 +101,7 @@ def calibrate(config: str, seeds: list[int], *, batches: int = 8, overrides: lis
               target_tokens: float = 10.0, log=print) -> dict[str, Any]:
     """Run the baseline on the calibration seeds and measure (module docstring); returns the calibration."""
     from lmpo.lab.grid import plan_jobs
-    from lmpo.lab.jobs import read_json
+    from lmpo.lab.report import collect
     from lmpo.lab.runner import run_lab
 
     cfg = load_lab_config(config, overrides)
@@ -107,13 +109,14 @@ def calibrate(config: str, seeds: list[int], *, batches: int = 8, overrides: lis
     if study & set(seeds):
         raise ValueError(f"calibration seeds {sorted(study & set(seeds))} are seeds of the study; use others")
     root = Path(cfg.lab.dir + "_calibration")
-    calib = replace_lab(cfg, lab={"dir": str(root), "sampled_eval_k": 0}, grid={"objectives": [{"preset": "grpo"}],
+    calib = replace_lab(cfg, lab={"dir": str(root)}, grid={"objectives": [{"preset": "grpo"}],
                                                                                 "seeds": list(seeds), "tasks": []},
                         gradients={"enabled": False}, report={"claims": []})
     calib = replace_lab(calib, grid={"tasks": [t.__dict__ for t in cfg.grid.tasks][:1]}) if cfg.grid.tasks else calib
     run_lab(calib)
     jobs = plan_jobs(calib, root)
-    cells = [read_json(j.result_path) for j in jobs if j.kind == "train"]
+    collected = next(iter(collect(calib, jobs).values()))["summaries"]["grpo"]  # with pass@k gains
+    cells = [collected[int(j.labels["seed"])] for j in jobs if j.kind == "train"]
     starts = []
     k = updates_before_gradient(calib)
     for job in jobs:
@@ -125,7 +128,8 @@ def calibrate(config: str, seeds: list[int], *, batches: int = 8, overrides: lis
     result = {"seeds": list(seeds), "study_seeds": sorted(study), "start": starts,
               "cells": [{"seed": j.labels["seed"], **{m: c["metrics"][m] for m in (
                   "entropy_start", "entropy_end", "entropy_change", "accuracy_start", "accuracy", "length",
-                  "clip_high_frac", "mask_frac")}} for j, c in zip([j for j in jobs if j.kind == "train"], cells)],
+                  "clip_high_frac", "mask_frac", "pass_at_k_start", "pass_at_k", "avg_at_k_start", "avg_at_k")}}
+                        for j, c in zip([j for j in jobs if j.kind == "train"], cells)],
               "parameters": suggest(starts, cells, target_tokens=target_tokens)}
     (root / "calibration.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     return result

@@ -106,16 +106,22 @@ class Activity:
 class Precondition:
     """A condition on the runs without which the comparison means nothing (unmet → invalid run).
 
-    ``kind="trend"``: the baseline's training ``metric`` differs from 0 in ``relation``'s direction (one-sample
-    t-test at α, e.g. ``entropy_change`` ``less``: its entropy falls). ``kind="parameter"``: the objective's
-    parameter ``parameter`` (a key of ``Objective.to_dict()``) is at most (``relation="at_most"``) the baseline's
-    mean training ``metric`` (e.g. an entropy target at or below the baseline's starting entropy)."""
+    ``kind="trend"``: the baseline's training ``metric`` (a change over the run) differs from 0 in ``relation``'s
+    direction (one-sample t-test at α, e.g. ``avg_at_k_gain`` ``greater``: its sampled pass@1 rises); with
+    ``fraction`` and ``relative_to`` it must also move by at least ``fraction`` of the baseline's mean
+    ``relative_to`` (``entropy_change`` ``less`` by 30% of ``entropy_start``: its entropy falls by ≥ 30%).
+    ``kind="flat"``: the change is *not* significantly in ``relation``'s direction (pass@k at large k stagnates
+    or falls). ``kind="parameter"``: the objective's parameter ``parameter`` (a key of ``Objective.to_dict()``) is
+    at most (``relation="at_most"``) the baseline's mean training ``metric`` (an entropy target at or below the
+    baseline's starting entropy)."""
 
     kind: str
     metric: str
     relation: str
     says: str
     parameter: str = ""
+    fraction: float = 0.0
+    relative_to: str = ""
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,11 @@ class Claim:
 # ----------------------------------------------------------------------------------------------------
 
 _ACC = Check("training", "accuracy", "not_worse", Sesoi(0.25, "accuracy_gain"), "keeps held-out accuracy")
-_ENTROPY_FELL = Precondition("trend", "entropy_change", "less", "the baseline's entropy falls over the run")
+_ENTROPY_FELL = Precondition("trend", "entropy_change", "less", "the baseline's entropy falls by ≥ 30% over the run",
+                             fraction=0.30, relative_to="entropy_start")
+_EXPLORATION = (Precondition("trend", "avg_at_k_gain", "greater", "the baseline's sampled pass@1 (avg@k) rises"),
+                Precondition("flat", "pass_at_k_gain", "greater", "the baseline's pass@k stagnates or falls"))
+"""The exploration task's measured precondition (docs/lab.md): the entropy claims are judged where it holds."""
 _WEIGHTS = "share of tokens whose gradient weight differs from the baseline's by > 1%"
 
 
@@ -170,7 +180,7 @@ def _entropy_claim(name: str, objective: str, what: str, source: str, activity: 
                                "higher final entropy than GRPO"),
                  (Check("training", "pass_at_k", "greater", Sesoi(0.25, "accuracy_gain"),
                         "higher sampled pass@k (exploration)"), _ACC),
-                 (_ENTROPY_FELL, *extra), activity)
+                 (_ENTROPY_FELL, *_EXPLORATION, *extra), activity)
 
 
 _CLAIM_LIST = [
@@ -194,7 +204,8 @@ _CLAIM_LIST = [
     Claim("asym_balance", "Sign-asymmetric clipping balances exploration (entropy) and stability (accuracy).",
           "docs/objectives.md (sign_asym trust region)", "asym", "grpo",
           Check("training", "entropy_end", "greater", Sesoi(0.25, "entropy_change"), "higher final entropy than GRPO"),
-          (_ACC,), activity=Activity("training", "clip_high_frac", 0.01, "upper-bound binding rate (A > 0)")),
+          (_ACC,), (_ENTROPY_FELL, *_EXPLORATION),
+          Activity("training", "clip_high_frac", 0.01, "upper-bound binding rate (A > 0)")),
     Claim("gspo_stable_efficient", "GSPO's sequence ratio is more stable and more efficient than GRPO's token "
           "ratio, even though it clips far more tokens.", "Zheng et al. 2025, GSPO (arXiv 2507.18071)", "gspo",
           "grpo", _faster("GRPO"),
@@ -358,15 +369,22 @@ def _invalid_runs(claim: Claim, results: Mapping[str, Any]) -> list[str]:
 def _precondition(pre: Precondition, claim: Claim, results: Mapping[str, Any], alpha: float) -> dict[str, Any]:
     training = results.get("training") or {}
     out: dict[str, Any] = {"says": pre.says, "kind": pre.kind, "metric": pre.metric, "relation": pre.relation}
-    if pre.kind == "trend":
+    if pre.kind in ("trend", "flat"):
         comp = (training.get("one_sample") or {}).get(claim.baseline, {}).get(pre.metric)
         if comp is None:
             return {**out, "met": False, "measured": f"no `{pre.metric}` of `{claim.baseline}`"}
         d, p = comp.get("diff", math.nan), comp.get("p", math.nan)
         sign = -1.0 if pre.relation == "less" else 1.0
-        met = _finite(d, p) and p < alpha and sign * d > 0
-        return {**out, **comp, "met": met,
-                "measured": f"`{claim.baseline}` {pre.metric} {st_fmt(d)} (p = {st_fmt(p)})"}
+        moved = _finite(d, p) and p < alpha and sign * d > 0
+        measured = f"`{claim.baseline}` {pre.metric} {st_fmt(d)} (p = {st_fmt(p)})"
+        if pre.kind == "flat":
+            return {**out, **comp, "met": _finite(d) and not moved, "measured": measured}
+        if pre.fraction > 0:
+            start = baseline_value(results, "training", claim.baseline, pre.relative_to)
+            share = d / abs(start) if _finite(d, start) and start != 0 else math.nan
+            moved = moved and _finite(share) and sign * share >= pre.fraction
+            measured += f", {st_fmt(100 * share)}% of its {pre.relative_to}"
+        return {**out, **comp, "met": moved, "measured": measured}
     if pre.kind == "parameter":
         obj = (results.get("objectives") or {}).get(claim.objective, {})
         value = obj.get(pre.parameter)
@@ -378,7 +396,7 @@ def _precondition(pre: Precondition, claim: Claim, results: Mapping[str, Any], a
         return {**out, "met": met, "parameter": pre.parameter, "value": float(value), "baseline": base,
                 "measured": f"`{claim.objective}`.{pre.parameter} = {st_fmt(float(value))} vs `{claim.baseline}` "
                             f"{pre.metric} = {st_fmt(base)}"}
-    raise ValueError(f"unknown precondition kind {pre.kind!r}; use 'trend' or 'parameter'")
+    raise ValueError(f"unknown precondition kind {pre.kind!r}; use 'trend', 'flat' or 'parameter'")
 
 
 def activity_value(activity: Activity, claim: Claim, results: Mapping[str, Any]) -> float:

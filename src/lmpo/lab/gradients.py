@@ -335,7 +335,8 @@ def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
         per_batch["grad_norm"] = [float(math.sqrt(max(g, 0.0))) for g in np.diag(gram)]
         results[entry["label"]] = {
             "objective": obj.to_dict(), "gram": gram.tolist(), "dots": dots.tolist(), "per_batch": per_batch,
-            "snr": st.gram_snr(gram), "cos_onpolicy": st.gram_cosine(gram, dots, float(g_star @ g_star)),
+            "snr": st.gram_snr(gram), "cos_onpolicy": st.gram_cosine(gram, dots, float(g_star @ g_star),
+                                                                     ref_noise=st.mean_noise(on_gram)),
             "seconds": time.perf_counter() - t1,
         }
         log(f"snapshot {step}: {entry['label']}: SNR {results[entry['label']]['snr']:.3g}, cosine to the on-policy "

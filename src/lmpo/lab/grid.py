@@ -129,7 +129,8 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
                     "checkpoint": {"at_end": False, "every_steps": 0, "final_model": False},
                     "objective": {"preset": "grpo", "overrides": {}}, "rlvcr": {"enabled": False}})
                 _validated(warm, warm_key)
-                warmups.append(Job("warmup", warm_key, warm_dir, {"train": warm},
+                warmups.append(Job("warmup", warm_key, warm_dir,
+                                   {"train": warm, "sampled_eval_k": cfg.lab.sampled_eval_k},
                                    labels={"task": task, "seed": seed}))
             for entry in cfg.grid.objectives:
                 label = objective_label(entry)

@@ -96,8 +96,12 @@ def run_warmup(job_dir: Path, spec: dict, log: Callable[[str], None]) -> dict[st
     trainer.tokenizer.save_pretrained(tmp)
     _fresh(final)
     os.replace(tmp, final)
-    return {"eval": result.eval_after or {}, "sft_steps": len(result.sft_losses),
-            "sft_loss_last": result.sft_losses[-1] if result.sft_losses else None}
+    out = {"eval": result.eval_after or {}, "sft_steps": len(result.sft_losses),
+           "sft_loss_last": result.sft_losses[-1] if result.sft_losses else None}
+    k = int(spec.get("sampled_eval_k", 0))
+    if k > 0:  # pass@k / avg@k at the start of RL: what the exploration precondition compares the end with
+        out["sampled_eval"] = sampled_evaluation(trainer, k, seed=cfg.loop.seed)
+    return out
 
 
 def run_cell(job_dir: Path, spec: dict, log: Callable[[str], None]) -> dict[str, Any]:

@@ -35,6 +35,10 @@ TRAIN_METRICS: dict[str, str] = {
     "accuracy_min": "lowest held-out accuracy after the start (divergence shows here)",
     "pass_at_k": "sampled pass@k on the held-out problems after the last step (k = lab.sampled_eval_k)",
     "avg_at_k": "sampled avg@k: mean share of the k samples that are right",
+    "pass_at_k_start": "sampled pass@k of the warm-up model (the start of RL)",
+    "avg_at_k_start": "sampled avg@k of the warm-up model",
+    "pass_at_k_gain": "pass_at_k − pass_at_k_start",
+    "avg_at_k_gain": "avg_at_k − avg_at_k_start (the sampled pass@1 gain)",
     "reward_auc": "area under the training reward curve per step (mean reward over the run)",
     "reward_start": "mean training reward over the first tenth of the steps",
     "reward_end": "mean training reward over the last tenth of the steps",
@@ -62,7 +66,8 @@ TRAIN_METRICS: dict[str, str] = {
 
 GRADIENT_METRICS: dict[str, str] = {
     "snr": "gradient signal-to-noise ratio ‖E g‖² / E‖g − E g‖² over the R batches (bias-corrected)",
-    "cos_onpolicy": "cosine of the mean gradient to the on-policy policy-gradient direction",
+    "cos_onpolicy": "cosine of the mean gradient to the on-policy policy-gradient direction (both norms "
+                    "bias-corrected for their batches' noise)",
     "weight_var": "variance over valid tokens of the importance weight applied to each token's gradient",
     "clip_frac": "fraction clipped by the trust region",
     "mask_frac": "fraction of tokens masked (Clip-Cov) or penalised (KL-Cov)",
@@ -72,6 +77,9 @@ GRADIENT_METRICS: dict[str, str] = {
                         "baseline's on the same batch by more than 1% (relative): the mechanism-activity measure",
 }
 """Per-objective metrics of the gradient study, per snapshot."""
+
+ONE_SAMPLE = ("entropy_change", "accuracy_gain", "pass_at_k_gain", "avg_at_k_gain")
+"""Per-objective changes over the run tested against 0 (the preconditions' trends)."""
 
 PER_BATCH = ("weight_var", "clip_frac", "mask_frac", "ratio_max", "grad_norm")
 """Gradient metrics measured per batch (paired over batches); snr and cos_onpolicy are per snapshot."""
@@ -132,9 +140,10 @@ def training_study(cfg: LabConfig, summaries: dict[str, dict[int, dict]]) -> dic
                 [summaries[label][s]["metrics"].get(m, math.nan) for s in common],
                 [summaries[base][s]["metrics"].get(m, math.nan) for s in common], alpha=rp.alpha, power=rp.power, **kw)
                 for m in TRAIN_METRICS}
-    one_sample = {label: {"entropy_change": st.paired_comparison(
-        [summaries[label][s]["metrics"]["entropy_change"] for s in sorted(summaries[label])],
-        [0.0] * len(summaries[label]), alpha=rp.alpha, power=rp.power, **kw)} for label in labels}
+    one_sample = {label: {m: st.paired_comparison(
+        [summaries[label][s]["metrics"].get(m, math.nan) for s in sorted(summaries[label])],
+        [0.0] * len(summaries[label]), alpha=rp.alpha, power=rp.power, **kw) for m in ONE_SAMPLE}
+        for label in labels}
     validity = {label: run_validity(summaries[label], rp.divergence_margin) for label in labels}
     return {"metrics": per_objective, "comparisons": comparisons, "one_sample": one_sample, "validity": validity,
             "curves": {label: _curves(summaries[label], rp) for label in labels}}
@@ -231,7 +240,8 @@ def _snr_fn(snap: dict, label: str):
 def _cos_fn(snap: dict, label: str):
     res = snap["objectives"][label]
     gram, dots, ref = np.asarray(res["gram"]), np.asarray(res["dots"]), snap["onpolicy"]["sq_norm"]
-    return lambda idx: st.gram_cosine(gram, dots, ref, idx)
+    noise = st.mean_noise(np.asarray(snap["onpolicy"]["gram"]))  # g* is a mean of on-policy batches too
+    return lambda idx: st.gram_cosine(gram, dots, ref, idx, ref_noise=noise)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -260,6 +270,13 @@ def collect(cfg: LabConfig, jobs: list[Job]) -> dict[str, Any]:
     for task in out.values():
         task["snapshots"].sort(key=lambda s: s["step"])
         task["summaries"] = {k: v for k, v in task["summaries"].items() if v}
+        for by_seed in task["summaries"].values():  # pass@k and avg@k gains over the run, from the warm-up's
+            for seed, summary in by_seed.items():
+                start = (task["warmups"].get(seed) or {}).get("sampled_eval") or {}
+                m = summary["metrics"]
+                for name in ("pass_at_k", "avg_at_k"):
+                    m[f"{name}_start"] = float(start.get(name, math.nan))
+                    m[f"{name}_gain"] = m.get(name, math.nan) - m[f"{name}_start"]
     return out
 
 

@@ -303,20 +303,38 @@ def gram_snr(gram: np.ndarray, idx: np.ndarray | None = None) -> float | np.ndar
     return float(out[0]) if idx is None or np.ndim(idx) == 1 else out
 
 
-def gram_cosine(gram: np.ndarray, dots: np.ndarray, ref_sq_norm: float,
-                idx: np.ndarray | None = None) -> float | np.ndarray:
-    """Cosine between the mean of R gradient samples and a reference direction g*.
+def gram_cosine(gram: np.ndarray, dots: np.ndarray, ref_sq_norm: float, idx: np.ndarray | None = None, *,
+                ref_noise: float = 0.0) -> float | np.ndarray:
+    """Cosine between the mean of R gradient samples and a reference direction g*, bias-corrected.
 
     ``gram`` (R, R) as in :func:`gram_snr`, ``dots[i] = <g_i, g*>``, ``ref_sq_norm = ‖g*‖²``; ``idx`` as in
-    :func:`gram_snr`."""
+    :func:`gram_snr`. Noise inflates both norms: ``E‖ḡ‖² = ‖E g‖² + V/R`` (V the total variance, estimated from
+    the Gram matrix) and, when g* is itself a mean of noisy samples, ``E‖g*‖² = ‖E g*‖² + ref_noise``
+    (:func:`mean_noise` of the reference's Gram matrix). The cosine uses the corrected norms,
+    ``mean_i <g_i, g*> / √((‖ḡ‖² − V/R)(‖g*‖² − ref_noise))`` (the numerator is unbiased: g* comes from other
+    batches), so a noisier estimator is not reported as less aligned only for its noise; nan where a corrected
+    norm is not positive."""
     g = _resampled(gram, idx)
     d = np.asarray(dots, dtype=np.float64)
     d = d[None] if idx is None else d[np.atleast_2d(idx)]
     r = g.shape[-1]
     mean_sq = g.sum(axis=(1, 2)) / (r * r)
+    total_var = (np.trace(g, axis1=1, axis2=2) - r * mean_sq) / (r - 1) if r > 1 else np.zeros_like(mean_sq)
+    signal = mean_sq - total_var / r
+    ref = float(ref_sq_norm) - float(ref_noise)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.where((mean_sq > 0) & (ref_sq_norm > 0), d.mean(1) / np.sqrt(mean_sq * ref_sq_norm), np.nan)
+        out = np.where((signal > 0) & (ref > 0), d.mean(1) / np.sqrt(np.abs(signal) * abs(ref)), np.nan)
     return float(out[0]) if idx is None or np.ndim(idx) == 1 else out
+
+
+def mean_noise(gram: np.ndarray) -> float:
+    """``V/R``: the part of ``‖ḡ‖²`` that is noise, for the mean ḡ of R samples with Gram matrix ``gram``."""
+    g = np.asarray(gram, dtype=np.float64)
+    r = g.shape[0]
+    if r < 2:
+        return 0.0
+    mean_sq = g.sum() / (r * r)
+    return float((np.trace(g) - r * mean_sq) / (r - 1) / r)
 
 
 def student_t_quantile(p_two_sided: float, df: float) -> float:
@@ -393,7 +411,7 @@ def paired_jackknife_difference(stat_a: Sequence[Callable[[np.ndarray | None], A
 
 
 __all__ = ["band", "betainc", "bootstrap_ci", "curve_area", "describe", "gram_cosine", "gram_snr", "holm",
-           "jackknife", "jackknife_interval", "last_mean", "minimum_detectable_effect", "one_sided_p",
+           "jackknife", "jackknife_interval", "last_mean", "mean_noise", "minimum_detectable_effect", "one_sided_p",
            "paired_comparison", "paired_jackknife_difference", "paired_t_test", "student_t_ppf",
            "student_t_quantile", "student_t_sf", "student_t_sf2", "t_interval", "window_size",
            "window_trajectory"]
