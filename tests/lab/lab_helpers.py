@@ -28,7 +28,7 @@ def smoke_config(lab_dir, model_dir, **sections) -> dict:
             "sft": {"steps": 2, "seqs_per_step": 4},
             "eval": {"every_steps": 2, "seqs_per_batch": 8},
         },
-        "gradients": {"batches": 3, "onpolicy_batches": 2, "snapshots": [0.0, 1.0]},
+        "gradients": {"batches": 3, "onpolicy_batches": 2, "snapshots": [0.0, 1.0], "points": 2},
         "report": {},
     }
     for name, values in sections.items():

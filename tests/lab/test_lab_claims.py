@@ -161,15 +161,19 @@ def test_inactive_variant_is_not_testable():
 
 def test_gradient_activity_gate_reads_the_weight_difference_share():
     claim = CLAIMS["ema_gradient_noise"]
-    snap = {"step": 0, "objectives": {lab: {"snr": {"mean": 0.2}, "cos_onpolicy": {"mean": 0.5},
-                                             "weight_var": {"mean": 0.007}} for lab in ("ema", "grpo")}}
+    snap = {"step": 0, "objectives": {lab: {"snr": {"mean": 0.2}, "cos_onpolicy": {"mean": None},
+                                             "weight_var": {"mean": 0.007}, "grad_norm": {"mean": 1.0}}
+                                       for lab in ("ema", "grpo")}}
     gradients = {"snapshots": [snap], "comparisons": {"ema": {"grpo": {"snr": _comp([0.1, 0.12, 0.11]),
                                                                         "weight_var": _comp([-1e-3] * 3)}}},
                  "activity": {"ema": {"grpo": {"mean": 0.02}}}}
     results = {"training": None, "gradients": gradients, "objectives": {}}
     assert judge(claim, results, REPORT).verdict == NOT_TESTABLE
     gradients["activity"]["ema"]["grpo"]["mean"] = 0.6
-    assert judge(claim, results, REPORT).verdict == HOLDS
+    assert judge(claim, results, REPORT).verdict == HOLDS  # an undefined (noisy) cosine invalidates nothing
+    snap["objectives"]["ema"]["grad_norm"]["mean"] = None   # a non-finite gradient does
+    v = judge(claim, results, REPORT)
+    assert v.verdict == INVALID and "not finite" in v.reason
 
 
 def test_diverged_run_is_invalid():

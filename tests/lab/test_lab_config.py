@@ -102,8 +102,10 @@ def test_plan_orders_dependencies_first_and_shares_the_warm_up(tmp_path):
     jobs = plan_jobs(_cfg(tmp_path))
     keys = [j.key for j in jobs]
     assert keys[:2] == ["warmup/thinking_addition/seed0", "warmup/thinking_addition/seed1"]
-    assert keys[2] == "train/thinking_addition/grpo/seed0"  # the reference run, before its snapshots
-    assert keys[3:5] == ["gradients/thinking_addition/snapshot_0", "gradients/thinking_addition/snapshot_4"]
+    # the reference runs (the first three seeds by default: here both), before their snapshots
+    assert keys[2:4] == ["train/thinking_addition/grpo/seed0", "train/thinking_addition/grpo/seed1"]
+    g = "gradients/thinking_addition"
+    assert keys[4:12] == [f"{g}/seed{s}/snapshot_{t}/point_{p}" for s in (0, 1) for t in (0, 4) for p in (0, 1)]
     for job in jobs:
         assert all(keys.index(dep) < keys.index(job.key) for dep in job.deps)
     cell = jobs[keys.index("train/thinking_addition/gspo/seed1")]
@@ -152,6 +154,19 @@ def test_lab_help_and_plan(tmp_path, capsys):
     path.write_text(yaml.safe_dump(smoke_config(tmp_path / "lab", "tiny")))
     assert cli.main(["lab", str(path), "--plan", "--grid.seeds", "[3]"]) == 0
     out = capsys.readouterr().out
-    assert "to run  train/thinking_addition/gspo/seed3" in out and "0/5 jobs finished" in out
+    # a warm-up, two cells, and 2 snapshots × 2 off-policy points of the reference run
+    assert "to run  train/thinking_addition/gspo/seed3" in out and "0/7 jobs finished" in out
     assert cli.main(["lab", str(path), "--plan", "--lab.jobs", "0"]) == 2
     assert "lab.jobs" in capsys.readouterr().err
+
+
+def test_gradient_controls_are_measured_but_not_trained(tmp_path):
+    control = {"label": "grpo_noclip", "preset": "grpo", "overrides": {"trust_region": "none"}}
+    cfg = _cfg(tmp_path, gradients={"controls": [control]})
+    validate_lab_config(cfg)
+    jobs = plan_jobs(cfg)
+    assert not any("grpo_noclip" in j.key for j in jobs if j.kind == "train")
+    for job in (j for j in jobs if j.kind == "gradients"):
+        assert [e["label"] for e in job.spec["objectives"]][-1] == "grpo_noclip"
+    with pytest.raises(ConfigError, match="controls"):
+        validate_lab_config(_cfg(tmp_path, gradients={"controls": [{"label": "gspo", "preset": "gspo"}]}))

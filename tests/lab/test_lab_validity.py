@@ -61,8 +61,10 @@ def test_run_validity_flags_divergence_and_non_finite_values(tmp_path):
 
 
 def test_calibration_rules_by_hand():
-    starts = [{"seq_ratio_sd": 0.014, "length_mean": 30.0, "tokens_per_minibatch": 480.0},
-              {"seq_ratio_sd": 0.016, "length_mean": 28.0, "tokens_per_minibatch": 520.0}]
+    starts = [{"seq_ratio_sd": 0.014, "length_mean": 30.0, "tokens_per_minibatch": 480.0,
+               "clip_cov_band_share": 0.008, "cov_quantiles": {"0.9": 0.1, "0.98": 0.30}},
+              {"seq_ratio_sd": 0.016, "length_mean": 28.0, "tokens_per_minibatch": 520.0,
+               "clip_cov_band_share": 0.008, "cov_quantiles": {"0.9": 0.12, "0.98": 0.34}}]
     cells = [{"metrics": {"entropy_start": 0.10}}, {"metrics": {"entropy_start": 0.12}}]
     p = suggest(starts, cells, target_tokens=10)
     assert p["ptrw_sigma"]["value"] == pytest.approx(2 * 0.015)          # 2 × mean spread
@@ -71,3 +73,10 @@ def test_calibration_rules_by_hand():
     assert p["clip_cov_ratio"]["value"] == pytest.approx(10 / 500)        # 10 tokens per 500-token minibatch
     assert p["kl_cov_frac"]["value"] == pytest.approx(0.02)
     assert "0.015" in p["ptrw_sigma"]["from"]
+    # 0.8% of 500 tokens = 4 per minibatch in the band (1, 5): fewer than 10 → the band starts at the quantile
+    # nearest 1 − 10/500 = 0.98
+    assert p["clip_cov_lb"]["value"] == pytest.approx(0.32)
+    small = [dict(m, tokens_per_minibatch=100.0) for m in starts]   # 1 − 10/100 = 0.9
+    assert suggest(small, cells, target_tokens=10)["clip_cov_lb"]["value"] == pytest.approx(0.11)
+    wide = [dict(m, clip_cov_band_share=0.05) for m in starts]
+    assert "clip_cov_lb" not in suggest(wide, cells, target_tokens=10)

@@ -35,6 +35,9 @@ import torch
 
 from lmpo.lab.config import load_lab_config, replace_lab, updates_before_gradient
 
+COV_QUANTILES = (0.80, 0.85, 0.90, 0.95, 0.98, 0.99)
+"""Quantiles of the token covariance recorded per minibatch (Clip-Cov's band is set from one of them)."""
+
 
 def measure_start(train: dict, seed: int, *, batches: int, updates: int, log=print) -> dict[str, Any]:
     """Token- and sequence-level quantities of R off-policy batches at the start of RL (see the module docstring)."""
@@ -50,7 +53,8 @@ def measure_start(train: dict, seed: int, *, batches: int, updates: int, log=pri
 
     clip_cov = Objective.preset("clip_cov")
     band_lo, band_hi = clip_cov.clip_cov_lb, clip_cov.clip_cov_ub
-    seq_ratio, tok_ratio, entropy, lengths, per_minibatch, in_band, cov_q98 = [], [], [], [], [], [], []
+    seq_ratio, tok_ratio, entropy, lengths, per_minibatch, in_band = [], [], [], [], [], []
+    cov_q: dict[str, list[float]] = {f"{q:g}": [] for q in COV_QUANTILES}
     minibatches = cfg.loop.minibatches_per_step
     for r in range(batches):
         b = draw.draw(behaviour, tag=1, index=r)
@@ -73,12 +77,13 @@ def measure_start(train: dict, seed: int, *, batches: int, updates: int, log=pri
             cov = (a - a.mean()) * (lp - lp.mean())
             per_minibatch.append(int(m.sum()))
             in_band.append(float(((cov > band_lo) & (cov < band_hi)).double().mean()) if cov.numel() else 0.0)
-            cov_q98.append(float(torch.quantile(cov, 0.98)) if cov.numel() else math.nan)
+            for q in COV_QUANTILES:
+                cov_q[f"{q:g}"].append(float(torch.quantile(cov, q)) if cov.numel() else math.nan)
     return {"seed": seed, "batches": batches, "updates_before_gradient": updates,
             "seq_ratio_sd": float(np.std(seq_ratio, ddof=1)), "token_ratio_sd": float(np.std(tok_ratio, ddof=1)),
             "entropy_mean": float(np.mean(entropy)), "length_mean": float(np.mean(lengths)),
             "tokens_per_minibatch": float(np.mean(per_minibatch)), "clip_cov_band_share": float(np.mean(in_band)),
-            "cov_q98": float(np.nanmean(cov_q98))}
+            "cov_quantiles": {q: float(np.nanmean(v)) for q, v in cov_q.items()}}
 
 
 def suggest(starts: list[dict], cells: list[dict], *, target_tokens: float = 10.0) -> dict[str, Any]:
@@ -88,13 +93,22 @@ def suggest(starts: list[dict], cells: list[dict], *, target_tokens: float = 10.
     tokens = float(np.mean([m["tokens_per_minibatch"] for m in starts]))
     entropy_start = float(np.mean([c["metrics"]["entropy_start"] for c in cells]))
     ratio = target_tokens / tokens
-    return {
+    band = float(np.mean([m["clip_cov_band_share"] for m in starts]))
+    # the quantile that leaves about target_tokens tokens of a minibatch above it
+    level = min(starts[0]["cov_quantiles"], key=lambda q: abs(float(q) - (1.0 - target_tokens / tokens)))
+    lb = float(np.mean([m["cov_quantiles"][level] for m in starts]))
+    out = {
         "ptrw_sigma": {"value": 2.0 * spread, "from": f"2 × sequence-ratio sd {spread:.4g}"},
         "decay_gamma": {"value": 1.0 - 1.0 / length, "from": f"1 − 1/mean completion length {length:.3g}"},
         "entropy_target": {"value": entropy_start, "from": f"GRPO entropy_start {entropy_start:.4g}"},
         "clip_cov_ratio": {"value": ratio, "from": f"{target_tokens:g} / {tokens:.4g} valid tokens per minibatch"},
         "kl_cov_frac": {"value": ratio, "from": f"{target_tokens:g} / {tokens:.4g} valid tokens per minibatch"},
     }
+    if band * tokens < target_tokens:  # too few candidates inside Clip-Cov's band: widen it from below
+        out["clip_cov_lb"] = {"value": lb, "from": f"{float(level):.0%} quantile of the token covariance {lb:.3g} "
+                                                   f"(only {band:.2%} of tokens, {band * tokens:.3g} per minibatch, "
+                                                   "lie in the default band)"}
+    return out
 
 
 def calibrate(config: str, seeds: list[int], *, batches: int = 8, overrides: list[str] | None = None,

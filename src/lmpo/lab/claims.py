@@ -360,9 +360,10 @@ def _invalid_runs(claim: Claim, results: Mapping[str, Any]) -> list[str]:
         for snap in gradients.get("snapshots") or []:
             for label in (claim.objective, claim.baseline):
                 row = snap["objectives"].get(label)
-                if row and any(row[m]["mean"] is None or not math.isfinite(row[m]["mean"])
-                               for m in ("snr", "cos_onpolicy")):
+                norm = row.get("grad_norm", {}).get("mean") if row else None
+                if row and (norm is None or not math.isfinite(norm)):  # SNR / cosine may be undefined from noise
                     reasons.append(f"`{label}`'s gradient at snapshot {snap['step']} is not finite")
+                    break
     return reasons
 
 

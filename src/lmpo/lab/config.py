@@ -95,7 +95,10 @@ class GradientConfig:
 
     enabled: bool = _f(True, "Run the study (it needs the reference run's cells).")
     reference: str = _f("grpo", "Objective label whose run provides the policy snapshots.")
-    reference_seed: int | None = _f(None, "Seed of the reference run (default: the first seed).")
+    reference_seeds: tuple[int, ...] = _f((), "Seeds of the reference runs (default: the first three seeds of the "
+                                          "grid); every snapshot of every reference run is studied.")
+    points: int = _f(4, "Off-policy points per snapshot: independent update batches, each giving its own θ' "
+                     "(and its own R behaviour batches).", ge=1)
     snapshots: tuple[float, ...] = _f((0.0, 0.5, 1.0), "Snapshot positions as fractions of the reference run's "
                                       "RL steps (0: after the warm-up).")
     batches: int = _f(16, "R: independent behaviour-policy rollout batches per snapshot (every objective's "
@@ -106,6 +109,10 @@ class GradientConfig:
                                       "RL step).", ge=0)
     objectives: tuple[str, ...] = _f((), "Objective labels to measure (empty: every entry without trainer "
                                      "overrides).")
+    controls: tuple[ObjectiveEntry, ...] = _f((), "Objectives measured in the gradient study only (not trained), "
+                                              "e.g. GRPO without its clip: `{label: grpo_noclip, preset: grpo, "
+                                              "overrides: {trust_region: none}}`, the control that tells whether an "
+                                              "SNR gap is clip activity.")
     params: str = _f("", "Regular expression on parameter names: only these enter the gradient vectors "
                      "(empty: every trainable parameter).")
     seed: int = _f(0, "Seed of the study's prompts and sampling.")

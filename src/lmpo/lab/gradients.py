@@ -230,9 +230,11 @@ def _objective(section: dict):
     return obj, ObjectiveDriver(obj)
 
 
-def off_policy_point(trainer, batches: _Batches, k: int, seed: int, step: int):
+def off_policy_point(trainer, batches: _Batches, k: int, seed: int, step: int, *, optimizer_state=None):
     """Step 1 of the study: freeze a copy of ``trainer.model`` (θ_s, the behaviour policy, returned) and move the
-    model to θ' by k GRPO minibatch updates (AdamW at the train section's settings) on an update batch from θ_s."""
+    model to θ' by k GRPO minibatch updates on an update batch from θ_s, with AdamW at the train section's
+    settings and, when given, the snapshot's optimizer state (its moments), so that the step sizes are those
+    of training at that point and not those of a fresh AdamW."""
     from lmpo.trainer.optim import build_optimizer
 
     cfg, model = trainer.cfg, trainer.model
@@ -244,6 +246,8 @@ def off_policy_point(trainer, batches: _Batches, k: int, seed: int, step: int):
     upd_old = _no_grad_logp(trainer, behaviour, upd, upd["completion_ids"].shape[1])
     _, grpo = _objective({"preset": "grpo"})
     optimizer = build_optimizer(model.parameters(), cfg.optim)
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
     order = torch.randperm(upd["input_ids"].shape[0], generator=torch.Generator().manual_seed(_seed(seed, step, 9)))
     size = -(-order.numel() // k)
     for m in range(k):
@@ -266,17 +270,21 @@ def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
     cfg = config_from_dict(spec["train"])
     trainer = Trainer(cfg, log=log)
     model = trainer.model
-    if spec.get("checkpoint"):
-        load_checkpoint(spec["checkpoint"], model)
+    optimizer_state = None
+    if spec.get("checkpoint"):  # the snapshot's weights and its AdamW moments, as training would continue
+        optimizer_state = load_checkpoint(spec["checkpoint"], model).get("optimizer")
     pattern = re.compile(spec["params"]) if spec.get("params") else None
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and (pattern is None or pattern.search(n))]
     if not named:
         raise ValueError(f"gradients.params = {spec.get('params')!r} matches no trainable parameter")
     params = [p for _, p in named]
-    seed, step, k = int(spec["seed"]), int(spec["step"]), int(spec["updates_before_gradient"])
+    step, k = int(spec["step"]), int(spec["updates_before_gradient"])
+    # each (reference seed, point) draws its own update batch and behaviour batches
+    seed = _seed(int(spec["seed"]), int(spec.get("reference_seed", 0)), int(spec.get("point", 0)))
     batches = _Batches(trainer, seed, step)
-    behaviour = off_policy_point(trainer, batches, k, seed, step)
-    log(f"snapshot {step}: {k} update(s) from the snapshot")
+    behaviour = off_policy_point(trainer, batches, k, seed, step, optimizer_state=optimizer_state)
+    log(f"snapshot {step}, point {spec.get('point', 0)}: {k} update(s) from the snapshot"
+        + (" (its optimizer state carried)" if optimizer_state is not None else " (fresh optimizer: RL start)"))
 
     # 2. the R behaviour batches (from θ_s) and 3. the on-policy reference direction (from θ')
     R, R_on = int(spec["batches"]), int(spec["onpolicy_batches"])
@@ -345,7 +353,9 @@ def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
         res["weight_diff_frac"] = {
             base: [weight_diff_frac(w, wb, b["mask"]) for w, wb, b in zip(token_weights[label], token_weights[base], data)]
             for base in spec.get("baselines", []) if base in token_weights and base != label}
-    return {"step": step, "batches": R, "onpolicy_batches": R_on, "updates_before_gradient": k,
+    return {"step": step, "reference_seed": int(spec.get("reference_seed", 0)), "point": int(spec.get("point", 0)),
+            "optimizer_state_carried": optimizer_state is not None,
+            "batches": R, "onpolicy_batches": R_on, "updates_before_gradient": k,
             "setup_seconds": setup_seconds, "params": [n for n, _ in named], "num_params": int(sum(p.numel() for p in params)),
             "kl_behaviour": float(np.mean(next(iter(results.values()))["per_batch"]["kl_behaviour"])) if results
             else math.nan, "onpolicy": {"sq_norm": float(g_star @ g_star), "gram": on_gram.tolist(),

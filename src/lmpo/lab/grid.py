@@ -87,6 +87,11 @@ def _quiet(data: dict, run_dir: Path) -> dict:
                                           "print_every_steps": 0, "plots": False}})
 
 
+def reference_seeds(cfg: LabConfig) -> list[int]:
+    """Seeds of the gradient study's reference runs: ``gradients.reference_seeds``, or the grid's first three."""
+    return list(cfg.gradients.reference_seeds) or list(cfg.grid.seeds[:3])
+
+
 def snapshot_steps(cfg: LabConfig) -> list[int]:
     """RL steps of the reference run at which the gradient study takes its snapshots."""
     steps = cfg.train.loop.steps
@@ -109,7 +114,7 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
     objective of a task has the same budget (``BUDGET_FIELDS``)."""
     root = Path(lab_dir if lab_dir is not None else cfg.lab.dir)
     seeds = list(cfg.grid.seeds)
-    ref_seed = cfg.gradients.reference_seed if cfg.gradients.reference_seed is not None else seeds[0]
+    ref_seeds = reference_seeds(cfg)
     warmups: list[Job] = []
     reference: list[Job] = []
     snapshots: list[Job] = []
@@ -140,7 +145,7 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
                 data = _deep_merge(data, entry.train)
                 if has_warmup:
                     data = _deep_merge(data, {"model": {"name": str(warm_dir / "model")}, "sft": {"steps": 0}})
-                is_reference = cfg.gradients.enabled and label == cfg.gradients.reference and seed == ref_seed
+                is_reference = cfg.gradients.enabled and label == cfg.gradients.reference and seed in ref_seeds
                 every = cfg.lab.checkpoint_every_steps
                 keep = 1
                 # a cell's result is its summary: no RUN/model/ copy of the policy per cell (disk)
@@ -168,7 +173,8 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
                           labels={"task": task, "objective": label, "seed": seed, "reference": is_reference})
                 (reference if is_reference else cells).append(job)
         if cfg.gradients.enabled:
-            snapshots += _gradient_jobs(cfg, root, task, _seeded(base, ref_seed), has_warmup, ref_seed)
+            for ref_seed in ref_seeds:
+                snapshots += _gradient_jobs(cfg, root, task, _seeded(base, ref_seed), has_warmup, ref_seed)
     # entries with trainer overrides (RLVCR) cost several plain cells: start them first, so that the lab does
     # not end with one long cell on one core
     heavy = {objective_label(e) for e in cfg.grid.objectives if e.train}
@@ -186,7 +192,7 @@ def _gradient_jobs(cfg: LabConfig, root: Path, task: str, seeded: dict, has_warm
     if has_warmup:
         base = _deep_merge(base, {"model": {"name": str(warm_model)}, "sft": {"steps": 0}})
     entries = [{"label": objective_label(e), "objective": trainer_objective_section(e)}
-               for e in gradient_objectives(cfg)]
+               for e in (*gradient_objectives(cfg), *cfg.gradients.controls)]
     measured = {e["label"] for e in entries}
     claims = [CLAIMS[n] for n in cfg.report.claims] if cfg.report.claims else list(CLAIMS.values())
     # the activity measure compares each objective's token gradient weights with those of its claims' baselines
@@ -194,17 +200,19 @@ def _gradient_jobs(cfg: LabConfig, root: Path, task: str, seeded: dict, has_warm
     gr = cfg.gradients
     jobs = []
     for step in snapshot_steps(cfg):
-        key = f"gradients/{task}/snapshot_{step}"
-        job_dir = root / "gradients" / task / f"snapshot_{step}"
-        data = _quiet(base, job_dir / RUN_SUBDIR)
-        _validated(data, key, stand_in=str(cfg.train.model.name))
-        checkpoint = str(ref_dir / "checkpoints" / f"step_{step:08d}") if step > 0 else None
-        deps = (ref_key,) if step > 0 else ((warm_key,) if has_warmup else ())
-        spec = {"train": data, "checkpoint": checkpoint, "step": step, "objectives": entries,
-                "batches": gr.batches, "onpolicy_batches": gr.onpolicy_batches,
-                "updates_before_gradient": updates_before_gradient(cfg), "params": gr.params, "seed": gr.seed,
-                "baselines": baselines}
-        jobs.append(Job("gradients", key, job_dir, spec, deps=deps, labels={"task": task, "step": step}))
+        for point in range(gr.points):
+            key = f"gradients/{task}/seed{ref_seed}/snapshot_{step}/point_{point}"
+            job_dir = root / "gradients" / task / f"seed{ref_seed}" / f"snapshot_{step}" / f"point_{point}"
+            data = _quiet(base, job_dir / RUN_SUBDIR)
+            _validated(data, key, stand_in=str(cfg.train.model.name))
+            checkpoint = str(ref_dir / "checkpoints" / f"step_{step:08d}") if step > 0 else None
+            deps = (ref_key,) if step > 0 else ((warm_key,) if has_warmup else ())
+            spec = {"train": data, "checkpoint": checkpoint, "step": step, "objectives": entries,
+                    "batches": gr.batches, "onpolicy_batches": gr.onpolicy_batches,
+                    "updates_before_gradient": updates_before_gradient(cfg), "params": gr.params, "seed": gr.seed,
+                    "reference_seed": ref_seed, "point": point, "baselines": baselines}
+            jobs.append(Job("gradients", key, job_dir, spec, deps=deps,
+                            labels={"task": task, "step": step, "reference_seed": ref_seed, "point": point}))
     return jobs
 
 
@@ -256,8 +264,9 @@ def validate_lab_config(cfg: LabConfig) -> None:
         if ref_entry.train:
             raise ConfigError(f"`gradients.reference` = {gr.reference!r} has trainer overrides; the reference run "
                               "must be a plain objective run.")
-        if gr.reference_seed is not None and gr.reference_seed not in cfg.grid.seeds:
-            raise ConfigError(f"`gradients.reference_seed` = {gr.reference_seed} is not one of grid.seeds "
+        missing = [x for x in gr.reference_seeds if x not in cfg.grid.seeds]
+        if missing:
+            raise ConfigError(f"`gradients.reference_seeds` names {missing}, which are not in grid.seeds "
                               f"{list(cfg.grid.seeds)}.")
         if not gr.snapshots or any(not 0.0 <= s <= 1.0 for s in gr.snapshots) or list(gr.snapshots) != sorted(
                 set(gr.snapshots)):
@@ -267,6 +276,15 @@ def validate_lab_config(cfg: LabConfig) -> None:
             raise ConfigError("the gradient study needs an off-policy regime (ratios different from 1): set "
                               "`gradients.updates_before_gradient` >= 1 or train with "
                               "`loop.minibatches_per_step` (or epochs) > 1.")
+        for i, entry in enumerate(gr.controls):
+            label = objective_label(entry)
+            if not label or not _LABEL.match(label) or label in labels:
+                raise ConfigError(f"`gradients.controls[{i}]` needs a label of letters, digits, '_', '.' or '-' that "
+                                  f"is not an objective of the grid (got {label!r}).")
+            if entry.train:
+                raise ConfigError(f"`gradients.controls[{i}]` ({label}) has trainer overrides; a control is an "
+                                  "objective measured on the study's batches, nothing else.")
+            build_objective(entry)
         for name in gr.objectives:
             if name not in labels:
                 raise ConfigError(f"`gradients.objectives` names {name!r}, which is not an objective label of the "
@@ -299,4 +317,5 @@ def _validated(data: dict, key: str, stand_in: str | None = None) -> None:
         raise ConfigError(f"cell {key}: {e}") from e
 
 
-__all__ = ["RESULT_FILES", "Job", "gradient_objectives", "plan_jobs", "snapshot_steps", "validate_lab_config"]
+__all__ = ["RESULT_FILES", "Job", "gradient_objectives", "plan_jobs", "reference_seeds", "snapshot_steps",
+           "validate_lab_config"]

@@ -201,7 +201,9 @@ def gradient_report(cfg: LabConfig, snapshots: list[dict]) -> dict[str, Any]:
             row["weight_diff_frac"] = st.describe(
                 [_num(v) for v in (res.get("weight_diff_frac") or {}).get(rp.baseline, [])], confidence=rp.confidence)
             rows[label] = row
-        per_snapshot.append({"step": snap["step"], "batches": snap["batches"],
+        per_snapshot.append({"step": snap["step"], "reference_seed": snap.get("reference_seed"),
+                             "point": snap.get("point"), "optimizer_state_carried": snap.get("optimizer_state_carried"),
+                             "batches": snap["batches"],
                              "updates_before_gradient": snap["updates_before_gradient"],
                              "kl_behaviour": snap["kl_behaviour"],
                              "onpolicy_snr": snap["onpolicy"]["snr"], "num_params": snap["num_params"],
@@ -229,7 +231,34 @@ def gradient_report(cfg: LabConfig, snapshots: list[dict]) -> dict[str, Any]:
                       for v in (s["objectives"][label].get("weight_diff_frac") or {}).get(base, [])]
             if values:
                 activity.setdefault(label, {})[base] = st.describe(values, confidence=rp.confidence)
-    return {"snapshots": per_snapshot, "comparisons": comparisons, "activity": activity}
+    return {"snapshots": per_snapshot, "by_step": _by_step(cfg, snapshots, per_snapshot, labels),
+            "comparisons": comparisons, "activity": activity}
+
+
+def _by_step(cfg: LabConfig, snapshots: list[dict], rows: list[dict], labels: list[str]) -> list[dict]:
+    """Per RL step: each metric's mean over the (reference seed, off-policy point) groups with a t interval over
+    them, and the paired differences to the baselines pooled over that step's groups (jackknife, as above)."""
+    rp = cfg.report
+    out = []
+    for step in sorted({s["step"] for s in snapshots}):
+        idx = [i for i, s in enumerate(snapshots) if s["step"] == step]
+        objectives = {label: {m: st.describe([_num(rows[i]["objectives"][label][m]["mean"]) for i in idx],
+                                             confidence=rp.confidence)
+                              for m in ("snr", "cos_onpolicy", "weight_var", "clip_frac", "mask_frac",
+                                        "weight_diff_frac")} for label in labels}
+        comparisons: dict[str, dict[str, Any]] = {}
+        for label in labels:
+            for base in sorted(_baselines(cfg)):
+                if base == label or base not in labels:
+                    continue
+                group = [snapshots[i] for i in idx]
+                comparisons.setdefault(label, {})[base] = {metric: st.paired_jackknife_difference(
+                    [fn(s, label) for s in group], [fn(s, base) for s in group], [s["batches"] for s in group],
+                    confidence=rp.confidence, alpha=rp.alpha, power=rp.power)
+                    for metric, fn in (("snr", _snr_fn), ("cos_onpolicy", _cos_fn))}
+        out.append({"step": step, "groups": len(idx), "objectives": objectives, "comparisons": comparisons,
+                    "kl_behaviour": float(np.nanmean([_num(snapshots[i]["kl_behaviour"]) for i in idx]))})
+    return out
 
 
 def _snr_fn(snap: dict, label: str):
@@ -268,7 +297,7 @@ def collect(cfg: LabConfig, jobs: list[Job]) -> dict[str, Any]:
         else:
             task["snapshots"].append(result)
     for task in out.values():
-        task["snapshots"].sort(key=lambda s: s["step"])
+        task["snapshots"].sort(key=lambda s: (s["step"], s.get("reference_seed", 0), s.get("point", 0)))
         task["summaries"] = {k: v for k, v in task["summaries"].items() if v}
         for by_seed in task["summaries"].values():  # pass@k and avg@k gains over the run, from the warm-up's
             for seed, summary in by_seed.items():
@@ -419,18 +448,23 @@ def render_markdown(report: dict[str, Any]) -> str:
             out += ["### Gradient study", "",
                     "Per snapshot of the reference run: every objective's gradient on the same R off-policy batches "
                     "(SNR and cosine: estimate [jackknife interval over batches]; per-batch metrics: mean [t interval]).", ""]
-            for snap in gr["snapshots"]:
-                out += [f"Snapshot at RL step {snap['step']}: R = {snap['batches']} batches, k = "
-                        f"{snap['updates_before_gradient']} update(s) before the gradient, KL(behaviour ‖ policy) on the "
-                        f"batches {_f(snap['kl_behaviour'])}, on-policy "
-                        f"SNR {_f(snap['onpolicy_snr'])}, {snap['num_params']} parameters.", "",
+            first = gr["snapshots"][0]
+            out += [f"{len(gr['snapshots'])} groups: every (reference seed, off-policy point) at each snapshot; R = "
+                    f"{first['batches']} batches and k = {first['updates_before_gradient']} update(s) each, "
+                    f"{first['num_params']} parameters. Per RL step, the mean over its groups [t interval over them] "
+                    "and the paired SNR / cosine differences pooled over them (jackknife over batches).", ""]
+            for snap in gr.get("by_step") or []:
+                out += [f"RL step {snap['step']} ({snap['groups']} groups, KL(behaviour ‖ policy) on the batches "
+                        f"{_f(snap['kl_behaviour'])}):", "",
                         f"| objective | SNR | cosine to on-policy | importance-weight variance | clip frac | mask frac | "
-                        f"tokens whose gradient weight differs from `{baseline}`'s |",
-                        "|---|---|---|---|---|---|---|"]
+                        f"tokens whose gradient weight differs from `{baseline}`'s | Δ SNR | Δ cosine |",
+                        "|---|---|---|---|---|---|---|---|---|"]
                 for label, row in snap["objectives"].items():
+                    c = snap["comparisons"].get(label, {}).get(baseline) or {}
                     out.append(f"| `{label}` | {_ci(row['snr'])} | {_ci(row['cos_onpolicy'])} | "
                                f"{_ci(row['weight_var'])} | {_f(row['clip_frac']['mean'])} | "
-                               f"{_f(row['mask_frac']['mean'])} | {_f(row['weight_diff_frac']['mean'])} |")
+                               f"{_f(row['mask_frac']['mean'])} | {_f(row['weight_diff_frac']['mean'])} | "
+                               f"{_cmp(c.get('snr'))} | {_cmp(c.get('cos_onpolicy'))} |")
                 out.append("")
             out += [f"Pooled over snapshots, paired differences to `{baseline}`:", "",
                     "| objective | Δ SNR | Δ cosine | Δ weight variance |", "|---|---|---|---|"]

@@ -313,7 +313,7 @@ def gram_cosine(gram: np.ndarray, dots: np.ndarray, ref_sq_norm: float, idx: np.
     (:func:`mean_noise` of the reference's Gram matrix). The cosine uses the corrected norms,
     ``mean_i <g_i, g*> / √((‖ḡ‖² − V/R)(‖g*‖² − ref_noise))`` (the numerator is unbiased: g* comes from other
     batches), so a noisier estimator is not reported as less aligned only for its noise; nan where a corrected
-    norm is not positive."""
+    norm is not positive. Like any bias-corrected ratio it can leave [−1, 1] when the noise is large."""
     g = _resampled(gram, idx)
     d = np.asarray(dots, dtype=np.float64)
     d = d[None] if idx is None else d[np.atleast_2d(idx)]
