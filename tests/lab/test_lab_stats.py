@@ -299,3 +299,27 @@ def test_t_interval_keeps_its_coverage_where_the_percentile_bootstrap_does_not()
         a, b = st.t_interval(x)["ci"]
         t += a < 0 < b
     assert boot / 400 < 0.88 and 0.92 < t / 400 < 0.98
+
+
+def test_bias_corrected_cosine_is_undefined_where_the_mean_is_mostly_noise():
+    # E g = 0.05·e_0 against noise of total variance 4 over R = 8: ‖E g‖² = 0.0025 ≪ V/R = 0.5 → nan, not ±10⁶
+    rng = np.random.default_rng(1)
+    mu = np.zeros(400)
+    mu[0] = 0.05
+    g = mu + rng.normal(0.0, 0.1, (8, 400))
+    ref = np.zeros(400)
+    ref[0] = 1.0
+    assert math.isnan(st.gram_cosine(g @ g.T, g @ ref, 1.0))
+
+
+def _constant(value):
+    """A statistic in the form :func:`st.jackknife` calls: one value for None, one per row of an index array."""
+    def stat(idx):
+        return np.full(np.shape(idx)[0], value) if idx is not None and np.ndim(idx) == 2 else value
+    return stat
+
+
+def test_paired_jackknife_difference_leaves_out_undefined_groups():
+    out = st.paired_jackknife_difference([_constant(1.0), _constant(np.nan)], [_constant(0.0), _constant(0.0)],
+                                         [4, 4])
+    assert out["diff"] == 1.0 and out["groups"] == 1 and out["groups_left_out"] == 1 and out["p"] == 0.0

@@ -312,8 +312,9 @@ def gram_cosine(gram: np.ndarray, dots: np.ndarray, ref_sq_norm: float, idx: np.
     the Gram matrix) and, when g* is itself a mean of noisy samples, ``E‖g*‖² = ‖E g*‖² + ref_noise``
     (:func:`mean_noise` of the reference's Gram matrix). The cosine uses the corrected norms,
     ``mean_i <g_i, g*> / √((‖ḡ‖² − V/R)(‖g*‖² − ref_noise))`` (the numerator is unbiased: g* comes from other
-    batches), so a noisier estimator is not reported as less aligned only for its noise; nan where a corrected
-    norm is not positive. Like any bias-corrected ratio it can leave [−1, 1] when the noise is large."""
+    batches), so a noisier estimator is not reported as less aligned only for its noise. Undefined (nan) where a
+    corrected squared norm is smaller than the noise removed from it (an SNR below 1/R), where the ratio is
+    mostly noise; like any bias-corrected ratio it can still leave [−1, 1] slightly."""
     g = _resampled(gram, idx)
     d = np.asarray(dots, dtype=np.float64)
     d = d[None] if idx is None else d[np.atleast_2d(idx)]
@@ -322,8 +323,11 @@ def gram_cosine(gram: np.ndarray, dots: np.ndarray, ref_sq_norm: float, idx: np.
     total_var = (np.trace(g, axis1=1, axis2=2) - r * mean_sq) / (r - 1) if r > 1 else np.zeros_like(mean_sq)
     signal = mean_sq - total_var / r
     ref = float(ref_sq_norm) - float(ref_noise)
+    # a corrected norm smaller than the noise it had removed is mostly noise itself, and the ratio explodes:
+    # undefined there (for R = 16 batches: an SNR below 1/16)
+    usable = (signal >= total_var / r) & (ref >= float(ref_noise)) & (signal > 0) & (ref > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.where((signal > 0) & (ref > 0), d.mean(1) / np.sqrt(np.abs(signal) * abs(ref)), np.nan)
+        out = np.where(usable, d.mean(1) / np.sqrt(np.abs(signal) * abs(ref)), np.nan)
     return float(out[0]) if idx is None or np.ndim(idx) == 1 else out
 
 
@@ -389,18 +393,22 @@ def paired_jackknife_difference(stat_a: Sequence[Callable[[np.ndarray | None], A
     the statistic of estimator a and b as in :func:`jackknife`. The difference is the mean over groups of
     ``d_k = a_k − b_k``; each d_k's standard error comes from deleting the same sample from both estimators
     (paired), and ``se = √(Σ_k se_k²) / K``. Interval ``d ± t·se`` and two-sided p-value of ``d / se`` with
-    Student's t at ``min(sizes) − 1`` degrees of freedom; identical estimators give d = 0 and p = 1.
+    Student's t at ``min(sizes) − 1`` degrees of freedom; identical estimators give d = 0 and p = 1. A group
+    whose statistic (or a leave-one-out value of it) is undefined — the bias-corrected cosine of a group that is
+    mostly noise — is left out, and counted in ``groups_left_out``.
     """
-    points, variances = [], []
+    points, variances, used = [], [], []
     for fa, fb, n in zip(stat_a, stat_b, sizes):
         point, se = jackknife(lambda idx, fa=fa, fb=fb: np.asarray(fa(idx)) - np.asarray(fb(idx)), n)
-        points.append(point)
-        variances.append(se * se)
+        if math.isfinite(point) and math.isfinite(se):  # a group where the statistic is undefined is left out
+            points.append(point)
+            variances.append(se * se)
+            used.append(n)
     k = len(points)
     diff = float(np.mean(points)) if k else math.nan
     se = math.sqrt(sum(variances)) / k if k else math.nan
-    df = min(sizes) - 1 if sizes else 0
-    base = {"diff": diff, "se": se, "df": df, "n": int(sum(sizes)),
+    df = min(used) - 1 if used else 0
+    base = {"diff": diff, "se": se, "df": df, "n": int(sum(used)), "groups": k, "groups_left_out": len(sizes) - k,
             "mde": minimum_detectable_effect(se, df, alpha=alpha, power=power)}
     if not (math.isfinite(diff) and math.isfinite(se)) or df < 1:
         return {**base, "ci": [math.nan, math.nan], "p": math.nan}
