@@ -433,14 +433,17 @@ def render_markdown(report: dict[str, Any]) -> str:
                     f"Mean over seeds [{int(cfg['report']['confidence'] * 100)}% t interval]; Δ: paired "
                     f"difference to `{baseline}` [interval] and paired t-test p.", "",
                     "| objective | held-out accuracy | Δ accuracy | reward AUC | Δ reward AUC | entropy start → min → end "
-                    "| clip frac | mask frac | length (sampled / held-out) | steps/s |",
-                    "|---|---|---|---|---|---|---|---|---|---|"]
+                    "| pass@k start → end | avg@k start → end | clip frac | mask frac | length (sampled / held-out) "
+                    "| steps/s |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for label, m in tr["metrics"].items():
                 comp = tr["comparisons"].get(label, {}).get(baseline, {})
                 out.append(
                     f"| `{label}` | {_ci(m['accuracy'])} | {_cmp(comp.get('accuracy'))} | {_ci(m['reward_auc'])} | "
                     f"{_cmp(comp.get('reward_auc'))} | {_f(m['entropy_start']['mean'])} → {_f(m['entropy_min']['mean'])}"
-                    f" → {_f(m['entropy_end']['mean'])} | {_f(m['clip_frac']['mean'])} | {_f(m['mask_frac']['mean'])} | "
+                    f" → {_f(m['entropy_end']['mean'])} | {_f(m['pass_at_k_start']['mean'])} → {_f(m['pass_at_k']['mean'])} | "
+                    f"{_f(m['avg_at_k_start']['mean'])} → {_f(m['avg_at_k']['mean'])} | "
+                    f"{_f(m['clip_frac']['mean'])} | {_f(m['mask_frac']['mean'])} | "
                     f"{_f(m['length']['mean'], 1)} / {_f(m['eval_length']['mean'], 1)} | {_f(m['steps_per_s']['mean'], 2)} |")
             out.append("")
         gr = data["gradients"]
