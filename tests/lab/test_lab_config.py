@@ -170,3 +170,15 @@ def test_gradient_controls_are_measured_but_not_trained(tmp_path):
         assert [e["label"] for e in job.spec["objectives"]][-1] == "grpo_noclip"
     with pytest.raises(ConfigError, match="controls"):
         validate_lab_config(_cfg(tmp_path, gradients={"controls": [{"label": "gspo", "preset": "gspo"}]}))
+
+
+def test_an_objective_may_run_on_a_subset_of_the_seeds(tmp_path):
+    cfg = _cfg(tmp_path, grid={"objectives": ["grpo", {"preset": "gspo", "seeds": [1]}], "seeds": [0, 1]})
+    validate_lab_config(cfg)
+    cells = [j.key for j in plan_jobs(cfg) if j.kind == "train"]
+    assert sorted(cells) == ["train/thinking_addition/grpo/seed0", "train/thinking_addition/grpo/seed1",
+                             "train/thinking_addition/gspo/seed1"]
+    with pytest.raises(ConfigError, match="not in grid.seeds"):
+        validate_lab_config(_cfg(tmp_path, grid={"objectives": ["grpo", {"preset": "gspo", "seeds": [7]}]}))
+    with pytest.raises(ConfigError, match="reference seeds"):
+        validate_lab_config(_cfg(tmp_path, grid={"objectives": [{"preset": "grpo", "seeds": [1]}, "gspo"]}))

@@ -64,6 +64,9 @@ class ObjectiveEntry:
     preset: str = _f("", "A preset of `lmpo.objectives.PRESETS`; empty: `Objective(**overrides)` from the "
                      "objective defaults.")
     overrides: dict = _f({}, "`Objective` keywords applied to the preset (or, without a preset, all of them).")
+    seeds: tuple[int, ...] = _f((), "The seeds this objective runs on, a subset of `grid.seeds` (empty: all of them); "
+                                "e.g. an arm kept to show that the papers' default does not act, or the second stage "
+                                "of a lab whose first stage gated a claim out (docs/lab.md, 'Sizing').")
     train: dict = _f({}, "Trainer overrides for this objective's cells only (e.g. `{rlvcr: {enabled: true}}` or "
                      "`{objective: {advantage_estimator: rloo}}`); they may not change the budget, the model, the "
                      "task or the warm-up.")

@@ -138,6 +138,8 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
                                    {"train": warm, "sampled_eval_k": cfg.lab.sampled_eval_k},
                                    labels={"task": task, "seed": seed}))
             for entry in cfg.grid.objectives:
+                if entry.seeds and seed not in entry.seeds:
+                    continue
                 label = objective_label(entry)
                 key = f"train/{task}/{label}/seed{seed}"
                 run_dir = root / "cells" / task / label / f"seed{seed}"
@@ -234,6 +236,10 @@ def validate_lab_config(cfg: LabConfig) -> None:
             raise ConfigError(f"`grid.objectives[{i}].label` = {label!r} must be letters, digits, '_', '.' or '-' "
                               "(it names directories).")
         build_objective(entry)
+        outside = [x for x in entry.seeds if x not in cfg.grid.seeds]
+        if outside:
+            raise ConfigError(f"grid objective {label!r}: `seeds` names {outside}, which are not in grid.seeds "
+                              f"{list(cfg.grid.seeds)}; an entry runs on a subset of the grid's seeds.")
         bad = sorted(set(entry.train) & set(_SHARED_SECTIONS))
         if bad:
             raise ConfigError(f"grid objective {label!r}: `train` overrides section(s) {', '.join(bad)}, which "
@@ -261,6 +267,10 @@ def validate_lab_config(cfg: LabConfig) -> None:
             raise ConfigError(f"`gradients.reference` = {gr.reference!r} is not an objective label of the grid "
                               f"({', '.join(labels)}).")
         ref_entry = cfg.grid.objectives[labels.index(gr.reference)]
+        missing = [x for x in reference_seeds(cfg) if ref_entry.seeds and x not in ref_entry.seeds]
+        if missing:
+            raise ConfigError(f"`gradients.reference` = {gr.reference!r} does not run on the reference seeds "
+                              f"{missing}; add them to its `seeds` or set `gradients.reference_seeds`.")
         if ref_entry.train:
             raise ConfigError(f"`gradients.reference` = {gr.reference!r} has trainer overrides; the reference run "
                               "must be a plain objective run.")
