@@ -11,7 +11,12 @@ from lab_helpers import smoke_config
 
 from lmpo import cli
 from lmpo.lab import lab_config_from_dict, load_lab_config, plan_jobs, validate_lab_config
-from lmpo.lab.config import build_objective, render_lab_reference, trainer_objective_section
+from lmpo.lab.config import (
+    build_objective,
+    lab_config_to_dict,
+    render_lab_reference,
+    trainer_objective_section,
+)
 from lmpo.lab.docs import render
 from lmpo.objectives import Objective
 from lmpo.trainer.config import ConfigError
@@ -182,3 +187,22 @@ def test_an_objective_may_run_on_a_subset_of_the_seeds(tmp_path):
         validate_lab_config(_cfg(tmp_path, grid={"objectives": ["grpo", {"preset": "gspo", "seeds": [7]}]}))
     with pytest.raises(ConfigError, match="reference seeds"):
         validate_lab_config(_cfg(tmp_path, grid={"objectives": [{"preset": "grpo", "seeds": [1]}, "gspo"]}))
+
+
+def test_a_staged_lab_reuses_the_first_stage_jobs():
+    # docs/lab.md, "Sizing": a first stage on the first three seeds plans exactly the jobs (same specs, so the
+    # same finished results) that the full lab plans for those seeds
+    root = ROOT / "configs" / "lab_cpu.yaml"
+    full = {j.key: j.spec for j in plan_jobs(load_lab_config(root, ["--lab.dir", "/tmp/staged"]))}
+    first = {j.key: j.spec for j in plan_jobs(load_lab_config(root, ["--lab.dir", "/tmp/staged",
+                                                                      "--grid.seeds", "[0, 1, 2]"]))}
+    assert set(first) < set(full)
+    assert all(first[k] == full[k] for k in first)
+    # the second stage narrows gated claims' objectives to those seeds: the other jobs keep their specs
+    data = lab_config_to_dict(load_lab_config(root, ["--lab.dir", "/tmp/staged"]))
+    for entry in data["grid"]["objectives"]:
+        if entry["label"] in ("decay", "cispo"):
+            entry["seeds"] = [0, 1, 2]
+    second = {j.key: j.spec for j in plan_jobs(lab_config_from_dict(data))}
+    assert "train/thinking_addition/decay/seed5" in full and "train/thinking_addition/decay/seed5" not in second
+    assert set(first) < set(second) and all(second[k] == full[k] for k in second)
