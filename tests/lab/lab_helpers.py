@@ -11,7 +11,8 @@ TIMING_KEYS = {"created", "cpu_seconds", "wall_seconds", "steps_per_s", "step_s"
 def smoke_config(lab_dir, model_dir, **sections) -> dict:
     """2 objectives × 2 seeds × a few steps, with a warm-up and a 2-snapshot gradient study: seconds on CPU."""
     base = {
-        "lab": {"dir": str(lab_dir), "jobs": 1, "checkpoint_every_steps": 2, "progress": "quiet"},
+        "lab": {"dir": str(lab_dir), "jobs": 1, "checkpoint_every_steps": 2, "progress": "quiet",
+                "sampled_eval_k": 2},
         "grid": {"objectives": ["grpo", "gspo"], "seeds": [0, 1]},
         "train": {
             "model": {"name": model_dir},
@@ -27,8 +28,8 @@ def smoke_config(lab_dir, model_dir, **sections) -> dict:
             "sft": {"steps": 2, "seqs_per_step": 4},
             "eval": {"every_steps": 2, "seqs_per_batch": 8},
         },
-        "gradients": {"batches": 3, "onpolicy_batches": 2, "snapshots": [0.0, 1.0]},
-        "report": {"resamples": 200},
+        "gradients": {"batches": 3, "onpolicy_batches": 2, "snapshots": [0.0, 1.0], "points": 2},
+        "report": {},
     }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}

@@ -101,3 +101,57 @@ def test_gradient_study_gives_the_estimator_its_inputs(tmp_path, small_model_dir
             assert set(inputs) == {"reward_components", "reward_weights", "lengths"}
             torch.testing.assert_close(inputs["reward_components"].sum(1), batch["rewards"])
             torch.testing.assert_close(inputs["lengths"], batch["mask"].sum(-1))
+
+
+def _driver(preset, **over):
+    from lmpo.objectives import ObjectiveDriver
+
+    return ObjectiveDriver(Objective.preset(preset, check_finite=False, **over))
+
+
+def test_token_gradient_weights_by_hand_and_against_a_slow_loop():
+    from lmpo.lab.gradients import token_gradient_weights
+
+    logp, old, mask, adv = _inputs(0)
+    # on-policy GRPO (seq_mean_token_mean, ratio 1, no clip): ∂loss/∂logp_t = −A_i / (|y_i|·B).
+    # Row 1 has |y| = 3, A = −0.5, B = 3 → +0.5/9 = 0.05556 on its three tokens.
+    w = token_gradient_weights(_driver("grpo"), logp, logp.detach(), adv, mask, seed=0)
+    expect = -(adv / mask.sum(-1)).unsqueeze(-1).expand_as(logp) / 3
+    torch.testing.assert_close(w, torch.where(mask, expect, 0.0))
+    assert float(w[1, 0]) == pytest.approx(0.5 / 9)
+    # off-policy, against central differences of the objective token by token (slow loop, float64)
+    logp, old, adv = logp.double(), old.double(), adv.double()
+    driver = _driver("dapo")
+    fast = token_gradient_weights(driver, logp, old, adv, mask, seed=0)
+    for i in range(3):
+        for t in range(5):
+            if not mask[i, t]:
+                assert fast[i, t] == 0
+                continue
+            h = 1e-6
+            up, down = logp.clone(), logp.clone()
+            up[i, t] += h
+            down[i, t] -= h
+            n = mask.sum()
+            lu = driver.loss(up, old, adv, mask, num_tokens=n, num_seqs=3)
+            ld = driver.loss(down, old, adv, mask, num_tokens=n, num_seqs=3)
+            assert float(fast[i, t]) == pytest.approx(float((lu - ld) / (2 * h)), abs=1e-7)
+
+
+def test_weight_diff_frac_counts_tokens_the_variant_moves_differently():
+    from lmpo.lab.gradients import token_gradient_weights, weight_diff_frac
+
+    logp, old, mask, adv = _inputs(1)
+    grpo = token_gradient_weights(_driver("grpo"), logp, old, adv, mask, seed=0)
+    assert weight_diff_frac(grpo, grpo, mask) == 0.0
+    # an objective that equals GRPO: same weights, inactive
+    same = token_gradient_weights(_driver("grpo", eps_low=0.2), logp, old, adv, mask, seed=0)
+    assert weight_diff_frac(same, grpo, mask) == 0.0
+    # GSPO: rows 0 and 1 (ratios far from 1) are clipped whole by its ε = 3e-4, so their 5 tokens that GRPO
+    # moves differ; row 2 has one token (sequence ratio = token ratio) and GRPO's clipped tokens of row 0 are
+    # zero in both → 5 of 9 valid tokens
+    gspo = token_gradient_weights(_driver("gspo"), logp, old, adv, mask, seed=0)
+    assert weight_diff_frac(gspo, grpo, mask) == pytest.approx(5 / 9)
+    # by hand: weights 1.0 vs 1.005 (0.5%) and 1.0 vs 1.02 (2%) on two valid tokens → one of two differs
+    m = torch.tensor([[True, True, False]])
+    assert weight_diff_frac(torch.tensor([[1.005, 1.02, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]]), m) == 0.5

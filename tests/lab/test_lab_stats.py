@@ -113,13 +113,39 @@ def test_gram_snr_and_cosine_match_the_vectors(seed):
     ref = rng.normal(size=30)
     gram = g @ g.T
     assert st.gram_snr(gram) == pytest.approx(_direct_snr(g), rel=1e-10)
-    mean = g.mean(0)
-    cos = mean @ ref / np.linalg.norm(mean) / np.linalg.norm(ref)
-    assert st.gram_cosine(gram, g @ ref, float(ref @ ref)) == pytest.approx(cos, rel=1e-10)
+    assert st.gram_cosine(gram, g @ ref, float(ref @ ref)) == pytest.approx(_direct_cos(g, ref), rel=1e-10)
+    assert st.gram_cosine(gram, g @ ref, float(ref @ ref), ref_noise=0.3) == pytest.approx(
+        _direct_cos(g, ref, 0.3), rel=1e-10)
     idx = np.array([0, 0, 3, 5, 6, 6, 2])  # a resample: the same as the vectors picked by idx
     assert st.gram_snr(gram, idx) == pytest.approx(_direct_snr(g[idx]), rel=1e-10)
-    assert st.gram_cosine(gram, g @ ref, float(ref @ ref), idx) == pytest.approx(
-        g[idx].mean(0) @ ref / np.linalg.norm(g[idx].mean(0)) / np.linalg.norm(ref), rel=1e-10)
+    assert st.gram_cosine(gram, g @ ref, float(ref @ ref), idx) == pytest.approx(_direct_cos(g[idx], ref),
+                                                                                 rel=1e-10)
+
+
+def _direct_cos(vectors, ref, ref_noise=0.0):
+    """The bias-corrected cosine from the vectors: ‖ḡ‖² − V/R and ‖g*‖² − ref_noise as the squared norms."""
+    mean = vectors.mean(0)
+    var = ((vectors - mean) ** 2).sum() / (len(vectors) - 1)
+    return float(mean @ ref / np.sqrt((mean @ mean - var / len(vectors)) * (ref @ ref - ref_noise)))
+
+
+def test_bias_corrected_cosine_removes_the_noise_of_both_means():
+    # true directions: E g = E g* = e_0 (cosine 1); each sample adds isotropic noise of total variance
+    # 400 · 0.1² = 4. With R = R* = 8 the means have ‖·‖² ≈ 1 + 4/8 = 1.5, so the raw cosine is ≈ 1/1.5 = 0.667;
+    # the corrected one is ≈ 1.
+    rng = np.random.default_rng(0)
+    dim, R = 400, 8
+    raw, fixed = [], []
+    for _ in range(200):
+        mu = np.zeros(dim)
+        mu[0] = 1.0
+        g = mu + rng.normal(0.0, 0.1, (R, dim))
+        on = mu + rng.normal(0.0, 0.1, (R, dim))
+        g_star = on.mean(0)
+        raw.append(g.mean(0) @ g_star / np.linalg.norm(g.mean(0)) / np.linalg.norm(g_star))
+        fixed.append(st.gram_cosine(g @ g.T, g @ g_star, float(g_star @ g_star), ref_noise=st.mean_noise(on @ on.T)))
+    assert np.mean(raw) == pytest.approx(1 / 1.5, abs=0.02)
+    assert np.nanmean(fixed) == pytest.approx(1.0, abs=0.03)
 
 
 def test_gram_snr_of_pure_noise_is_near_zero_and_of_signal_large():
@@ -191,3 +217,109 @@ def test_paired_jackknife_difference_detects_a_shift_that_survives_leaving_sampl
         return z.mean() if idx is None else z[idx].mean(1)
 
     assert st.paired_jackknife_difference([c], [b], [20])["p"] > out["p"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rule v2: t intervals, power, Holm, one-sided tests, pass@k
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_t_interval_and_mde_by_hand():
+    # d = [1, 2, 3, 4, 5]: mean 3, sd 1.5811, se 0.70711, t_{0.975,4} = 2.77645 → 3 ± 1.96324;
+    # MDE at 80% power: (t_{0.975,4} + t_{0.80,4}) · se = (2.77645 + 0.94096) · 0.70711 = 2.62861
+    comp = st.paired_comparison([1, 2, 3, 4, 5], [0, 0, 0, 0, 0])
+    assert comp["diff"] == 3.0 and comp["df"] == 4 and comp["n"] == 5
+    assert comp["se"] == pytest.approx(0.707107, abs=1e-6)
+    assert comp["ci"] == pytest.approx([3 - 1.963243, 3 + 1.963243], abs=1e-5)
+    assert comp["mde"] == pytest.approx(2.628606, abs=1e-5)
+    # one-sided (non-inferiority) MDE: (t_{0.95,4} + t_{0.80,4}) · se = (2.13185 + 0.94096) · 0.70711 = 2.17281
+    assert st.minimum_detectable_effect(comp["se"], 4, sided=1) == pytest.approx(2.172806, abs=1e-5)
+
+
+def test_t_interval_is_wider_than_the_percentile_bootstrap_for_five_seeds():
+    x = [0.1, 0.4, 0.2, 0.5, 0.3]
+    t_lo, t_hi = st.t_interval(x)["ci"]
+    b_lo, b_hi = st.bootstrap_ci(x)
+    assert t_hi - t_lo > 1.3 * (b_hi - b_lo)
+
+
+def test_t_interval_edge_cases():
+    assert st.t_interval([0.2, 0.2, 0.2])["ci"] == [0.2, 0.2]
+    one = st.t_interval([0.3])
+    assert one["mean"] == 0.3 and all(math.isnan(v) for v in one["ci"])
+    assert math.isnan(st.minimum_detectable_effect(math.nan, 4))
+
+
+def test_student_t_ppf_matches_tables():
+    assert st.student_t_ppf(0.975, 4) == pytest.approx(2.776445, abs=1e-5)
+    assert st.student_t_ppf(0.80, 4) == pytest.approx(0.940965, abs=1e-5)
+    assert st.student_t_ppf(0.025, 4) == pytest.approx(-2.776445, abs=1e-5)
+    assert st.student_t_ppf(0.5, 3) == 0.0
+
+
+def test_holm_by_hand():
+    # sorted 0.01, 0.03, 0.04 → 3·0.01 = 0.03, 2·0.03 = 0.06, max(0.06, 1·0.04) = 0.06
+    assert st.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert st.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
+    out = st.holm([0.01, math.nan])
+    assert out[0] == pytest.approx(0.01) and math.isnan(out[1])  # nan does not count in m
+    assert st.holm([]) == []
+
+
+def test_one_sided_p_by_hand():
+    # d = 0, se = 0.02, df 4, H0: d ≤ −0.05 → t = 2.5, P(T ≥ 2.5) = 0.03339
+    assert st.one_sided_p(0.0, 0.02, 4, shift=-0.05) == pytest.approx(0.033389, abs=1e-5)
+    assert st.one_sided_p(0.0, 0.02, 4, shift=0.05, upper=False) == pytest.approx(0.033389, abs=1e-5)
+    assert st.one_sided_p(0.1, 0.0, 4) == 0.0 and st.one_sided_p(-0.1, 0.0, 4) == 1.0
+
+
+def test_last_mean_is_the_endpoint():
+    assert st.last_mean([0.1, 0.2, 0.3, 0.6, math.nan], 3) == pytest.approx((0.2 + 0.3 + 0.6) / 3)
+    assert math.isnan(st.last_mean([0.1, 0.2], 3))
+
+
+def test_pass_at_k_against_the_combinatorial_formula():
+    from math import comb
+
+    from lmpo.lab.jobs import pass_at_k
+
+    for n, c, k in ((8, 0, 8), (8, 1, 8), (10, 3, 4), (5, 5, 1), (20, 2, 5)):
+        assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)  # pass@1 is the share right
+
+
+def test_t_interval_keeps_its_coverage_where_the_percentile_bootstrap_does_not():
+    # docs/lab.md: five normal values, 95% nominal (400 samples here; the docs' 2,000 give 0.835 and 0.942)
+    rng = np.random.default_rng(0)
+    boot = t = 0
+    for i in range(400):
+        x = rng.normal(0.0, 1.0, 5)
+        lo, hi = st.bootstrap_ci(x, resamples=1000, seed=i)
+        boot += lo < 0 < hi
+        a, b = st.t_interval(x)["ci"]
+        t += a < 0 < b
+    assert boot / 400 < 0.88 and 0.92 < t / 400 < 0.98
+
+
+def test_bias_corrected_cosine_is_undefined_where_the_mean_is_mostly_noise():
+    # E g = 0.05·e_0 against noise of total variance 4 over R = 8: ‖E g‖² = 0.0025 ≪ V/R = 0.5 → nan, not ±10⁶
+    rng = np.random.default_rng(1)
+    mu = np.zeros(400)
+    mu[0] = 0.05
+    g = mu + rng.normal(0.0, 0.1, (8, 400))
+    ref = np.zeros(400)
+    ref[0] = 1.0
+    assert math.isnan(st.gram_cosine(g @ g.T, g @ ref, 1.0))
+
+
+def _constant(value):
+    """A statistic in the form :func:`st.jackknife` calls: one value for None, one per row of an index array."""
+    def stat(idx):
+        return np.full(np.shape(idx)[0], value) if idx is not None and np.ndim(idx) == 2 else value
+    return stat
+
+
+def test_paired_jackknife_difference_leaves_out_undefined_groups():
+    out = st.paired_jackknife_difference([_constant(1.0), _constant(np.nan)], [_constant(0.0), _constant(0.0)],
+                                         [4, 4])
+    assert out["diff"] == 1.0 and out["groups"] == 1 and out["groups_left_out"] == 1 and out["p"] == 0.0

@@ -190,3 +190,59 @@ def test_validation_errors_name_the_field():
     nan[6] = float("nan")
     with pytest.raises(ValueError, match="not finite"):
         rlvcr_advantages(r, g, o, tg, nan)
+
+
+def test_split_family_action_by_hand():
+    # One prompt, rewards [1, 0, 0, 0]: mean 0.25, unbiased std 0.5 → A = [1.5, −0.5, −0.5, −0.5] (ε = 0).
+    # The success (row 0) is expanded into a family of 4 (rows 0, 4, 5, 6).
+    # copy: every member carries 1.5, so the batch's action advantages sum to 1.5·4 − 1.5 = 4.5;
+    # split: every member carries 1.5 / 4 = 0.375, the family weighs 1.5 like the one sampled completion and the
+    # batch sums to 0 again. This is what stops the small-scale collapse (docs/rlvcr.md, "Collapse at small scale").
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    g = torch.zeros(7, dtype=torch.long)
+    o = torch.tensor([True, True, True, True, False, False, False])
+    tg = torch.tensor([0, -1, -1, -1, 0, 0, 0])
+    tr = torch.tensor([0.9, 0.0, 0.0, 0.0, 0.1, 0.5, 0.3])  # mean 0.45 → thinking [0.45, 0, 0, 0, −0.35, 0.05, −0.15]
+    _, copy = rlvcr_advantages(r, g, o, tg, tr, thinking_weight=0.0, eps=0.0)
+    adv, split = rlvcr_advantages(r, g, o, tg, tr, thinking_weight=0.5, eps=0.0, family_action="split")
+    torch.testing.assert_close(copy["action"], torch.tensor([1.5, -0.5, -0.5, -0.5, 1.5, 1.5, 1.5]))
+    assert float(copy["action"].sum()) == pytest.approx(4.5)
+    torch.testing.assert_close(split["action"], torch.tensor([0.375, -0.5, -0.5, -0.5, 0.375, 0.375, 0.375]))
+    assert float(split["action"].sum()) == pytest.approx(0.0, abs=1e-6)
+    # final = 0.5·action + 0.5·thinking: the worst-thinking expansion (row 4) now has a negative advantage
+    torch.testing.assert_close(adv, torch.tensor([0.4125, -0.25, -0.25, -0.25, 0.0125, 0.2125, 0.1125]))
+    with_copy, _ = rlvcr_advantages(r, g, o, tg, tr, thinking_weight=0.5, eps=0.0)
+    assert float(with_copy[4]) == pytest.approx(0.5 * 1.5 - 0.5 * 0.35)  # 0.575: copy rewards broken thinking
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_split_keeps_the_batch_centred_and_each_family_at_its_originals_weight(seed):
+    gen = torch.Generator().manual_seed(seed)
+    B = 12
+    r = (torch.rand(B, generator=gen) > 0.5).float()
+    g = torch.arange(B) // 4
+    succ = (r > 0).nonzero().squeeze(-1).tolist()
+    L = 4
+    rows_r, rows_g, rows_tg = [], [], []
+    tg = torch.full((B,), -1, dtype=torch.long)
+    for k, i in enumerate(succ):
+        tg[i] = k
+        rows_r += [1.0] * (L - 1)
+        rows_g += [int(g[i])] * (L - 1)
+        rows_tg += [k] * (L - 1)
+    r_all = torch.cat([r, torch.tensor(rows_r)])
+    g_all = torch.cat([g, torch.tensor(rows_g, dtype=torch.long)])
+    o_all = torch.tensor([True] * B + [False] * len(rows_r))
+    tg_all = torch.cat([tg, torch.tensor(rows_tg, dtype=torch.long)])
+    tr = torch.rand(len(r_all), generator=gen)
+    _, parts = rlvcr_advantages(r_all, g_all, o_all, tg_all, tr, thinking_weight=0.3, family_action="split")
+    plain = group_normalized_advantages(r, g)
+    assert float(parts["action"].sum()) == pytest.approx(float(plain.sum()), abs=1e-5)
+    for k, i in enumerate(succ):
+        assert float(parts["action"][tg_all == k].sum()) == pytest.approx(float(plain[i]), abs=1e-5)
+
+
+def test_family_action_is_checked():
+    r, g, o, tg, tr = hand_batch()
+    with pytest.raises(ValueError, match="family_action"):
+        rlvcr_advantages(r, g, o, tg, tr, family_action="share")

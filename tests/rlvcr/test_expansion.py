@@ -188,3 +188,23 @@ def test_stage_advantages_keep_and_metrics(model):
     assert torch.equal(out0.advantages[:6], group_normalized_advantages(REWARDS, ro.group_ids))
     # w = 0: no thinking signal, so a family is kept exactly when its original's prompt is.
     assert torch.equal(out0.keep, keep[out0.expansion.source])
+
+
+def test_stage_splits_the_family_action_advantage_when_configured(model):
+    # docs/rlvcr.md, "Collapse at small scale": with `split` a family carries its original's action advantage
+    # once, so the batch's action advantages sum to the originals' (GRPO: zero per prompt group)
+    ro = make_rollout(PROMPTS, COMPLETIONS)
+    copy = rlvcr_stage(model, TOK, ro, REWARDS, RLVCRConfig(enabled=True, thinking_weight=0.0),
+                       generator=torch.Generator().manual_seed(0))
+    split = rlvcr_stage(model, TOK, ro, REWARDS, RLVCRConfig(enabled=True, thinking_weight=0.0, family_action="split"),
+                        generator=torch.Generator().manual_seed(0))
+    ex = split.expansion
+    originals = copy.parts["action"][:6]
+    for g in range(int(ex.thinking_group_id.max()) + 1):
+        members = ex.thinking_group_id == g
+        row = int((members & ex.is_original).nonzero()[0])
+        assert float(split.parts["action"][members].sum()) == pytest.approx(float(originals[row]), abs=1e-6)
+        assert float(copy.parts["action"][members].sum()) == pytest.approx(4 * float(originals[row]), abs=1e-6)
+    assert float(split.parts["action"].sum()) == pytest.approx(float(originals.sum()), abs=1e-5)
+    with pytest.raises(ValueError, match="family_action"):
+        RLVCRConfig(enabled=True, family_action="share")

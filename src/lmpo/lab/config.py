@@ -50,6 +50,8 @@ class LabSection:
                                      "resumes a cell where it stopped (0: only at the end).", ge=0)
     keep_checkpoints: bool = _f(False, "Keep a finished cell's checkpoints (they are deleted once its summary is "
                                 "written; the gradient study's snapshots are always kept).")
+    sampled_eval_k: int = _f(0, "After its last step each cell samples k completions per held-out problem "
+                             "(the rollout's temperature) for pass@k and avg@k (0: off).", ge=0)
     progress: str = _f("auto", "auto (a live status line on a terminal, plain lines otherwise) | lines | quiet "
                        "(nothing).", choices=("auto", "lines", "quiet"))
 
@@ -62,6 +64,9 @@ class ObjectiveEntry:
     preset: str = _f("", "A preset of `lmpo.objectives.PRESETS`; empty: `Objective(**overrides)` from the "
                      "objective defaults.")
     overrides: dict = _f({}, "`Objective` keywords applied to the preset (or, without a preset, all of them).")
+    seeds: tuple[int, ...] = _f((), "The seeds this objective runs on, a subset of `grid.seeds` (empty: all of them); "
+                                "e.g. an arm kept to show that the papers' default does not act, or the second stage "
+                                "of a lab whose first stage gated a claim out (docs/lab.md, 'Sizing').")
     train: dict = _f({}, "Trainer overrides for this objective's cells only (e.g. `{rlvcr: {enabled: true}}` or "
                      "`{objective: {advantage_estimator: rloo}}`); they may not change the budget, the model, the "
                      "task or the warm-up.")
@@ -93,7 +98,10 @@ class GradientConfig:
 
     enabled: bool = _f(True, "Run the study (it needs the reference run's cells).")
     reference: str = _f("grpo", "Objective label whose run provides the policy snapshots.")
-    reference_seed: int | None = _f(None, "Seed of the reference run (default: the first seed).")
+    reference_seeds: tuple[int, ...] = _f((), "Seeds of the reference runs (default: the first three seeds of the "
+                                          "grid); every snapshot of every reference run is studied.")
+    points: int = _f(4, "Off-policy points per snapshot: independent update batches, each giving its own θ' "
+                     "(and its own R behaviour batches).", ge=1)
     snapshots: tuple[float, ...] = _f((0.0, 0.5, 1.0), "Snapshot positions as fractions of the reference run's "
                                       "RL steps (0: after the warm-up).")
     batches: int = _f(16, "R: independent behaviour-policy rollout batches per snapshot (every objective's "
@@ -104,6 +112,10 @@ class GradientConfig:
                                       "RL step).", ge=0)
     objectives: tuple[str, ...] = _f((), "Objective labels to measure (empty: every entry without trainer "
                                      "overrides).")
+    controls: tuple[ObjectiveEntry, ...] = _f((), "Objectives measured in the gradient study only (not trained), "
+                                              "e.g. GRPO without its clip: `{label: grpo_noclip, preset: grpo, "
+                                              "overrides: {trust_region: none}}`, the control that tells whether an "
+                                              "SNR gap is clip activity.")
     params: str = _f("", "Regular expression on parameter names: only these enter the gradient vectors "
                      "(empty: every trainable parameter).")
     seed: int = _f(0, "Seed of the study's prompts and sampling.")
@@ -117,12 +129,12 @@ class ReportConfig:
     confidence: float = _f(0.95, "Level of every interval.", gt=0.5, lt=1, hint="e.g. 0.95.")
     alpha: float = _f(0.05, "Significance level of the paired tests in the verdict rule.", gt=0, lt=0.5,
                       hint="e.g. 0.05.")
-    resamples: int = _f(10000, "Bootstrap resamples over seeds (and over batches for per-batch gradient metrics).",
-                        ge=100)
-    accuracy_margin: float = _f(0.05, "Non-inferiority margin of held-out accuracy (absolute): 'keeps accuracy' "
-                                "holds when the interval of the difference lies above −margin.", ge=0)
+    power: float = _f(0.8, "Power at which every check's minimum detectable effect is given.", gt=0, lt=1,
+                      hint="e.g. 0.8.")
+    divergence_margin: float = _f(0.1, "A cell diverged (its runs are invalid for every claim that uses them) when "
+                                  "its held-out accuracy at an evaluation after the start falls more than this "
+                                  "below its start (absolute).", gt=0)
     claims: tuple[str, ...] = _f((), "Claims of `lmpo.lab.claims.CLAIMS` to judge (empty: all).")
-    seed: int = _f(0, "Seed of the bootstrap resamples.")
 
 
 @dataclass(frozen=True)

@@ -181,10 +181,46 @@ def importance_weights(objective, logp: torch.Tensor, old_logp: torch.Tensor, ma
         return value.expand_as(m)
 
 
+def token_gradient_weights(driver, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                           mask: torch.Tensor, *, seed: int, **inputs: torch.Tensor) -> torch.Tensor:
+    """(B, T) ``∂loss/∂logp_t``: how much the objective's loss moves each token's log-prob, everything included
+    (importance weight, trust region, credit, masks, penalties, aggregation), at fixed inputs.
+
+    A pure tensor computation over the batch's (detached) log-probs; randomness (Clip-Cov's pick) comes from a
+    generator seeded with ``seed``, so two objectives see the same draw. Zero at invalid positions."""
+    x = logp.detach().clone().requires_grad_(True)
+    gen = torch.Generator(device=x.device).manual_seed(seed)
+    n_tok, n_seq = mask.sum(), int(mask.shape[0])
+    loss = driver.loss(x, old_logp, advantages, mask, weight=1.0, num_tokens=n_tok, num_seqs=n_seq, generator=gen,
+                       **{k: v.detach() for k, v in inputs.items()})
+    driver.end_step(update_controller=False)
+    (grad,) = torch.autograd.grad(loss, x, allow_unused=True)
+    return torch.zeros_like(x) if grad is None else torch.where(mask.bool(), grad.detach(), 0.0)
+
+
+def weight_diff_frac(weights: torch.Tensor, baseline: torch.Tensor, mask: torch.Tensor, *,
+                     tolerance: float = 0.01) -> float:
+    """Share of valid tokens whose gradient weight differs from the baseline's by more than ``tolerance``
+    (relative to the baseline's; a token the baseline does not move counts when the objective moves it)."""
+    valid = mask.bool()
+    w, b = weights[valid].double(), baseline[valid].double()
+    if w.numel() == 0:
+        return math.nan
+    scale = b.abs().clamp_min(1e-12 * float(b.abs().max().clamp_min(1e-30)))
+    return float(((w - b).abs() > tolerance * scale).double().mean())
+
+
 def weight_variance(weights: torch.Tensor, mask: torch.Tensor) -> float:
     """Unbiased variance of ``weights`` over the valid tokens of ``mask``."""
     w = weights[mask.bool()].double()
     return float(w.var(unbiased=True)) if w.numel() > 1 else math.nan
+
+
+def _needed(objective) -> set[str]:
+    from lmpo.objectives import ObjectiveDriver
+
+    needs = ObjectiveDriver(objective).needs
+    return {name for name, on in (("entropy", needs.entropy), ("token_grad_norm", bool(needs.token_grad_norm))) if on}
 
 
 def _objective(section: dict):
@@ -194,36 +230,24 @@ def _objective(section: dict):
     return obj, ObjectiveDriver(obj)
 
 
-def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
-    """The study at one snapshot (see the module docstring); ``spec`` is the job spec of ``lmpo.lab.grid``."""
-    from lmpo.objectives import Objective, ObjectiveDriver
-    from lmpo.trainer import Trainer
-    from lmpo.trainer.checkpoint import load_checkpoint
+def off_policy_point(trainer, batches: _Batches, k: int, seed: int, step: int, *, optimizer_state=None):
+    """Step 1 of the study: freeze a copy of ``trainer.model`` (θ_s, the behaviour policy, returned) and move the
+    model to θ' by k GRPO minibatch updates on an update batch from θ_s, with AdamW at the train section's
+    settings and, when given, the snapshot's optimizer state (its moments), so that the step sizes are those
+    of training at that point and not those of a fresh AdamW."""
     from lmpo.trainer.optim import build_optimizer
 
-    t0 = time.perf_counter()
-    cfg = config_from_dict(spec["train"])
-    trainer = Trainer(cfg, log=log)
-    model = trainer.model
-    if spec.get("checkpoint"):
-        load_checkpoint(spec["checkpoint"], model)
+    cfg, model = trainer.cfg, trainer.model
     behaviour = copy.deepcopy(model).eval()
     for p in behaviour.parameters():
         p.requires_grad_(False)
     model.train()
-    pattern = re.compile(spec["params"]) if spec.get("params") else None
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and (pattern is None or pattern.search(n))]
-    if not named:
-        raise ValueError(f"gradients.params = {spec.get('params')!r} matches no trainable parameter")
-    params = [p for _, p in named]
-    seed, step, k = int(spec["seed"]), int(spec["step"]), int(spec["updates_before_gradient"])
-    batches = _Batches(trainer, seed, step)
-
-    # 1. θ' = θ_s after k GRPO minibatch updates on an update batch from θ_s
     upd = batches.draw(behaviour, tag=0, index=0)
     upd_old = _no_grad_logp(trainer, behaviour, upd, upd["completion_ids"].shape[1])
     _, grpo = _objective({"preset": "grpo"})
     optimizer = build_optimizer(model.parameters(), cfg.optim)
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
     order = torch.randperm(upd["input_ids"].shape[0], generator=torch.Generator().manual_seed(_seed(seed, step, 9)))
     size = -(-order.numel() // k)
     for m in range(k):
@@ -233,7 +257,34 @@ def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
             torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.optim.max_grad_norm)
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    log(f"snapshot {step}: {k} update(s) from the snapshot")
+    return behaviour
+
+
+def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
+    """The study at one snapshot (see the module docstring); ``spec`` is the job spec of ``lmpo.lab.grid``."""
+    from lmpo.objectives import Objective, ObjectiveDriver
+    from lmpo.trainer import Trainer
+    from lmpo.trainer.checkpoint import load_checkpoint
+
+    t0 = time.perf_counter()
+    cfg = config_from_dict(spec["train"])
+    trainer = Trainer(cfg, log=log)
+    model = trainer.model
+    optimizer_state = None
+    if spec.get("checkpoint"):  # the snapshot's weights and its AdamW moments, as training would continue
+        optimizer_state = load_checkpoint(spec["checkpoint"], model).get("optimizer")
+    pattern = re.compile(spec["params"]) if spec.get("params") else None
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and (pattern is None or pattern.search(n))]
+    if not named:
+        raise ValueError(f"gradients.params = {spec.get('params')!r} matches no trainable parameter")
+    params = [p for _, p in named]
+    step, k = int(spec["step"]), int(spec["updates_before_gradient"])
+    # each (reference seed, point) draws its own update batch and behaviour batches
+    seed = _seed(int(spec["seed"]), int(spec.get("reference_seed", 0)), int(spec.get("point", 0)))
+    batches = _Batches(trainer, seed, step)
+    behaviour = off_policy_point(trainer, batches, k, seed, step, optimizer_state=optimizer_state)
+    log(f"snapshot {step}, point {spec.get('point', 0)}: {k} update(s) from the snapshot"
+        + (" (its optimizer state carried)" if optimizer_state is not None else " (fresh optimizer: RL start)"))
 
     # 2. the R behaviour batches (from θ_s) and 3. the on-policy reference direction (from θ')
     R, R_on = int(spec["batches"]), int(spec["onpolicy_batches"])
@@ -255,6 +306,9 @@ def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
     # 4. every objective on the same R batches at θ'
     setup_seconds = time.perf_counter() - t0
     results: dict[str, Any] = {}
+    token_weights: dict[str, list[torch.Tensor]] = {}
+    logp_at: list[torch.Tensor | None] = [None] * len(data)
+    inputs_at: list[dict[str, torch.Tensor]] = [{} for _ in data]
     for entry in spec["objectives"]:
         t1 = time.perf_counter()
         obj, driver = _objective(entry["objective"])
@@ -264,6 +318,9 @@ def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
             gen = torch.Generator(device=trainer.device).manual_seed(_seed(seed, step, 3, r))
             merged, fwd = _accumulate(trainer, driver, model, b, o, generator=gen)
             vectors.append(_vector(params))
+            if logp_at[r] is None:  # θ' does not move between objectives: one forward serves them all
+                logp_at[r] = fwd["logp"]
+            inputs_at[r].update({k: fwd[k] for k in ("entropy", "token_grad_norm") if k in fwd})
             extra = {k: fwd[k] for k in ("token_grad_norm",) if k in fwd}
             w = importance_weights(obj, fwd["logp"], o, b["mask"], _advantages(trainer, b, obj.advantage_scale),
                                    **extra)
@@ -274,6 +331,11 @@ def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
                          "mask_frac": masked / tokens if tokens else 0.0, "ratio_max": merged.get("ratio/max"),
                          "kl_behaviour": merged.get("kl/behaviour_k3")})
         model.zero_grad(set_to_none=True)
+        token_weights[entry["label"]] = [
+            token_gradient_weights(_objective(entry["objective"])[1], logp_at[r], o,
+                                   _advantages(trainer, b, obj.advantage_scale), b["mask"], seed=_seed(seed, step, 3, r),
+                                   **{k: v for k, v in inputs_at[r].items() if k in _needed(obj)})
+            for r, (b, o) in enumerate(zip(data, old))]
         V = torch.stack(vectors).double()
         gram = (V @ V.T).numpy()
         dots = (V @ g_star).numpy()
@@ -281,12 +343,19 @@ def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
         per_batch["grad_norm"] = [float(math.sqrt(max(g, 0.0))) for g in np.diag(gram)]
         results[entry["label"]] = {
             "objective": obj.to_dict(), "gram": gram.tolist(), "dots": dots.tolist(), "per_batch": per_batch,
-            "snr": st.gram_snr(gram), "cos_onpolicy": st.gram_cosine(gram, dots, float(g_star @ g_star)),
+            "snr": st.gram_snr(gram), "cos_onpolicy": st.gram_cosine(gram, dots, float(g_star @ g_star),
+                                                                     ref_noise=st.mean_noise(on_gram)),
             "seconds": time.perf_counter() - t1,
         }
         log(f"snapshot {step}: {entry['label']}: SNR {results[entry['label']]['snr']:.3g}, cosine to the on-policy "
             f"direction {results[entry['label']]['cos_onpolicy']:.3g}")
-    return {"step": step, "batches": R, "onpolicy_batches": R_on, "updates_before_gradient": k,
+    for label, res in results.items():  # the activity measure against every baseline measured here
+        res["weight_diff_frac"] = {
+            base: [weight_diff_frac(w, wb, b["mask"]) for w, wb, b in zip(token_weights[label], token_weights[base], data)]
+            for base in spec.get("baselines", []) if base in token_weights and base != label}
+    return {"step": step, "reference_seed": int(spec.get("reference_seed", 0)), "point": int(spec.get("point", 0)),
+            "optimizer_state_carried": optimizer_state is not None,
+            "batches": R, "onpolicy_batches": R_on, "updates_before_gradient": k,
             "setup_seconds": setup_seconds, "params": [n for n, _ in named], "num_params": int(sum(p.numel() for p in params)),
             "kl_behaviour": float(np.mean(next(iter(results.values()))["per_batch"]["kl_behaviour"])) if results
             else math.nan, "onpolicy": {"sq_norm": float(g_star @ g_star), "gram": on_gram.tolist(),
@@ -294,4 +363,4 @@ def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
             "objectives": results}
 
 
-__all__ = ["gradient_study", "importance_weights", "weight_variance"]
+__all__ = ["gradient_study", "importance_weights", "token_gradient_weights", "weight_diff_frac", "weight_variance"]

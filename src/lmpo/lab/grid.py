@@ -87,6 +87,11 @@ def _quiet(data: dict, run_dir: Path) -> dict:
                                           "print_every_steps": 0, "plots": False}})
 
 
+def reference_seeds(cfg: LabConfig) -> list[int]:
+    """Seeds of the gradient study's reference runs: ``gradients.reference_seeds``, or the grid's first three."""
+    return list(cfg.gradients.reference_seeds) or list(cfg.grid.seeds[:3])
+
+
 def snapshot_steps(cfg: LabConfig) -> list[int]:
     """RL steps of the reference run at which the gradient study takes its snapshots."""
     steps = cfg.train.loop.steps
@@ -109,7 +114,7 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
     objective of a task has the same budget (``BUDGET_FIELDS``)."""
     root = Path(lab_dir if lab_dir is not None else cfg.lab.dir)
     seeds = list(cfg.grid.seeds)
-    ref_seed = cfg.gradients.reference_seed if cfg.gradients.reference_seed is not None else seeds[0]
+    ref_seeds = reference_seeds(cfg)
     warmups: list[Job] = []
     reference: list[Job] = []
     snapshots: list[Job] = []
@@ -129,9 +134,12 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
                     "checkpoint": {"at_end": False, "every_steps": 0, "final_model": False},
                     "objective": {"preset": "grpo", "overrides": {}}, "rlvcr": {"enabled": False}})
                 _validated(warm, warm_key)
-                warmups.append(Job("warmup", warm_key, warm_dir, {"train": warm},
+                warmups.append(Job("warmup", warm_key, warm_dir,
+                                   {"train": warm, "sampled_eval_k": cfg.lab.sampled_eval_k},
                                    labels={"task": task, "seed": seed}))
             for entry in cfg.grid.objectives:
+                if entry.seeds and seed not in entry.seeds:
+                    continue
                 label = objective_label(entry)
                 key = f"train/{task}/{label}/seed{seed}"
                 run_dir = root / "cells" / task / label / f"seed{seed}"
@@ -139,7 +147,7 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
                 data = _deep_merge(data, entry.train)
                 if has_warmup:
                     data = _deep_merge(data, {"model": {"name": str(warm_dir / "model")}, "sft": {"steps": 0}})
-                is_reference = cfg.gradients.enabled and label == cfg.gradients.reference and seed == ref_seed
+                is_reference = cfg.gradients.enabled and label == cfg.gradients.reference and seed in ref_seeds
                 every = cfg.lab.checkpoint_every_steps
                 keep = 1
                 # a cell's result is its summary: no RUN/model/ copy of the policy per cell (disk)
@@ -161,12 +169,14 @@ def plan_jobs(cfg: LabConfig, lab_dir: str | Path | None = None) -> list[Job]:
                                       f"({'; '.join(diff)}); every objective of a task runs the same RL steps, "
                                       "prompts and completions: drop these keys from the entry's `train`.")
                 job = Job("train", key, run_dir,
-                          {"train": data, "keep_checkpoints": bool(cfg.lab.keep_checkpoints or is_reference)},
+                          {"train": data, "keep_checkpoints": bool(cfg.lab.keep_checkpoints or is_reference),
+                           "sampled_eval_k": cfg.lab.sampled_eval_k},
                           deps=(warm_key,) if has_warmup else (),
                           labels={"task": task, "objective": label, "seed": seed, "reference": is_reference})
                 (reference if is_reference else cells).append(job)
         if cfg.gradients.enabled:
-            snapshots += _gradient_jobs(cfg, root, task, _seeded(base, ref_seed), has_warmup, ref_seed)
+            for ref_seed in ref_seeds:
+                snapshots += _gradient_jobs(cfg, root, task, _seeded(base, ref_seed), has_warmup, ref_seed)
     # entries with trainer overrides (RLVCR) cost several plain cells: start them first, so that the lab does
     # not end with one long cell on one core
     heavy = {objective_label(e) for e in cfg.grid.objectives if e.train}
@@ -184,20 +194,27 @@ def _gradient_jobs(cfg: LabConfig, root: Path, task: str, seeded: dict, has_warm
     if has_warmup:
         base = _deep_merge(base, {"model": {"name": str(warm_model)}, "sft": {"steps": 0}})
     entries = [{"label": objective_label(e), "objective": trainer_objective_section(e)}
-               for e in gradient_objectives(cfg)]
+               for e in (*gradient_objectives(cfg), *cfg.gradients.controls)]
+    measured = {e["label"] for e in entries}
+    claims = [CLAIMS[n] for n in cfg.report.claims] if cfg.report.claims else list(CLAIMS.values())
+    # the activity measure compares each objective's token gradient weights with those of its claims' baselines
+    baselines = sorted(({cfg.report.baseline} | {c.baseline for c in claims}) & measured)
     gr = cfg.gradients
     jobs = []
     for step in snapshot_steps(cfg):
-        key = f"gradients/{task}/snapshot_{step}"
-        job_dir = root / "gradients" / task / f"snapshot_{step}"
-        data = _quiet(base, job_dir / RUN_SUBDIR)
-        _validated(data, key, stand_in=str(cfg.train.model.name))
-        checkpoint = str(ref_dir / "checkpoints" / f"step_{step:08d}") if step > 0 else None
-        deps = (ref_key,) if step > 0 else ((warm_key,) if has_warmup else ())
-        spec = {"train": data, "checkpoint": checkpoint, "step": step, "objectives": entries,
-                "batches": gr.batches, "onpolicy_batches": gr.onpolicy_batches,
-                "updates_before_gradient": updates_before_gradient(cfg), "params": gr.params, "seed": gr.seed}
-        jobs.append(Job("gradients", key, job_dir, spec, deps=deps, labels={"task": task, "step": step}))
+        for point in range(gr.points):
+            key = f"gradients/{task}/seed{ref_seed}/snapshot_{step}/point_{point}"
+            job_dir = root / "gradients" / task / f"seed{ref_seed}" / f"snapshot_{step}" / f"point_{point}"
+            data = _quiet(base, job_dir / RUN_SUBDIR)
+            _validated(data, key, stand_in=str(cfg.train.model.name))
+            checkpoint = str(ref_dir / "checkpoints" / f"step_{step:08d}") if step > 0 else None
+            deps = (ref_key,) if step > 0 else ((warm_key,) if has_warmup else ())
+            spec = {"train": data, "checkpoint": checkpoint, "step": step, "objectives": entries,
+                    "batches": gr.batches, "onpolicy_batches": gr.onpolicy_batches,
+                    "updates_before_gradient": updates_before_gradient(cfg), "params": gr.params, "seed": gr.seed,
+                    "reference_seed": ref_seed, "point": point, "baselines": baselines}
+            jobs.append(Job("gradients", key, job_dir, spec, deps=deps,
+                            labels={"task": task, "step": step, "reference_seed": ref_seed, "point": point}))
     return jobs
 
 
@@ -219,6 +236,10 @@ def validate_lab_config(cfg: LabConfig) -> None:
             raise ConfigError(f"`grid.objectives[{i}].label` = {label!r} must be letters, digits, '_', '.' or '-' "
                               "(it names directories).")
         build_objective(entry)
+        outside = [x for x in entry.seeds if x not in cfg.grid.seeds]
+        if outside:
+            raise ConfigError(f"grid objective {label!r}: `seeds` names {outside}, which are not in grid.seeds "
+                              f"{list(cfg.grid.seeds)}; an entry runs on a subset of the grid's seeds.")
         bad = sorted(set(entry.train) & set(_SHARED_SECTIONS))
         if bad:
             raise ConfigError(f"grid objective {label!r}: `train` overrides section(s) {', '.join(bad)}, which "
@@ -246,11 +267,16 @@ def validate_lab_config(cfg: LabConfig) -> None:
             raise ConfigError(f"`gradients.reference` = {gr.reference!r} is not an objective label of the grid "
                               f"({', '.join(labels)}).")
         ref_entry = cfg.grid.objectives[labels.index(gr.reference)]
+        missing = [x for x in reference_seeds(cfg) if ref_entry.seeds and x not in ref_entry.seeds]
+        if missing:
+            raise ConfigError(f"`gradients.reference` = {gr.reference!r} does not run on the reference seeds "
+                              f"{missing}; add them to its `seeds` or set `gradients.reference_seeds`.")
         if ref_entry.train:
             raise ConfigError(f"`gradients.reference` = {gr.reference!r} has trainer overrides; the reference run "
                               "must be a plain objective run.")
-        if gr.reference_seed is not None and gr.reference_seed not in cfg.grid.seeds:
-            raise ConfigError(f"`gradients.reference_seed` = {gr.reference_seed} is not one of grid.seeds "
+        missing = [x for x in gr.reference_seeds if x not in cfg.grid.seeds]
+        if missing:
+            raise ConfigError(f"`gradients.reference_seeds` names {missing}, which are not in grid.seeds "
                               f"{list(cfg.grid.seeds)}.")
         if not gr.snapshots or any(not 0.0 <= s <= 1.0 for s in gr.snapshots) or list(gr.snapshots) != sorted(
                 set(gr.snapshots)):
@@ -260,6 +286,15 @@ def validate_lab_config(cfg: LabConfig) -> None:
             raise ConfigError("the gradient study needs an off-policy regime (ratios different from 1): set "
                               "`gradients.updates_before_gradient` >= 1 or train with "
                               "`loop.minibatches_per_step` (or epochs) > 1.")
+        for i, entry in enumerate(gr.controls):
+            label = objective_label(entry)
+            if not label or not _LABEL.match(label) or label in labels:
+                raise ConfigError(f"`gradients.controls[{i}]` needs a label of letters, digits, '_', '.' or '-' that "
+                                  f"is not an objective of the grid (got {label!r}).")
+            if entry.train:
+                raise ConfigError(f"`gradients.controls[{i}]` ({label}) has trainer overrides; a control is an "
+                                  "objective measured on the study's batches, nothing else.")
+            build_objective(entry)
         for name in gr.objectives:
             if name not in labels:
                 raise ConfigError(f"`gradients.objectives` names {name!r}, which is not an objective label of the "
@@ -292,4 +327,5 @@ def _validated(data: dict, key: str, stand_in: str | None = None) -> None:
         raise ConfigError(f"cell {key}: {e}") from e
 
 
-__all__ = ["RESULT_FILES", "Job", "gradient_objectives", "plan_jobs", "snapshot_steps", "validate_lab_config"]
+__all__ = ["RESULT_FILES", "Job", "gradient_objectives", "plan_jobs", "reference_seeds", "snapshot_steps",
+           "validate_lab_config"]

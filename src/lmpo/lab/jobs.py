@@ -11,6 +11,7 @@ uninterrupted run bit for bit, docs/trainer.md) and otherwise starts over in a c
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import shutil
@@ -18,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from lmpo.lab import stats as st
 from lmpo.trainer.config import config_from_dict
@@ -93,8 +96,12 @@ def run_warmup(job_dir: Path, spec: dict, log: Callable[[str], None]) -> dict[st
     trainer.tokenizer.save_pretrained(tmp)
     _fresh(final)
     os.replace(tmp, final)
-    return {"eval": result.eval_after or {}, "sft_steps": len(result.sft_losses),
-            "sft_loss_last": result.sft_losses[-1] if result.sft_losses else None}
+    out = {"eval": result.eval_after or {}, "sft_steps": len(result.sft_losses),
+           "sft_loss_last": result.sft_losses[-1] if result.sft_losses else None}
+    k = int(spec.get("sampled_eval_k", 0))
+    if k > 0:  # pass@k / avg@k at the start of RL: what the exploration precondition compares the end with
+        out["sampled_eval"] = sampled_evaluation(trainer, k, seed=cfg.loop.seed)
+    return out
 
 
 def run_cell(job_dir: Path, spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
@@ -109,13 +116,59 @@ def run_cell(job_dir: Path, spec: dict, log: Callable[[str], None]) -> dict[str,
         _fresh(run_dir)
     else:
         log(f"resuming {run_dir} from {resume.name}")
-    result = Trainer(cfg, log=log).train(resume="auto" if resume is not None else None)
+    trainer = Trainer(cfg, log=log)
+    result = trainer.train(resume="auto" if resume is not None else None)
     summary = summarise_run(run_dir)
     summary["nonfinite_skipped"] = result.nonfinite_skipped
+    k = int(spec.get("sampled_eval_k", 0))
+    if k > 0:  # pass@k / avg@k for the entropy and exploration claims (sampled, not greedy)
+        summary["sampled_eval"] = sampled_evaluation(trainer, k, seed=cfg.loop.seed)
+        summary["metrics"]["pass_at_k"] = summary["sampled_eval"]["pass_at_k"]
+        summary["metrics"]["avg_at_k"] = summary["sampled_eval"]["avg_at_k"]
     summary["resumed_from_step"] = int(resume.name.split("_")[-1]) if resume is not None else 0
     if not spec.get("keep_checkpoints", False):
         shutil.rmtree(checkpoint_dir(run_dir), ignore_errors=True)
     return summary
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, arXiv 2107.03374):
+    ``1 − C(n − c, k) / C(n, k)``; with k = n it is 1 when any sample is correct."""
+    if not 0 < k <= n:
+        raise ValueError(f"pass_at_k: need 0 < k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    out = 1.0
+    for i in range(n - c + 1, n + 1):  # Π (1 − k/i): the product form of C(n−c, k)/C(n, k)
+        out *= 1.0 - k / i
+    return 1.0 - out
+
+
+def sampled_evaluation(trainer, k: int, *, seed: int) -> dict[str, Any]:
+    """k completions per held-out problem, sampled like the training rollout (its temperature, top-p, top-k):
+    ``pass_at_k`` (some sample is right, unbiased with n = k) and ``avg_at_k`` (mean share right)."""
+    from lmpo.generation import HFRollout
+    from lmpo.trainer.evaluate import judge
+
+    cfg = trainer.cfg
+    engine = HFRollout(trainer.model, trainer.tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
+                       temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+    examples = list(trainer.eval_examples)
+    per_batch = max(1, cfg.eval.seqs_per_batch // k)
+    passed, shares = [], []
+    trainer.model.eval()
+    with torch.no_grad():
+        for start in range(0, len(examples), per_batch):
+            chunk = examples[start:start + per_batch]
+            ro = engine.generate([e.prompt for e in chunk], k, seed=seed * 1_000_003 + start)
+            rows = [chunk[g] for g in ro.group_ids.tolist()]
+            correct = judge(rows, ro.completions, trainer.accuracy_fn)
+            for j in range(len(chunk)):
+                c = sum(correct[j * k:(j + 1) * k])
+                passed.append(pass_at_k(k, c, k))
+                shares.append(c / k)
+    return {"k": k, "problems": len(examples), "pass_at_k": sum(passed) / max(1, len(passed)),
+            "avg_at_k": sum(shares) / max(1, len(shares))}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -132,8 +185,15 @@ SERIES = {
     "length": "completion/length_mean",
     "kl_behaviour": "kl/behaviour_k3",
     "step_s": "perf/step_s",
+    "entropy_coef": "entropy/coef",
+    "rlvcr_expanded": "rlvcr/expanded_samples",
+    "rlvcr_rows": "rlvcr/batch_seqs",
+    "phi_mean": "ptrw/phi_mean",
 }
 """Per-step series kept from a cell's metrics.jsonl: name → trainer metric key (docs/trainer.md)."""
+
+ENDPOINT_EVALS = 3
+"""Held-out evaluations averaged into a cell's endpoint accuracy (the last ones of the run)."""
 
 
 def _float(v: Any) -> float:
@@ -146,8 +206,9 @@ def _float(v: Any) -> float:
 def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     """A cell's series (per RL step and per evaluation) and its scalar metrics, from ``metrics.jsonl``.
 
-    Scalar metrics (docs/lab.md, "What is measured"): ``accuracy`` (held-out greedy accuracy at the end),
-    ``accuracy_start``, ``eval_length``, ``reward_auc`` (mean training reward over the run: the area under
+    Scalar metrics (docs/lab.md, "What is measured"): ``accuracy`` (held-out greedy accuracy: the mean of the
+    last ``ENDPOINT_EVALS`` evaluations after the start), ``accuracy_start``, ``accuracy_gain``, ``eval_length``
+    (same endpoint), ``reward_auc`` (mean training reward over the run: the area under
     the reward curve per step), ``train_accuracy_auc``, ``entropy_start`` / ``entropy_min`` / ``entropy_end`` /
     ``entropy_change`` (windowed, ``lmpo.lab.stats.window_trajectory``), ``clip_frac`` (and its low / high
     parts), ``mask_frac`` (Clip-Cov / KL-Cov token fraction), ``length`` (mean sampled completion length),
@@ -170,12 +231,25 @@ def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
           "length": [_float(r.get("eval/length_mean")) for r in evals],
           "reward": [_float(r.get("eval/reward_mean")) for r in evals]}
     ent = st.window_trajectory(series["entropy"])
+    rew = st.window_trajectory(series["reward"])
     step_time = sum(v for v in series["step_s"] if v == v)
+    accuracy_start = ev["accuracy"][0] if len(ev["accuracy"]) > 1 else float("nan")
+    after = ev["accuracy"][1:] if len(ev["accuracy"]) > 1 else ev["accuracy"]
+    endpoint = min(ENDPOINT_EVALS, len(after))  # docs/lab.md: a lab schedules at least ENDPOINT_EVALS
+    accuracy = st.last_mean(after, endpoint) if endpoint else float("nan")
+    coef = [v for v in series["entropy_coef"] if v == v]
+    rows_trained = [(e, n) for e, n in zip(series["rlvcr_expanded"], series["rlvcr_rows"]) if n == n and n > 0]
+    nonfinite = sum(1 for name in ("reward", "entropy") for v in series[name] if not math.isfinite(v) and v == v)
     metrics = {
-        "accuracy": ev["accuracy"][-1] if ev["accuracy"] else float("nan"),
-        "accuracy_start": ev["accuracy"][0] if len(ev["accuracy"]) > 1 else float("nan"),
-        "eval_length": ev["length"][-1] if ev["length"] else float("nan"),
+        "accuracy": accuracy,
+        "accuracy_last": ev["accuracy"][-1] if ev["accuracy"] else float("nan"),
+        "accuracy_start": accuracy_start,
+        "accuracy_gain": accuracy - accuracy_start,
+        "accuracy_min": min(ev["accuracy"][1:]) if len(ev["accuracy"]) > 1 else float("nan"),
+        "eval_length": st.last_mean(ev["length"][-endpoint:], endpoint) if endpoint else float("nan"),
+        "endpoint_evals": float(endpoint),
         "reward_auc": st.curve_area(series["reward"]),
+        "reward_start": rew["start"], "reward_end": rew["end"], "reward_gain": rew["end"] - rew["start"],
         "train_accuracy_auc": st.curve_area(series["train_accuracy"]),
         "entropy_start": ent["start"], "entropy_min": ent["min"], "entropy_end": ent["end"],
         "entropy_change": ent["end"] - ent["start"],
@@ -183,12 +257,20 @@ def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
         "clip_low_frac": st.curve_area(series["clip_low_frac"]),
         "clip_high_frac": st.curve_area(series["clip_high_frac"]),
         "mask_frac": st.curve_area(series["mask_frac"]),
+        "entropy_coef_active": sum(1 for v in coef if v > 0) / len(coef) if coef else 0.0,
+        "rlvcr_expanded_frac": (sum(e for e, _ in rows_trained) / sum(n for _, n in rows_trained)
+                                if rows_trained else 0.0),
+        "ptrw_phi_gap": 1.0 - st.curve_area(series["phi_mean"]) if any(v == v for v in series["phi_mean"])
+        else float("nan"),
         "length": st.curve_area(series["length"]),
         "kl_behaviour": st.curve_area(series["kl_behaviour"]),
         "steps_per_s": len(train) / step_time if step_time > 0 else float("nan"),
+        "nonfinite_values": float(nonfinite),
+        "pass_at_k": float("nan"),
+        "avg_at_k": float("nan"),
     }
     return {"steps": len(train), "metrics": metrics, "series": series, "eval": ev}
 
 
-__all__ = ["JOB_FILE", "RUN_SUBDIR", "SERIES", "read_json", "run_cell", "run_job", "run_warmup", "summarise_run",
+__all__ = ["ENDPOINT_EVALS", "JOB_FILE", "RUN_SUBDIR", "SERIES", "pass_at_k", "sampled_evaluation", "read_json", "run_cell", "run_job", "run_warmup", "summarise_run",
            "write_json_atomic"]

@@ -3,7 +3,7 @@ objectives over seeds).
 
 - ``<task>_accuracy.png``, ``<task>_reward.png``, ``<task>_entropy.png``: one panel per objective (small
   multiples), held-out accuracy, training reward or token entropy against the RL step, mean over seeds with
-  its bootstrap band (per-step curves smoothed over a tenth of the run); the baseline's mean in grey in
+  its t band (per-step curves smoothed over a tenth of the run); the baseline's mean in grey in
   every panel.
 - ``<task>_final.png``: held-out accuracy, reward area and final entropy per objective with intervals (one
   row per objective), the baseline's mean as a vertical line.
@@ -84,7 +84,7 @@ def _smooth(values: list[float], width: int) -> list[float]:
 
 
 def _curves(training: dict, baseline: str, key: str, title: str, path: Path, task: str, confidence: float) -> Path:
-    """One panel per objective (5 per row): its mean over seeds with the bootstrap band, the baseline in grey.
+    """One panel per objective (5 per row): its mean over seeds with the t band, the baseline in grey.
     Per-step curves are smoothed by a trailing moving average over a tenth of the run."""
     plt = _plt()
     labels = list(training["curves"])
@@ -116,7 +116,7 @@ def _curves(training: dict, baseline: str, key: str, title: str, path: Path, tas
     for ax in axes[-1]:
         ax.set_xlabel("RL step", fontsize=8)
     smoothed = f", moving average over {width} steps" if width > 1 else ""
-    return _save(fig, path, f"{task}: {title}, mean over seeds with {confidence:.0%} bootstrap band{smoothed} "
+    return _save(fig, path, f"{task}: {title}, mean over seeds with {confidence:.0%} t band{smoothed} "
                  f"(grey: {baseline})")
 
 
@@ -158,7 +158,7 @@ def _bars(ax, labels: list[str], groups: list[tuple[str, list[dict]]], title: st
 
 def _gradients(gradients: dict, path: Path, task: str) -> Path:
     plt = _plt()
-    snaps = gradients["snapshots"]
+    snaps = gradients.get("by_step") or gradients["snapshots"]
     labels = list(snaps[0]["objectives"])
     fig, axes = plt.subplots(2, 1, figsize=(max(7.0, 0.75 * len(labels) + 2), 7.0), sharex=True)
     for ax, key, title in ((axes[0], "snr", "gradient SNR ‖E g‖² / E‖g − E g‖²"),
@@ -166,8 +166,8 @@ def _gradients(gradients: dict, path: Path, task: str) -> Path:
         groups = [(f"step {s['step']}", [s["objectives"][lb][key] for lb in labels]) for s in snaps]
         _bars(ax, labels, groups, title)
         ax.legend(fontsize=7, title="snapshot", title_fontsize=7, ncols=len(snaps))
-    return _save(fig, path, f"{task}: paired gradient study (the same batches for every objective; bars: "
-                 "jackknife intervals over the batches)")
+    return _save(fig, path, f"{task}: paired gradient study (the same batches for every objective; per RL step, "
+                 "the mean over reference seeds and off-policy points; bars: t intervals over them)")
 
 
 def _clipping(training: dict | None, gradients: dict | None, path: Path, task: str) -> Path:
@@ -180,7 +180,7 @@ def _clipping(training: dict | None, gradients: dict | None, path: Path, task: s
                                 ("clip high (A > 0)", [training["metrics"][lb]["clip_high_frac"] for lb in labels])],
                        "training: clipped fraction per optimizer step"))
     if gradients:
-        snaps = gradients["snapshots"]
+        snaps = gradients.get("by_step") or gradients["snapshots"]
         labels = list(snaps[0]["objectives"])
         panels.append((labels, [(f"step {s['step']}", [s["objectives"][lb]["clip_frac"] for lb in labels])
                                 for s in snaps], "gradient study: clipped fraction per batch"))
@@ -188,7 +188,7 @@ def _clipping(training: dict | None, gradients: dict | None, path: Path, task: s
     if training:
         masked.append(("training", {lb: m["mask_frac"] for lb, m in training["metrics"].items()}))
     if gradients:
-        masked.append(("gradient study", {lb: r["mask_frac"] for lb, r in gradients["snapshots"][-1]["objectives"].items()}))
+        masked.append(("gradient study", {lb: r["mask_frac"] for lb, r in (gradients.get("by_step") or gradients["snapshots"])[-1]["objectives"].items()}))
     names = [lb for lb in (list(training["metrics"]) if training else list(masked[0][1]))
              if any(_v(m.get(lb, {}).get("mean")) > 0 for _, m in masked)]
     if names:

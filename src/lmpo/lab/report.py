@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from lmpo.lab import stats as st
-from lmpo.lab.claims import CLAIMS, FAILS, HOLDS, INCONCLUSIVE, judge
+from lmpo.lab.claims import CLAIMS, FAILS, HOLDS, INVALID, NO_EFFECT, NOT_TESTABLE, judge_all
 from lmpo.lab.config import (
     LabConfig,
     build_objective,
@@ -28,9 +28,21 @@ from lmpo.lab.grid import Job
 from lmpo.lab.jobs import read_json, write_json_atomic
 
 TRAIN_METRICS: dict[str, str] = {
-    "accuracy": "held-out greedy accuracy after the last RL step",
+    "accuracy": "held-out greedy accuracy: mean of the last 3 evaluations (the endpoint)",
+    "accuracy_last": "held-out greedy accuracy at the last evaluation",
     "accuracy_start": "held-out greedy accuracy before the first RL step",
+    "accuracy_gain": "accuracy − accuracy_start (the RL gain)",
+    "accuracy_min": "lowest held-out accuracy after the start (divergence shows here)",
+    "pass_at_k": "sampled pass@k on the held-out problems after the last step (k = lab.sampled_eval_k)",
+    "avg_at_k": "sampled avg@k: mean share of the k samples that are right",
+    "pass_at_k_start": "sampled pass@k of the warm-up model (the start of RL)",
+    "avg_at_k_start": "sampled avg@k of the warm-up model",
+    "pass_at_k_gain": "pass_at_k − pass_at_k_start",
+    "avg_at_k_gain": "avg_at_k − avg_at_k_start (the sampled pass@1 gain)",
     "reward_auc": "area under the training reward curve per step (mean reward over the run)",
+    "reward_start": "mean training reward over the first tenth of the steps",
+    "reward_end": "mean training reward over the last tenth of the steps",
+    "reward_gain": "reward_end − reward_start",
     "train_accuracy_auc": "mean sampled training accuracy over the run",
     "entropy_start": "mean token entropy over the first tenth of the steps",
     "entropy_min": "lowest moving average (a tenth of the steps) of the token entropy",
@@ -40,23 +52,34 @@ TRAIN_METRICS: dict[str, str] = {
     "clip_low_frac": "… at the lower bound (A < 0)",
     "clip_high_frac": "… at the upper bound (A > 0)",
     "mask_frac": "mean fraction of tokens masked (Clip-Cov) or penalised (KL-Cov)",
+    "entropy_coef_active": "share of steps with a non-zero entropy coefficient (adaptive entropy control)",
+    "rlvcr_expanded_frac": "share of trained rows that are RLVCR thinking-level expansions",
+    "ptrw_phi_gap": "1 − mean Gaussian trust-region factor φ (PTRW; 0 = the soft region never acts)",
     "length": "mean sampled completion length (tokens)",
-    "eval_length": "mean held-out greedy completion length after the last step (tokens)",
+    "eval_length": "mean held-out greedy completion length over the endpoint evaluations (tokens)",
+    "endpoint_evals": "evaluations averaged into the endpoint",
     "kl_behaviour": "mean k3 KL(behaviour ‖ policy) over the optimizer steps",
+    "nonfinite_values": "non-finite reward or entropy values logged",
     "steps_per_s": "RL steps per second of step time (evaluation excluded)",
 }
 """Per-cell metrics of the training study (``lmpo.lab.jobs.summarise_run``) with their meaning."""
 
 GRADIENT_METRICS: dict[str, str] = {
     "snr": "gradient signal-to-noise ratio ‖E g‖² / E‖g − E g‖² over the R batches (bias-corrected)",
-    "cos_onpolicy": "cosine of the mean gradient to the on-policy policy-gradient direction",
+    "cos_onpolicy": "cosine of the mean gradient to the on-policy policy-gradient direction (both norms "
+                    "bias-corrected for their batches' noise)",
     "weight_var": "variance over valid tokens of the importance weight applied to each token's gradient",
     "clip_frac": "fraction clipped by the trust region",
     "mask_frac": "fraction of tokens masked (Clip-Cov) or penalised (KL-Cov)",
     "ratio_max": "largest importance weight",
     "grad_norm": "gradient norm",
+    "weight_diff_frac": "share of valid tokens whose gradient weight ∂loss/∂logp_t differs from the claim "
+                        "baseline's on the same batch by more than 1% (relative): the mechanism-activity measure",
 }
 """Per-objective metrics of the gradient study, per snapshot."""
+
+ONE_SAMPLE = ("entropy_change", "accuracy_gain", "pass_at_k_gain", "avg_at_k_gain")
+"""Per-objective changes over the run tested against 0 (the preconditions' trends)."""
 
 PER_BATCH = ("weight_var", "clip_frac", "mask_frac", "ratio_max", "grad_norm")
 """Gradient metrics measured per batch (paired over batches); snr and cos_onpolicy are per snapshot."""
@@ -96,15 +119,17 @@ def _claims(cfg: LabConfig):
 
 
 def training_study(cfg: LabConfig, summaries: dict[str, dict[int, dict]]) -> dict[str, Any]:
-    """Per-objective statistics over seeds, paired comparisons with the baselines, curves with bands."""
+    """Per-objective statistics over seeds (t intervals), paired comparisons with the baselines (t intervals,
+    paired t-tests, minimum detectable effects), the validity of every objective's runs, curves with bands."""
     rp = cfg.report
-    kw = {"confidence": rp.confidence, "resamples": rp.resamples, "seed": rp.seed}
+    kw = {"confidence": rp.confidence}
     labels = list(summaries)
     per_objective: dict[str, Any] = {}
     for label in labels:
         seeds = sorted(summaries[label])
         per_objective[label] = {"seeds": seeds, **{
-            m: st.describe([summaries[label][s]["metrics"][m] for s in seeds], **kw) for m in TRAIN_METRICS}}
+            m: st.describe([summaries[label][s]["metrics"].get(m, math.nan) for s in seeds], **kw)
+            for m in TRAIN_METRICS}}
     comparisons: dict[str, dict[str, dict[str, Any]]] = {}
     for label in labels:
         for base in sorted(_baselines(cfg)):
@@ -112,13 +137,31 @@ def training_study(cfg: LabConfig, summaries: dict[str, dict[int, dict]]) -> dic
                 continue
             common = sorted(set(summaries[label]) & set(summaries[base]))
             comparisons.setdefault(label, {})[base] = {m: st.paired_comparison(
-                [summaries[label][s]["metrics"][m] for s in common],
-                [summaries[base][s]["metrics"][m] for s in common], **kw) for m in TRAIN_METRICS}
-    one_sample = {label: {"entropy_change": st.paired_comparison(
-        [summaries[label][s]["metrics"]["entropy_change"] for s in sorted(summaries[label])],
-        [0.0] * len(summaries[label]), **kw)} for label in labels}
-    return {"metrics": per_objective, "comparisons": comparisons, "one_sample": one_sample,
+                [summaries[label][s]["metrics"].get(m, math.nan) for s in common],
+                [summaries[base][s]["metrics"].get(m, math.nan) for s in common], alpha=rp.alpha, power=rp.power, **kw)
+                for m in TRAIN_METRICS}
+    one_sample = {label: {m: st.paired_comparison(
+        [summaries[label][s]["metrics"].get(m, math.nan) for s in sorted(summaries[label])],
+        [0.0] * len(summaries[label]), alpha=rp.alpha, power=rp.power, **kw) for m in ONE_SAMPLE}
+        for label in labels}
+    validity = {label: run_validity(summaries[label], rp.divergence_margin) for label in labels}
+    return {"metrics": per_objective, "comparisons": comparisons, "one_sample": one_sample, "validity": validity,
             "curves": {label: _curves(summaries[label], rp) for label in labels}}
+
+
+def run_validity(by_seed: dict[int, dict], margin: float) -> dict[str, Any]:
+    """The seeds whose run diverged (held-out accuracy at any evaluation after the start more than ``margin``
+    below its start) or logged non-finite values (skipped steps, non-finite rewards or entropies)."""
+    diverged, nonfinite = [], []
+    for seed, summary in sorted(by_seed.items()):
+        m = summary["metrics"]
+        start, low = m.get("accuracy_start", math.nan), m.get("accuracy_min", math.nan)
+        if start is not None and low is not None and math.isfinite(start) and math.isfinite(low) \
+                and low < start - margin:
+            diverged.append(seed)
+        if (summary.get("nonfinite_skipped") or 0) > 0 or (m.get("nonfinite_values") or 0) > 0:
+            nonfinite.append(seed)
+    return {"margin": margin, "diverged_seeds": diverged, "nonfinite_seeds": nonfinite}
 
 
 def _curves(by_seed: dict[int, dict], rp) -> dict[str, Any]:
@@ -129,11 +172,11 @@ def _curves(by_seed: dict[int, dict], rp) -> dict[str, Any]:
         rows = [by_seed[s]["series"][name] for s in seeds]
         n = min(len(r) for r in rows)
         out[name] = {"step": first["series"]["step"][:n],
-                     **st.band([r[:n] for r in rows], confidence=rp.confidence, seed=rp.seed)}
+                     **st.band([r[:n] for r in rows], confidence=rp.confidence)}
     rows = [by_seed[s]["eval"]["accuracy"] for s in seeds]
     n = min(len(r) for r in rows)
     out["eval_accuracy"] = {"step": first["eval"]["step"][:n],
-                            **st.band([r[:n] for r in rows], confidence=rp.confidence, seed=rp.seed)}
+                            **st.band([r[:n] for r in rows], confidence=rp.confidence)}
     return out
 
 
@@ -144,7 +187,7 @@ def _curves(by_seed: dict[int, dict], rp) -> dict[str, Any]:
 
 def gradient_report(cfg: LabConfig, snapshots: list[dict]) -> dict[str, Any]:
     """Per snapshot and objective: SNR and cosine with delete-one jackknife intervals over the batches, per-batch
-    means with bootstrap intervals; pooled paired comparisons with the baselines."""
+    means with t intervals; pooled paired comparisons with the baselines."""
     rp = cfg.report
     per_snapshot = []
     for snap in snapshots:
@@ -154,10 +197,13 @@ def gradient_report(cfg: LabConfig, snapshots: list[dict]) -> dict[str, Any]:
                    "cos_onpolicy": st.jackknife_interval(_cos_fn(snap, label), snap["batches"],
                                                          confidence=rp.confidence)}
             for m in PER_BATCH:
-                row[m] = st.describe([_num(v) for v in res["per_batch"][m]], confidence=rp.confidence,
-                                     resamples=rp.resamples, seed=rp.seed)
+                row[m] = st.describe([_num(v) for v in res["per_batch"][m]], confidence=rp.confidence)
+            row["weight_diff_frac"] = st.describe(
+                [_num(v) for v in (res.get("weight_diff_frac") or {}).get(rp.baseline, [])], confidence=rp.confidence)
             rows[label] = row
-        per_snapshot.append({"step": snap["step"], "batches": snap["batches"],
+        per_snapshot.append({"step": snap["step"], "reference_seed": snap.get("reference_seed"),
+                             "point": snap.get("point"), "optimizer_state_carried": snap.get("optimizer_state_carried"),
+                             "batches": snap["batches"],
                              "updates_before_gradient": snap["updates_before_gradient"],
                              "kl_behaviour": snap["kl_behaviour"],
                              "onpolicy_snr": snap["onpolicy"]["snr"], "num_params": snap["num_params"],
@@ -172,14 +218,47 @@ def gradient_report(cfg: LabConfig, snapshots: list[dict]) -> dict[str, Any]:
             for metric, fn in (("snr", _snr_fn), ("cos_onpolicy", _cos_fn)):
                 out[metric] = st.paired_jackknife_difference(
                     [fn(s, label) for s in snapshots], [fn(s, base) for s in snapshots],
-                    [s["batches"] for s in snapshots], confidence=rp.confidence)
+                    [s["batches"] for s in snapshots], confidence=rp.confidence, alpha=rp.alpha, power=rp.power)
             for metric in PER_BATCH:
                 a = [_num(v) for s in snapshots for v in s["objectives"][label]["per_batch"][metric]]
                 b = [_num(v) for s in snapshots for v in s["objectives"][base]["per_batch"][metric]]
-                out[metric] = st.paired_comparison(a, b, confidence=rp.confidence, resamples=rp.resamples,
-                                                   seed=rp.seed)
+                out[metric] = st.paired_comparison(a, b, confidence=rp.confidence, alpha=rp.alpha, power=rp.power)
             comparisons.setdefault(label, {})[base] = out
-    return {"snapshots": per_snapshot, "comparisons": comparisons}
+    activity: dict[str, dict[str, Any]] = {}
+    for label in labels:
+        for base in labels:
+            values = [_num(v) for s in snapshots
+                      for v in (s["objectives"][label].get("weight_diff_frac") or {}).get(base, [])]
+            if values:
+                activity.setdefault(label, {})[base] = st.describe(values, confidence=rp.confidence)
+    return {"snapshots": per_snapshot, "by_step": _by_step(cfg, snapshots, per_snapshot, labels),
+            "comparisons": comparisons, "activity": activity}
+
+
+def _by_step(cfg: LabConfig, snapshots: list[dict], rows: list[dict], labels: list[str]) -> list[dict]:
+    """Per RL step: each metric's mean over the (reference seed, off-policy point) groups with a t interval over
+    them, and the paired differences to the baselines pooled over that step's groups (jackknife, as above)."""
+    rp = cfg.report
+    out = []
+    for step in sorted({s["step"] for s in snapshots}):
+        idx = [i for i, s in enumerate(snapshots) if s["step"] == step]
+        objectives = {label: {m: st.describe([_num(rows[i]["objectives"][label][m]["mean"]) for i in idx],
+                                             confidence=rp.confidence)
+                              for m in ("snr", "cos_onpolicy", "weight_var", "clip_frac", "mask_frac",
+                                        "weight_diff_frac")} for label in labels}
+        comparisons: dict[str, dict[str, Any]] = {}
+        for label in labels:
+            for base in sorted(_baselines(cfg)):
+                if base == label or base not in labels:
+                    continue
+                group = [snapshots[i] for i in idx]
+                comparisons.setdefault(label, {})[base] = {metric: st.paired_jackknife_difference(
+                    [fn(s, label) for s in group], [fn(s, base) for s in group], [s["batches"] for s in group],
+                    confidence=rp.confidence, alpha=rp.alpha, power=rp.power)
+                    for metric, fn in (("snr", _snr_fn), ("cos_onpolicy", _cos_fn))}
+        out.append({"step": step, "groups": len(idx), "objectives": objectives, "comparisons": comparisons,
+                    "kl_behaviour": float(np.nanmean([_num(snapshots[i]["kl_behaviour"]) for i in idx]))})
+    return out
 
 
 def _snr_fn(snap: dict, label: str):
@@ -190,7 +269,8 @@ def _snr_fn(snap: dict, label: str):
 def _cos_fn(snap: dict, label: str):
     res = snap["objectives"][label]
     gram, dots, ref = np.asarray(res["gram"]), np.asarray(res["dots"]), snap["onpolicy"]["sq_norm"]
-    return lambda idx: st.gram_cosine(gram, dots, ref, idx)
+    noise = st.mean_noise(np.asarray(snap["onpolicy"]["gram"]))  # g* is a mean of on-policy batches too
+    return lambda idx: st.gram_cosine(gram, dots, ref, idx, ref_noise=noise)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -217,8 +297,15 @@ def collect(cfg: LabConfig, jobs: list[Job]) -> dict[str, Any]:
         else:
             task["snapshots"].append(result)
     for task in out.values():
-        task["snapshots"].sort(key=lambda s: s["step"])
+        task["snapshots"].sort(key=lambda s: (s["step"], s.get("reference_seed", 0), s.get("point", 0)))
         task["summaries"] = {k: v for k, v in task["summaries"].items() if v}
+        for by_seed in task["summaries"].values():  # pass@k and avg@k gains over the run, from the warm-up's
+            for seed, summary in by_seed.items():
+                start = (task["warmups"].get(seed) or {}).get("sampled_eval") or {}
+                m = summary["metrics"]
+                for name in ("pass_at_k", "avg_at_k"):
+                    m[f"{name}_start"] = float(start.get(name, math.nan))
+                    m[f"{name}_gain"] = m.get(name, math.nan) - m[f"{name}_start"]
     return out
 
 
@@ -229,8 +316,9 @@ def build_report(cfg: LabConfig, jobs: list[Job]) -> dict[str, Any]:
     for task, data in results.items():
         training = training_study(cfg, data["summaries"]) if data["summaries"] else None
         gradients = gradient_report(cfg, data["snapshots"]) if data["snapshots"] else None
-        studies = {"training": training, "gradients": gradients}
-        verdicts = [judge(claim, studies, cfg.report).__dict__ for claim in _claims(cfg)]
+        studies = {"training": training, "gradients": gradients,
+                   "objectives": {objective_label(e): build_objective(e).to_dict() for e in cfg.grid.objectives}}
+        verdicts = [v.__dict__ for v in judge_all(_claims(cfg), studies, cfg.report)]
         warm = {s: w["eval"].get("eval/accuracy") for s, w in sorted(data["warmups"].items())}
         tasks[task] = {"training": training, "gradients": gradients, "verdicts": verdicts,
                        "warmup_accuracy": warm, "cpu_seconds": data["cpu_seconds"]}
@@ -280,7 +368,37 @@ def _cmp(d: dict | None, digits: int = 3) -> str:
     return f"{_f(d['diff'], digits)} [{_f(lo, digits)}, {_f(hi, digits)}] p={_f(d['p'], 3)}"
 
 
-_MARK = {HOLDS: "**holds**", FAILS: "**does not hold**", INCONCLUSIVE: "inconclusive at this budget"}
+_MARK = {HOLDS: "**holds**", FAILS: "**does not hold**", NO_EFFECT: "no material effect", INVALID: "invalid run",
+         NOT_TESTABLE: "not testable here"}
+
+
+def _check_cell(c: dict) -> str:
+    """One check in the verdict table: Δ [t interval], δ, the minimum detectable effect, p (Holm) and its call."""
+    if "diff" not in c:
+        return f"{c['says']}: —"
+    p = f"p={_f(c.get('p_test'))}"
+    if c.get("p_holm") is not None:
+        p += f", Holm p={_f(c['p_holm'])}"
+    return (f"{c['says']}: {c['study']} `{c['metric']}` Δ {_f(c['diff'])} [{_f(c['ci'][0])}, {_f(c['ci'][1])}], "
+            f"δ={_f(c.get('delta'))}, MDE={_f(c.get('mde'))}, {p} → {c.get('verdict', '—')}")
+
+
+def _gates_cell(v: dict) -> str:
+    parts = []
+    for g in v.get("gates") or []:
+        if g["gate"] == "activity":
+            parts.append(f"activity {g['metric']} {_f(g['value'])} (≥ {g['threshold']:g}: {'yes' if g['met'] else 'no'})")
+        else:
+            parts.append(f"{g['says']}: {'met' if g['met'] else 'unmet'} ({g.get('measured', '')})")
+    return "; ".join(parts) or "—"
+
+
+def _scope(cfg: dict, data: dict) -> str:
+    train = cfg["train"]
+    return (f"model `{train['model']['name']}`, task `{train['task']['name']}`, {train['loop']['steps']} RL steps × "
+            f"{train['loop']['prompts_per_step']} prompts × {train['rollout']['completions_per_prompt']} completions, "
+            f"{len(cfg['grid']['seeds'])} seeds, {train['task']['eval_examples']} held-out problems, device "
+            f"{train['loop']['device']}")
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -288,56 +406,68 @@ def render_markdown(report: dict[str, Any]) -> str:
     baseline = cfg["report"]["baseline"]
     out = [f"# Lab report: {cfg['lab']['dir']}", "",
            f"Created {report['created']}. Objectives: {', '.join(f'`{k}`' for k in report['objectives'])}; seeds "
-           f"{cfg['grid']['seeds']}; intervals: {int(cfg['report']['confidence'] * 100)}% bootstrap; paired tests vs "
+           f"{cfg['grid']['seeds']}; intervals: {int(cfg['report']['confidence'] * 100)}% t intervals; paired t-tests vs "
            f"`{baseline}`. Every number is in `lab.json`; the method and the verdict rule are in docs/lab.md.", ""]
     for task, data in report["tasks"].items():
         out += [f"## Task `{task}`", "", f"CPU time of the finished jobs: {data['cpu_seconds'] / 60:.1f} min.", ""]
         if data["warmup_accuracy"]:
             accs = ", ".join(f"seed {s}: {_f(a)}" for s, a in data["warmup_accuracy"].items())
             out += [f"Held-out accuracy after the warm-up (the RL start): {accs}.", ""]
-        out += ["### Verdicts", "", "| claim | objective vs baseline | evidence | verdict |", "|---|---|---|---|"]
+        out += ["### Verdicts (rule v2)", "",
+                f"Scope: {_scope(cfg, data)}. Primary checks are Holm-corrected across the testable claims; "
+                "secondary checks are reported and do not vote. δ: the smallest effect of interest; MDE: the "
+                "smallest difference this run detects at 80% power.", "",
+                "| claim | objective vs baseline | gates | primary check | secondary checks | verdict |",
+                "|---|---|---|---|---|---|"]
         for v in data["verdicts"]:
-            evidence = "; ".join(
-                f"{c['says']}: {c['study']} `{c['metric']}` Δ {_cmp(c) if 'diff' in c else '—'} → {c['verdict']}"
-                for c in v["checks"]) or v["reason"]
-            if v["reason"] and v["checks"]:
-                evidence += f" ({v['reason']})"
-            out.append(f"| {v['text']} ({v['source']}) | `{v['objective']}` vs `{v['baseline']}` | {evidence} | "
-                       f"{_MARK.get(v['verdict'], v['verdict'])} |")
+            primary = [c for c in v["checks"] if c.get("primary")]
+            secondary = [c for c in v["checks"] if not c.get("primary")]
+            verdict = _MARK.get(v["verdict"], v["verdict"]) + (f" ({v['reason']})" if v["reason"] else "")
+            out.append(f"| {v['text']} ({v['source']}) | `{v['objective']}` vs `{v['baseline']}` | {_gates_cell(v)} | "
+                       f"{'; '.join(_check_cell(c) for c in primary) or '—'} | "
+                       f"{'; '.join(_check_cell(c) for c in secondary) or '—'} | {verdict} |")
         out.append("")
         tr = data["training"]
         if tr:
             out += ["### Training study", "",
-                    f"Mean over seeds [{int(cfg['report']['confidence'] * 100)}% bootstrap interval]; Δ: paired "
+                    f"Mean over seeds [{int(cfg['report']['confidence'] * 100)}% t interval]; Δ: paired "
                     f"difference to `{baseline}` [interval] and paired t-test p.", "",
                     "| objective | held-out accuracy | Δ accuracy | reward AUC | Δ reward AUC | entropy start → min → end "
-                    "| clip frac | mask frac | length (sampled / held-out) | steps/s |",
-                    "|---|---|---|---|---|---|---|---|---|---|"]
+                    "| pass@k start → end | avg@k start → end | clip frac | mask frac | length (sampled / held-out) "
+                    "| steps/s |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for label, m in tr["metrics"].items():
                 comp = tr["comparisons"].get(label, {}).get(baseline, {})
                 out.append(
                     f"| `{label}` | {_ci(m['accuracy'])} | {_cmp(comp.get('accuracy'))} | {_ci(m['reward_auc'])} | "
                     f"{_cmp(comp.get('reward_auc'))} | {_f(m['entropy_start']['mean'])} → {_f(m['entropy_min']['mean'])}"
-                    f" → {_f(m['entropy_end']['mean'])} | {_f(m['clip_frac']['mean'])} | {_f(m['mask_frac']['mean'])} | "
+                    f" → {_f(m['entropy_end']['mean'])} | {_f(m['pass_at_k_start']['mean'])} → {_f(m['pass_at_k']['mean'])} | "
+                    f"{_f(m['avg_at_k_start']['mean'])} → {_f(m['avg_at_k']['mean'])} | "
+                    f"{_f(m['clip_frac']['mean'])} | {_f(m['mask_frac']['mean'])} | "
                     f"{_f(m['length']['mean'], 1)} / {_f(m['eval_length']['mean'], 1)} | {_f(m['steps_per_s']['mean'], 2)} |")
             out.append("")
         gr = data["gradients"]
         if gr:
             out += ["### Gradient study", "",
                     "Per snapshot of the reference run: every objective's gradient on the same R off-policy batches "
-                    "(SNR and cosine: estimate [jackknife interval over batches]; per-batch metrics: mean [bootstrap "
-                    "interval]).", ""]
-            for snap in gr["snapshots"]:
-                out += [f"Snapshot at RL step {snap['step']}: R = {snap['batches']} batches, k = "
-                        f"{snap['updates_before_gradient']} update(s) before the gradient, KL(behaviour ‖ policy) on the "
-                        f"batches {_f(snap['kl_behaviour'])}, on-policy "
-                        f"SNR {_f(snap['onpolicy_snr'])}, {snap['num_params']} parameters.", "",
-                        "| objective | SNR | cosine to on-policy | importance-weight variance | clip frac | mask frac |",
-                        "|---|---|---|---|---|---|"]
+                    "(SNR and cosine: estimate [jackknife interval over batches]; per-batch metrics: mean [t interval]).", ""]
+            first = gr["snapshots"][0]
+            out += [f"{len(gr['snapshots'])} groups: every (reference seed, off-policy point) at each snapshot; R = "
+                    f"{first['batches']} batches and k = {first['updates_before_gradient']} update(s) each, "
+                    f"{first['num_params']} parameters. Per RL step, the mean over its groups [t interval over them] "
+                    "and the paired SNR / cosine differences pooled over them (jackknife over batches).", ""]
+            for snap in gr.get("by_step") or []:
+                out += [f"RL step {snap['step']} ({snap['groups']} groups, KL(behaviour ‖ policy) on the batches "
+                        f"{_f(snap['kl_behaviour'])}):", "",
+                        f"| objective | SNR | cosine to on-policy | importance-weight variance | clip frac | mask frac | "
+                        f"tokens whose gradient weight differs from `{baseline}`'s | Δ SNR | Δ cosine |",
+                        "|---|---|---|---|---|---|---|---|---|"]
                 for label, row in snap["objectives"].items():
+                    c = snap["comparisons"].get(label, {}).get(baseline) or {}
                     out.append(f"| `{label}` | {_ci(row['snr'])} | {_ci(row['cos_onpolicy'])} | "
                                f"{_ci(row['weight_var'])} | {_f(row['clip_frac']['mean'])} | "
-                               f"{_f(row['mask_frac']['mean'])} |")
+                               f"{_f(row['mask_frac']['mean'])} | {_f(row['weight_diff_frac']['mean'])} | "
+                               f"{_cmp(c.get('snr'))} | {_cmp(c.get('cos_onpolicy'))} |")
                 out.append("")
             out += [f"Pooled over snapshots, paired differences to `{baseline}`:", "",
                     "| objective | Δ SNR | Δ cosine | Δ weight variance |", "|---|---|---|---|"]

@@ -26,6 +26,9 @@ from lmpo.objectives.objective import ADVANTAGE_SCALES
 
 Tensor = torch.Tensor
 
+FAMILY_ACTIONS = ("copy", "split")
+"""How a thinking group's members share their original's action advantage (``rlvcr_advantages``)."""
+
 
 def group_normalized_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-4,
                                 scale: str = "group") -> Tensor:
@@ -90,6 +93,7 @@ def rlvcr_advantages(
     eps: float = 1e-4,
     scale: str = "group",
     validate: bool = True,
+    family_action: str = "copy",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Final RLVCR advantages ``(1 − w)·A_action + w·A_thinking`` and their parts.
 
@@ -103,10 +107,17 @@ def rlvcr_advantages(
         thinking_weight: w ∈ [0, 1].
         eps, scale: of the GRPO action advantage (see :func:`group_normalized_advantages`).
         validate: check shapes, dtypes and the group structure (host syncs; on by default).
+        family_action: how a thinking group's members receive their original's action advantage: ``copy`` (each
+            member gets all of it: the seed's formula; a success then weighs L samples in the gradient while a
+            failure weighs one) or ``split`` (each of the n members gets ``A_action / n``: the family carries the
+            action weight of the one sampled completion, and the batch's advantages stay centred).
     Returns:
         ``advantages`` (B,) and ``parts``: ``action`` (B,), ``thinking`` (B,), and detached 0-dim statistics
         ``rlvcr/...`` (the number of thinking groups and expanded samples, mean/abs-mean of each part).
     """
+    if family_action not in FAMILY_ACTIONS:
+        raise ValueError(f"rlvcr_advantages: `family_action` = {family_action!r} must be one of "
+                         f"{', '.join(FAMILY_ACTIONS)}.")
     if validate:
         _validate(rewards, group_ids, is_original, thinking_group_id, thinking_rewards, thinking_weight, scale)
     w = float(thinking_weight)
@@ -127,6 +138,10 @@ def rlvcr_advantages(
         # The one original per group donates its action advantage to every member.
         donor = torch.zeros(n, dtype=dtype, device=rewards.device).index_add_(
             0, inv, torch.where(is_original[members], action[members], torch.zeros_like(action[members])))
+        if family_action == "split":
+            size = torch.zeros(n, dtype=dtype, device=rewards.device).index_add_(
+                0, inv, torch.ones_like(action[members]))
+            donor = donor / size
         action[members] = donor[inv]
         tr = thinking_rewards[members].to(torch.float64)
         count = torch.zeros(n, dtype=torch.float64, device=rewards.device).index_add_(0, inv, torch.ones_like(tr))

@@ -40,6 +40,10 @@ class RLVCRConfig:
                                    "rollout.temperature).", gt=0)
     scale: str | None = _f(None, "Scaling of the action advantage: group | batch | none (default: the "
                            "objective's advantage_scale, so Dr. GRPO stays unscaled).", choices=ADVANTAGE_SCALES)
+    family_action: str = _f("copy", "How the members of a thinking group receive their original's action "
+                            "advantage: copy (each gets all of it, the seed's formula) | split (each of the L gets "
+                            "1/L of it, so a success's family weighs one sample in the gradient, like a failure; "
+                            "docs/rlvcr.md, 'Collapse at small scale').", choices=("copy", "split"))
     eps: float = _f(1e-4, "ε in (r − mean_g)/(std_g + ε) of the action advantage (the objectives' GRPO "
                    "default).", gt=0)
 

@@ -343,7 +343,7 @@ def rlvcr_stage(
     adv, parts = rlvcr_advantages(
         exp.rewards.float(), exp.rollout.group_ids.to(dev), exp.is_original.to(dev),
         exp.thinking_group_id.to(dev), t_rew.to(dev), thinking_weight=cfg.thinking_weight, eps=cfg.eps,
-        scale=cfg.scale or scale)
+        scale=cfg.scale or scale, family_action=cfg.family_action)
     in_group = (exp.thinking_group_id >= 0).to(dev)
     base_keep = keep.to(dev)[exp.source.to(dev)] if keep is not None else torch.ones_like(in_group)
     new_keep = base_keep | (in_group & (cfg.thinking_weight > 0))
