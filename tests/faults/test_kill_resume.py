@@ -98,7 +98,7 @@ def _install_kill_points(kill_at: int | None, labels: list[str]) -> None:
     trainer_ckpt.save_model = around("ckpt-save-model", trainer_ckpt.save_model)
     os.replace = around("ckpt-rename", os.replace)
     shutil.rmtree = around("ckpt-rmtree", shutil.rmtree)
-    loop.Trainer._rl_step = around("rl-step", loop.Trainer._rl_step)
+    loop.Trainer.rl_step = around("rl-step", loop.Trainer.rl_step)
     sac_train.Trainer.collect = around("env-step", sac_train.Trainer.collect)
 
 
@@ -338,7 +338,7 @@ def test_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_resumes_exactl
 
     job = jobs[name]
     (cls, method, calls), said = {
-        "trainer": ((loop.Trainer, "_rl_step", 3), "after RL step 3 of 6"),
+        "trainer": ((loop.Trainer, "rl_step", 3), "after RL step 3 of 6"),
         "sac": ((sac_train.Trainer, "collect", 14), "after 14 updates (28 env steps)"),
     }[name]
     assert run_child(job.fresh, tmp_path, prepare=_ctrl_c_after(cls, method, calls)) == 130

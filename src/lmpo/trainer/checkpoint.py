@@ -22,6 +22,7 @@ safetensors, text: :func:`lmpo.checkpoints.check_plain_files`), the Hugging Face
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,7 +44,8 @@ from lmpo.checkpoints import (
 from lmpo.errors import InputError
 
 __all__ = ["MODEL_FILE", "REF_FILE", "STATE_FILE", "CheckpointError", "checkpoint_dir", "latest_checkpoint",
-           "list_checkpoints", "load_checkpoint", "resolve_resume", "save_checkpoint"]
+           "list_checkpoints", "load_checkpoint", "resolve_resume", "restore_rng_state", "rng_state", "save_checkpoint"]
+
 
 MODEL_FILE = "model.safetensors"
 REF_FILE = "ref.safetensors"
@@ -143,3 +145,18 @@ def resolve_resume(resume: str | os.PathLike | bool | None, run_dir: str | os.Pa
     raise InputError(f"--resume {str(resume)!r}: not a checkpoint directory nor a run directory with checkpoints; "
                      "pass RUN_DIR/checkpoints/step_XXXXXXXX, a run directory, or no value (the run's own "
                      "directory).")
+
+
+def rng_state() -> dict:
+    """The process's torch, Python and CUDA random states, as a checkpoint stores them."""
+    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+            "python_version": random.getstate()[0], "python_gauss": random.getstate()[2],
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def restore_rng_state(rng: dict) -> None:
+    """Set the random states that ``rng_state`` returned."""
+    torch.set_rng_state(rng["torch"])
+    random.setstate((rng["python_version"], tuple(rng["python"]), rng["python_gauss"]))
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])

@@ -28,6 +28,15 @@ from lmpo.generation import Rollout, concat_rollouts, select_rows
 from lmpo.objectives.advantages import zero_variance_mask
 
 
+def seed_for(*parts: int) -> int:
+    """A 63-bit seed from integers (splitmix-style), so nearby steps get unrelated streams."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h ^= (int(p) + 0x9E3779B97F4A7C15 + (h << 6) + (h >> 2)) & 0xFFFFFFFFFFFFFFFF
+        h = (h * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
 @dataclass
 class ScoredRollout:
     """One draw: N prompts, their B = N·G completions and the completions' rewards.

@@ -1,0 +1,46 @@
+"""A trainer run directory: what it holds, what ``--resume`` may change, and its preparation at the start of
+``Trainer.train`` (the rules of :mod:`lmpo.runs`, shared with ``lmpo sac train``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from lmpo.checkpoints import replace_file
+from lmpo.config import read_yaml
+from lmpo.runs import check_resume_config, prepare_run_dir
+from lmpo.trainer.checkpoint import resolve_resume
+from lmpo.trainer.config import TrainConfig, config_to_dict
+from lmpo.trainer.export import FINAL_MODEL_DIR
+
+#: what a trainer run directory holds (``--overwrite`` deletes these and nothing else)
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "checkpoints", FINAL_MODEL_DIR, "tensorboard", "wandb")
+
+#: config keys ``--resume`` may change without ``--allow-config-change``
+RESUMABLE_KEYS = ("loop.steps", "logging.*", "eval.*", "checkpoint.*")
+
+
+def prepare_train_dir(cfg: TrainConfig, resume, overwrite: bool, allow_config_change: bool,
+                      log: Callable[[str], None]) -> Path | None:
+    """``logging.run_dir`` made ready for ``Trainer.train``: one run per directory, the config check of
+    ``--resume``, then the resolved config saved as ``config.yaml``. Returns the checkpoint to resume from, or
+    None for a new run (``resume``: None, ``"auto"`` or a checkpoint / run directory, as ``Trainer.train``)."""
+    run_dir = Path(cfg.logging.run_dir)
+    resume_path = None
+    if resume in (None, False):
+        prepare_run_dir(run_dir, RUN_ENTRIES, resume=False, overwrite=overwrite, dir_option="logging.run_dir")
+    else:
+        target = run_dir if resume in (True, "auto", "latest") else Path(resume)
+        own = run_dir.resolve() in (target.resolve(), *target.resolve().parents)
+        # a checkpoint of another run starts this directory from it (a new run); otherwise it continues
+        prepare_run_dir(run_dir, RUN_ENTRIES, resume=own, overwrite=overwrite, dir_option="logging.run_dir")
+        stored = run_dir / "config.yaml"
+        if own and stored.is_file():
+            check_resume_config(read_yaml(stored, "stored config"), config_to_dict(cfg), RESUMABLE_KEYS,
+                                allow_change=allow_config_change, stored_path=stored, schema=TrainConfig)
+        resume_path = resolve_resume(target, run_dir, log=log)
+    replace_file(run_dir / "config.yaml",
+                 yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True).encode("utf-8"))
+    return resume_path
