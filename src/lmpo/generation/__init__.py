@@ -20,7 +20,14 @@ from lmpo.generation.logprobs import (
     selective_log_softmax_with_entropy,
     sequence_logprobs,
 )
-from lmpo.generation.rollout import Rollout, RolloutBatch, RolloutEngine, concat_rollouts, eos_token_ids, select_rows
+from lmpo.generation.rollout import (
+    Rollout,
+    RolloutBatch,
+    RolloutEngine,
+    concat_rollouts,
+    eos_token_ids,
+    select_rows,
+)
 from lmpo.generation.vllm import VLLMRollout
 
 #: ``rollout.engine`` name -> engine class; each takes ``(model, tokenizer, max_new_tokens=, temperature=,

@@ -375,13 +375,3 @@ def render_config_reference() -> str:
     from lmpo.textenv.env import EnvConfig
 
     return render_reference(TrainConfig) + "\n" + render_reference(EnvConfig, "env")
-
-
-if __name__ == "__main__":  # python -m lmpo.sac.config docs/sac.md
-    import sys
-
-    from lmpo.config import update_generated
-
-    for p in sys.argv[1:]:
-        changed = update_generated(p, {"sac-config-reference": render_config_reference()})
-        print(f"{p}: {'updated' if changed else 'up to date'}")
