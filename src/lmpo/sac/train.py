@@ -36,11 +36,13 @@ from lmpo.checkpoints import (
     write_checkpoint,
 )
 from lmpo.errors import InputError, Interrupted
+from lmpo.plots import plot_runs
 from lmpo.runs import JsonlAppender, check_resume_config, prepare_run_dir, stop_on_sigint, truncate_jsonl
 from lmpo.sac.agent import SACAgent
 from lmpo.sac.config import RESUMABLE_KEYS, TrainConfig, check_device_available, run_config_dict
 from lmpo.sac.replay import ReplayBuffer, nearest_legal, sample_mixed, teacher_ratio
 from lmpo.sac.textdata import TextPairs
+from lmpo.textenv.env import trace_line
 
 
 @dataclass
@@ -164,14 +166,15 @@ class RunningStats:
         return out
 
 
-def _trace_line(step: int, info: dict, source: str, action_char: str, history: str, reward: float) -> str:
-    prev, target = info.get("prev_char", ""), info.get("target_char", "")
-    return (
-        f'Step {step:02d} | prev="{prev}" target="{target}" bigram="{prev}{action_char}" source={source} '
-        f'action="{action_char}" -> history="…{history}" reward={reward:.3f} '
-        f'(base={info.get("reward/base", 0.0):+.3f}, potential={info.get("reward/potential", 0.0):+.3f}, '
-        f'soft={info.get("reward/soft", 0.0):+.3f})'
-    )
+def _shared_encoders(envs) -> list[Any]:
+    """The environments' InfoNCE encoders, each once (by identity: a shared one is stored and restored once), in
+    the order the environments first use them."""
+    encoders: list[Any] = []
+    for env in envs:
+        enc = getattr(env, "encoder", None)
+        if enc is not None and all(enc is not e for e in encoders):
+            encoders.append(enc)
+    return encoders
 
 
 class Trainer:
@@ -231,23 +234,13 @@ class Trainer:
         if not all(hasattr(env, "state_dict") for env in envs):
             raise TypeError(f"{type(envs[0]).__name__} has no state_dict(); a SAC checkpoint needs the "
                             "environments' state as data (see CharTextEnv.state_dict)")
-        encoders: list[Any] = []
-        for env in envs:
-            enc = getattr(env, "encoder", None)
-            if enc is not None and all(enc is not e for e in encoders):
-                encoders.append(enc)
-        return {"encoders": [e.state_dict() for e in encoders], "envs": [env.state_dict() for env in envs]}
+        return {"encoders": [e.state_dict() for e in _shared_encoders(envs)], "envs": [env.state_dict() for env in envs]}
 
     def _load_envs_state(self, state: dict[str, Any]) -> None:
         envs = self.bundle.envs
         if len(state["envs"]) != len(envs):
             raise ValueError(f"the checkpoint holds {len(state['envs'])} environments, this run has {len(envs)}")
-        encoders: list[Any] = []
-        for env in envs:
-            enc = getattr(env, "encoder", None)
-            if enc is not None and all(enc is not e for e in encoders):
-                encoders.append(enc)
-        for enc, saved in zip(encoders, state["encoders"], strict=True):
+        for enc, saved in zip(_shared_encoders(envs), state["encoders"], strict=True):
             enc.load_state_dict(saved)
         for env, saved in zip(envs, state["envs"]):
             env.load_state_dict(saved)
@@ -356,15 +349,13 @@ class Trainer:
             roll.add("data/relabel_rate", float(relabeled))
             if trace is not None and self.counters["traced"] < self.trace_steps and i == 0:
                 self.counters["traced"] += 1
-                if "history_tail" in info and "step" in info:  # the text environment formats its own line
-                    from lmpo.textenv import format_trace
-
-                    line = format_trace({**info, "is_teacher": source == "teacher"}, float(reward))
-                    line = f"Step {self.counters['traced']:02d}" + line[line.index(" |"):]
+                if "history_tail" in info and "step" in info:  # the text environment's own fields
+                    action_char, hist = info["action_char"], info["history_tail"]
                 else:
-                    hist = b.decode([int(x) for x in next_obs["window"][-8:]])
-                    line = _trace_line(self.counters["traced"], info, source, b.decode([action]), hist,
-                                       float(reward))
+                    action_char, hist = b.decode([action]), b.decode([int(x) for x in next_obs["window"][-8:]])
+                line = trace_line(self.counters["traced"], info.get("prev_char", ""), info.get("target_char", ""),
+                                  action_char, source, hist, float(reward), info.get("reward/base", 0.0),
+                                  info.get("reward/potential", 0.0), info.get("reward/soft", 0.0))
                 trace(line)
             if terminated or truncated:
                 self.episodes += 1
@@ -569,7 +560,5 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
         replace_file(Path(run_dir) / "eval.json", json.dumps(summary["eval"], indent=2, ensure_ascii=False).encode())
     replace_file(Path(run_dir) / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False).encode())
     if trainer.history:  # RUN_DIR/plots/*.png, as `lmpo plot RUN_DIR` draws them
-        from lmpo.trainer.plot import plot_runs
-
         plot_runs([run_dir])
     return summary

@@ -153,7 +153,7 @@ def register_plot(subparsers: argparse._SubParsersAction, name: str) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from lmpo.trainer.plot import plot_runs
+    from lmpo.plots import plot_runs
 
     paths = plot_runs(args.run_dirs, args.out)
     for p in paths:

@@ -38,8 +38,6 @@ from lmpo.rlvcr.config import RLVCRConfig
 __all__ = ["ConfigError", "TrainConfig", "config_from_dict", "config_to_dict", "load_config", "parse_overrides",
            "render_config_reference", "replace", "save_config", "validate_config"]
 
-#: kept for callers of the former private helper
-_deep_merge = deep_merge
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from lmpo.errors import Interrupted, RunError
 from lmpo.generation import RolloutBatch
 from lmpo.models.saving import write_hf_files
 from lmpo.objectives.driver import merge_stats
+from lmpo.plots import plot_runs
 from lmpo.rlvcr.expansion import rlvcr_stage
 from lmpo.runs import RunLock, stop_on_sigint
 from lmpo.tasks import render_prompts
@@ -47,7 +48,6 @@ from lmpo.trainer.export import FINAL_MODEL_DIR
 from lmpo.trainer.metrics import MetricsLogger, to_host
 from lmpo.trainer.mismatch import mismatch_metrics
 from lmpo.trainer.optim import Schedule, build_optimizer
-from lmpo.trainer.plot import plot_runs
 from lmpo.trainer.ref_sync import sync_reference
 from lmpo.trainer.rundir import prepare_train_dir
 from lmpo.trainer.sampling import ScoredRollout, dynamic_sample, mask_truncated, seed_for
