@@ -50,7 +50,7 @@ from lmpo.trainer.mismatch import mismatch_metrics
 from lmpo.trainer.optim import Schedule, build_optimizer
 from lmpo.trainer.ref_sync import sync_reference
 from lmpo.trainer.rundir import prepare_train_dir
-from lmpo.trainer.sampling import ScoredRollout, dynamic_sample, mask_truncated, seed_for
+from lmpo.trainer.sampling import PromptOrder, ScoredRollout, dynamic_sample, mask_truncated, seed_for
 from lmpo.trainer.sft import supervised_warmup
 
 
@@ -184,11 +184,10 @@ class Trainer:
         # 2. reference model: a frozen copy of the initial policy (or a given path), only when needed
         if self.needs_ref_model:
             self.ref_model = build.build_reference(cfg, self.model, self.device)
-        # 3. optimizer, schedule, data order, counters; a checkpoint's state over them on resume
+        # 3. optimizer, schedule, prompt order, counters; a checkpoint's state over them on resume
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.schedule = Schedule(self.optimizer, cfg.optim, cfg.total_optimizer_steps)
-        self.data_epoch, self.data_pos = 0, 0
-        self._perm = self._permutation(0)
+        self.prompts = PromptOrder(self.train_examples, cfg.loop.seed)
         self.nonfinite_total, self.nonfinite_in_row = 0, 0
         self.final_eval_done = False
         start_step, metrics_rows = 0, None
@@ -313,7 +312,7 @@ class Trainer:
     def _draw(self, step: int, k: int) -> ScoredRollout:
         """Draw ``k`` of RL step ``step``: the next ``prompts_per_step`` prompts, G completions each, scored."""
         cfg = self.cfg
-        examples = self._next_examples(cfg.loop.prompts_per_step)
+        examples = self.prompts.take(cfg.loop.prompts_per_step)
         seed = seed_for(cfg.loop.seed, step, 1) if k == 0 else seed_for(cfg.loop.seed, step, 1, k)
         t = time.perf_counter()
         # (no inference_mode: the sampled ids become inputs of the training graph)
@@ -432,22 +431,7 @@ class Trainer:
         if ob.ref_sync_steps > 0 and self.schedule.step_index % ob.ref_sync_steps == 0:
             sync_reference(self.ref_model, self.model, ob.ref_sync_alpha)
 
-    # ---------------------------------------------------------------- data order, evaluation
-    def _permutation(self, data_epoch: int) -> list[int]:
-        gen = torch.Generator().manual_seed(seed_for(self.cfg.loop.seed, data_epoch, 4))
-        return torch.randperm(len(self.train_examples), generator=gen).tolist()
-
-    def _next_examples(self, n: int) -> list:
-        out = []
-        while len(out) < n:
-            if self.data_pos >= len(self._perm):
-                self.data_epoch += 1
-                self.data_pos = 0
-                self._perm = self._permutation(self.data_epoch)
-            out.append(self.train_examples[self._perm[self.data_pos]])
-            self.data_pos += 1
-        return out
-
+    # ---------------------------------------------------------------- evaluation, checkpoints
     def evaluate(self, examples=None) -> dict[str, float]:
         """Greedy ``eval/...`` metrics of the policy on ``examples`` (default: the held-out examples)."""
         ev = self.cfg.eval
@@ -457,7 +441,6 @@ class Trainer:
                         seqs_per_batch=ev.seqs_per_batch, device=self.device,
                         success_threshold=self.cfg.rewards.success_threshold)
 
-    # ---------------------------------------------------------------- checkpoints
     def state_dict(self, step: int) -> dict:
         return {
             "step": step,
@@ -466,7 +449,7 @@ class Trainer:
             "controller": self.driver.state_dict()["controller"],
             # β of the KL in the reward; absent otherwise, so default checkpoints hold what they always did
             **({"kl_controller": self.kl_ctrl.state_dict()} if self.kl_ctrl is not None else {}),
-            "data": {"epoch": self.data_epoch, "pos": self.data_pos},
+            "data": self.prompts.state_dict(),
             "nonfinite": {"total": self.nonfinite_total, "in_row": self.nonfinite_in_row},
             "rng": ckpt.rng_state(),
             # the metrics rows written up to this checkpoint: a resumed run cuts metrics.jsonl back to them
@@ -497,8 +480,7 @@ class Trainer:
             self.driver.load_state_dict({"controller": state.get("controller")})
             if self.kl_ctrl is not None and state.get("kl_controller") is not None:
                 self.kl_ctrl.load_state_dict(state["kl_controller"])
-            self.data_epoch, self.data_pos = int(state["data"]["epoch"]), int(state["data"]["pos"])
-            self._perm = self._permutation(self.data_epoch)
+            self.prompts.load_state_dict(state["data"])
             self.nonfinite_total = int(state["nonfinite"]["total"])
             self.nonfinite_in_row = int(state["nonfinite"]["in_row"])
             ckpt.restore_rng_state(state["rng"])
