@@ -192,7 +192,7 @@ class Trainer:
         self.final_eval_done = False
         start_step, metrics_rows = 0, None
         if resume_path is not None:
-            start_step, metrics_rows = self._load(resume_path)
+            start_step, metrics_rows = ckpt.restore_trainer_state(self, resume_path)
             self.log(f"resumed from {resume_path} at step {start_step}")
         if self.rollout_engine is None:
             self.rollout_engine = build.build_rollout_engine(cfg, self.model, self.tokenizer,
@@ -286,10 +286,7 @@ class Trainer:
             batch = batch.with_(loss_mask=loss_mask)
             trainable = trainable and bool(loss_mask.any())
         if batch.rollout_logp is None and self.driver.needs.rollout_logp:
-            raise RunError(f"objective {obj.name!r} needs the sampler's log-probs (correction={obj.correction!r}, "
-                           f"rejection={obj.rejection!r}), but the generation engine "
-                           f"{type(self.rollout_engine).__name__} returned none; give an engine that records them "
-                           "(HFRollout(..., record_logprobs=True), or rollout.record_logprobs: true).")
+            raise stages.missing_rollout_logprobs(obj, self.rollout_engine)
         stats.update(self._update(step, batch) if trainable else {})
         self.rollout_engine.sync_weights(self.model)  # after this step's optimizer steps, before the next rollout
         t_end = time.perf_counter()
@@ -431,7 +428,7 @@ class Trainer:
         if ob.ref_sync_steps > 0 and self.schedule.step_index % ob.ref_sync_steps == 0:
             sync_reference(self.ref_model, self.model, ob.ref_sync_alpha)
 
-    # ---------------------------------------------------------------- evaluation, checkpoints
+    # ---------------------------------------------------------------- evaluation, checkpoints (lmpo.trainer.checkpoint)
     def evaluate(self, examples=None) -> dict[str, float]:
         """Greedy ``eval/...`` metrics of the policy on ``examples`` (default: the held-out examples)."""
         ev = self.cfg.eval
@@ -442,20 +439,8 @@ class Trainer:
                         success_threshold=self.cfg.rewards.success_threshold)
 
     def state_dict(self, step: int) -> dict:
-        return {
-            "step": step,
-            "optimizer": self.optimizer.state_dict(),
-            "schedule": self.schedule.state_dict(),
-            "controller": self.driver.state_dict()["controller"],
-            # β of the KL in the reward; absent otherwise, so default checkpoints hold what they always did
-            **({"kl_controller": self.kl_ctrl.state_dict()} if self.kl_ctrl is not None else {}),
-            "data": self.prompts.state_dict(),
-            "nonfinite": {"total": self.nonfinite_total, "in_row": self.nonfinite_in_row},
-            "rng": ckpt.rng_state(),
-            # the metrics rows written up to this checkpoint: a resumed run cuts metrics.jsonl back to them
-            "metrics_rows": self.metrics.rows if getattr(self, "metrics", None) is not None else 0,
-            "final_eval_done": self.final_eval_done,
-        }
+        """What a checkpoint after RL step ``step`` holds besides the weights (``ckpt.trainer_state``)."""
+        return ckpt.trainer_state(self, step)
 
     def save(self, step: int) -> Path:
         if getattr(self, "metrics", None) is not None:
@@ -469,24 +454,3 @@ class Trainer:
         tokenizer; published atomically with a manifest like a checkpoint (:mod:`lmpo.checkpoints`)."""
         return publish_directory(self.run_dir / FINAL_MODEL_DIR, step, lambda tmp: write_hf_files(
             tmp, self.model, self.tokenizer, base_model_name=self.cfg.model.name))
-
-    def _load(self, path: Path) -> tuple[int, int]:
-        """Restore the run from checkpoint ``path``; returns (RL step, metrics rows to keep)."""
-        state = ckpt.load_checkpoint(path, self.model, ref_model=self.ref_model)
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.schedule.load_state_dict(state["schedule"])
-            self.schedule.total_steps = self.cfg.total_optimizer_steps  # a run may be extended (more loop.steps)
-            self.driver.load_state_dict({"controller": state.get("controller")})
-            if self.kl_ctrl is not None and state.get("kl_controller") is not None:
-                self.kl_ctrl.load_state_dict(state["kl_controller"])
-            self.prompts.load_state_dict(state["data"])
-            self.nonfinite_total = int(state["nonfinite"]["total"])
-            self.nonfinite_in_row = int(state["nonfinite"]["in_row"])
-            ckpt.restore_rng_state(state["rng"])
-            self.final_eval_done = bool(state.get("final_eval_done", False))
-            return int(state["step"]), int(state.get("metrics_rows", 0))
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise ckpt.CheckpointError(f"checkpoint {path}: its state does not fit this run ({type(e).__name__}: "
-                                       f"{' '.join(str(e).split())[:200]}); it was written by another kind of run "
-                                       "(objective, optimizer, model). Resume with the run's own config.") from None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lmpo.errors import RunError
 from lmpo.generation import PolicyLogprobs, Rollout, RolloutBatch, policy_logprobs
 from lmpo.objectives.advantages import zero_variance_mask
 from lmpo.objectives.kl_reward import kl_penalised_rewards
@@ -161,6 +162,14 @@ def kl_in_reward(policy, ref_model, batch: RolloutBatch, rewards: torch.Tensor, 
     # one host sync for the controller's input, as verl's .item()
     kl_ctrl.update(float(stats["kl/reward_kl"]), int(rewards.numel()))
     return shaped, stats, ref_logp
+
+
+def missing_rollout_logprobs(objective, engine) -> RunError:
+    """The error for an objective that needs the sampler's log-probs from an engine that recorded none."""
+    return RunError(f"objective {objective.name!r} needs the sampler's log-probs (correction={objective.correction!r}, "
+                    f"rejection={objective.rejection!r}), but the generation engine {type(engine).__name__} "
+                    "returned none; give an engine that records them (HFRollout(..., record_logprobs=True), or "
+                    "rollout.record_logprobs: true).")
 
 
 def truncated_fraction(completion_ids: torch.Tensor, completion_mask: torch.Tensor, eos_token_id: int
