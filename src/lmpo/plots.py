@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 from lmpo.errors import InputError
-from lmpo.runs import read_jsonl
+from lmpo.runs import read_jsonl, stored_config_path
 
 
 @dataclass(frozen=True)
@@ -110,12 +110,11 @@ class RunKind:
     x_key: str
     x_label: str
     panels: tuple[Panel, ...]
-    config_file: str
 
 
 RUN_KINDS = {
-    "trainer": RunKind("trainer", "step", "RL step", TRAINER_PANELS, "config.yaml"),
-    "sac": RunKind("sac", "step/updates", "gradient updates", SAC_PANELS, "config.json"),
+    "trainer": RunKind("trainer", "step", "RL step", TRAINER_PANELS),
+    "sac": RunKind("sac", "step/updates", "gradient updates", SAC_PANELS),
 }
 
 
@@ -183,8 +182,8 @@ def load_run(run_dir: str | os.PathLike) -> Run:
         raise InputError(f"{path} holds {len(rows)} records but none of the metrics lmpo plot draws ({known}); "
                          "it is not the metrics file of an `lmpo train` or `lmpo sac train` run.")
     config: dict = {}
-    cfg_path = d / kind.config_file
-    if cfg_path.is_file():
+    cfg_path = stored_config_path(d)
+    if cfg_path is not None:
         with open(cfg_path, encoding="utf-8") as fh:
             loaded = yaml.safe_load(fh)  # YAML reads JSON too
         config = loaded if isinstance(loaded, dict) else {}

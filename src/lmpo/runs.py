@@ -11,6 +11,9 @@ Rules shared by ``lmpo train`` and ``lmpo sac train``:
 * Metrics files are append-only JSONL. A resumed run cuts the file back to the rows its checkpoint had seen,
   through a temporary file and a rename; a torn last line (a kill mid-write) is dropped and reported.
 * Temporary files a killed writer left behind (``.tmp_*``) are removed when a run starts.
+* Every command's run directory stores its resolved config as ``config.yaml`` (:func:`write_run_config`) and its
+  TensorBoard events under ``tensorboard/`` (``TENSORBOARD_DIR``); ``config.json`` of SAC runs written before
+  is still read (:func:`stored_config_path`).
 * A run directory has one writer (:class:`RunLock`): ``RUN_DIR/.lmpo-lock`` names the process (PID, host) that
   holds it from start to exit; a second writer is refused, naming the owner; a lock whose process is gone
   (killed without cleaning up) is taken over with a note.
@@ -32,9 +35,34 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lmpo.checkpoints import remove_stale, replace_file
 from lmpo.config import ConfigError, changed_keys, from_dict, to_dict
 from lmpo.errors import InputError
+
+#: the resolved config of a run, in every command's run directory
+CONFIG_FILE = "config.yaml"
+#: where a run's TensorBoard events go
+TENSORBOARD_DIR = "tensorboard"
+#: the config file of SAC runs written before the one convention (read, never written)
+LEGACY_CONFIG_FILE = "config.json"
+
+
+def write_run_config(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
+    """Store a run's resolved config as ``RUN_DIR/config.yaml`` (atomically); returns its path."""
+    path = Path(run_dir) / CONFIG_FILE
+    replace_file(path, yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True).encode("utf-8"))
+    return path
+
+
+def stored_config_path(run_dir: str | os.PathLike) -> Path | None:
+    """The config a run stored: ``config.yaml``, or ``config.json`` of a SAC run written before; None if neither."""
+    for name in (CONFIG_FILE, LEGACY_CONFIG_FILE):
+        if (Path(run_dir) / name).is_file():
+            return Path(run_dir) / name
+    return None
+
 
 #: the lock file of a run directory (not one of a run's entries: ``--overwrite`` leaves it alone)
 LOCK_FILE = ".lmpo-lock"

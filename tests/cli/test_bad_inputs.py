@@ -84,10 +84,11 @@ def _broken_checkpoint(d: Path) -> None:
 
 
 def _sac_run_without_checkpoint(d: Path) -> None:
+    from lmpo.runs import write_run_config
     from lmpo.sac.config import TrainConfig
 
     (d / "sacrun").mkdir()
-    (d / "sacrun" / "config.json").write_text(json.dumps(TrainConfig().to_dict()))
+    write_run_config(d / "sacrun", TrainConfig().to_dict())
 
 
 def _sac_summary_without_checkpoint(d: Path) -> None:

@@ -1,8 +1,8 @@
 """The SAC training loop (CleanRL-style, top to bottom): act → step (DAgger teacher override) → store
 (agent / demo buffer) → ρ-mixed batch → :meth:`SACAgent.update` → metrics, checkpoints, evaluation.
 
-Run directory layout: ``config.json`` (resolved config), ``metrics.jsonl`` (one line per log interval,
-append-only), ``tb/`` (TensorBoard), ``checkpoints/step_XXXXXXXX/`` (by update count: ``agent.*`` the
+Run directory layout (the convention of :mod:`lmpo.runs`, shared with ``lmpo train``): ``config.yaml`` (resolved
+config), ``metrics.jsonl`` (one line per log interval, append-only), ``tensorboard/`` (TensorBoard), ``checkpoints/step_XXXXXXXX/`` (by update count: ``agent.*`` the
 networks, optimisers and temperature, ``state.*`` replay buffers, RNGs, counters and the environments' state,
 as safetensors + JSON with a ``manifest.json``; see :mod:`lmpo.checkpoints`), ``eval.json`` (held-out
 quality), ``summary.json`` (what the gate reads), ``plots/`` (training curves), ``trace.log`` (with ``--trace N``).
@@ -37,7 +37,18 @@ from lmpo.checkpoints import (
 )
 from lmpo.errors import InputError, Interrupted
 from lmpo.plots import plot_runs
-from lmpo.runs import JsonlAppender, check_resume_config, prepare_run_dir, stop_on_sigint, truncate_jsonl
+from lmpo.runs import (
+    CONFIG_FILE,
+    LEGACY_CONFIG_FILE,
+    TENSORBOARD_DIR,
+    JsonlAppender,
+    check_resume_config,
+    prepare_run_dir,
+    stop_on_sigint,
+    stored_config_path,
+    truncate_jsonl,
+    write_run_config,
+)
 from lmpo.sac.agent import SACAgent
 from lmpo.sac.config import RESUMABLE_KEYS, TrainConfig, check_device_available, run_config_dict
 from lmpo.sac.replay import ReplayBuffer, nearest_legal, sample_mixed, teacher_ratio
@@ -224,8 +235,7 @@ class Trainer:
         self._start: float | None = None
         self._roll, self._upd = RunningStats(), RunningStats()
         self._metrics: JsonlAppender | None = None
-        replace_file(self.run_dir / "config.json",
-                     json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False).encode("utf-8"))
+        write_run_config(self.run_dir, cfg.to_dict())
 
     # ------------------------------------------------------------------ checkpoint
     def _envs_state(self) -> dict[str, Any]:
@@ -374,7 +384,7 @@ class Trainer:
         cfg = self.cfg
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(str(self.run_dir / "tb"))
+        writer = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR))
         metrics_f = self._metrics = JsonlAppender(self.run_dir / "metrics.jsonl", rows=len(self.history))
         trace_f = open(self.run_dir / "trace.log", "a", encoding="utf-8") if self.trace_steps else None
 
@@ -502,10 +512,11 @@ def resume_checkpoint(run_dir: str | Path) -> Path:
                      "checkpoint_every_updates). Start it again with --overwrite.")
 
 
-#: what a SAC run directory holds (``--overwrite`` deletes these and nothing else; the last two are the
-#: pickled checkpoint files of earlier lmpo versions, never read)
-RUN_ENTRIES = ("config.json", "metrics.jsonl", "tb", "checkpoints", "eval.json", "summary.json", "trace.log",
-               "checkpoint.pt", "envs.pkl")
+#: what a SAC run directory holds (``--overwrite`` deletes these and nothing else; the last four are what
+#: earlier lmpo versions wrote: config.json and tb/ before the one convention, and pickled checkpoint files,
+#: never read)
+RUN_ENTRIES = (CONFIG_FILE, "metrics.jsonl", TENSORBOARD_DIR, "checkpoints", "eval.json", "summary.json",
+               "trace.log", LEGACY_CONFIG_FILE, "tb", "checkpoint.pt", "envs.pkl")
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = None, resume: bool = False,
@@ -524,9 +535,10 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
     prepare_run_dir(run_dir, RUN_ENTRIES, resume=resume, overwrite=overwrite, dir_option="--run-dir")
     checkpoint = None
     if resume:
-        if (Path(run_dir) / "config.json").is_file():
+        stored = stored_config_path(run_dir)
+        if stored is not None:
             check_resume_config(run_config_dict(run_dir), cfg.to_dict(), RESUMABLE_KEYS,
-                                allow_change=allow_config_change, stored_path=Path(run_dir) / "config.json",
+                                allow_change=allow_config_change, stored_path=stored,
                                 schema=TrainConfig)
         checkpoint = resume_checkpoint(run_dir)  # before the environments are built: fail fast
     trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)

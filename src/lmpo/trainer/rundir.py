@@ -6,17 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
-from lmpo.checkpoints import replace_file
 from lmpo.config import read_yaml
-from lmpo.runs import check_resume_config, prepare_run_dir
+from lmpo.runs import CONFIG_FILE, TENSORBOARD_DIR, check_resume_config, prepare_run_dir, write_run_config
 from lmpo.trainer.checkpoint import resolve_resume
 from lmpo.trainer.config import TrainConfig, config_to_dict
 from lmpo.trainer.export import FINAL_MODEL_DIR
 
 #: what a trainer run directory holds (``--overwrite`` deletes these and nothing else)
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "checkpoints", FINAL_MODEL_DIR, "tensorboard", "wandb")
+RUN_ENTRIES = (CONFIG_FILE, "metrics.jsonl", "checkpoints", FINAL_MODEL_DIR, TENSORBOARD_DIR, "wandb")
 
 #: config keys ``--resume`` may change without ``--allow-config-change``
 RESUMABLE_KEYS = ("loop.steps", "logging.*", "eval.*", "checkpoint.*")
@@ -36,11 +33,10 @@ def prepare_train_dir(cfg: TrainConfig, resume, overwrite: bool, allow_config_ch
         own = run_dir.resolve() in (target.resolve(), *target.resolve().parents)
         # a checkpoint of another run starts this directory from it (a new run); otherwise it continues
         prepare_run_dir(run_dir, RUN_ENTRIES, resume=own, overwrite=overwrite, dir_option="logging.run_dir")
-        stored = run_dir / "config.yaml"
+        stored = run_dir / CONFIG_FILE
         if own and stored.is_file():
             check_resume_config(read_yaml(stored, "stored config"), config_to_dict(cfg), RESUMABLE_KEYS,
                                 allow_change=allow_config_change, stored_path=stored, schema=TrainConfig)
         resume_path = resolve_resume(target, run_dir, log=log)
-    replace_file(run_dir / "config.yaml",
-                 yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True).encode("utf-8"))
+    write_run_config(run_dir, config_to_dict(cfg))
     return resume_path
