@@ -28,9 +28,10 @@ docs: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 
-# pytest-xdist: one worker per core (-n auto); --durations shows where the time goes
+# pytest-xdist: one worker per core (-n auto), idle workers steal queued tests (--dist worksteal: the long
+# kill/resume shards do not leave a core idle at the end); --durations shows where the time goes
 test: lint
-	$(VENV)/bin/python -m pytest -q -n auto --durations=15
+	$(VENV)/bin/python -m pytest -q -n auto --dist worksteal --durations=15
 
 clean:
 	rm -rf $(VENV) runs
