@@ -42,6 +42,7 @@ from lmpo.checkpoints import (
     write_checkpoint,
 )
 from lmpo.errors import InputError
+from lmpo.models.saving import write_hf_files
 
 __all__ = ["MODEL_FILE", "REF_FILE", "STATE_FILE", "CheckpointError", "checkpoint_dir", "latest_checkpoint",
            "list_checkpoints", "load_checkpoint", "resolve_resume", "restore_rng_state", "restore_trainer_state",
@@ -76,7 +77,6 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model: torch.nn.Modul
     With the model's config (and ``tokenizer``, when given) beside the weights, the checkpoint directory
     is a Hugging Face model directory too (module docstring); ``base_model_name`` goes into a LoRA adapter's
     config."""
-    from lmpo.models.saving import write_hf_files
 
     def write(tmp: Path) -> None:
         _write_files(tmp, model, state, ref_model)

@@ -1,9 +1,14 @@
-"""``lmpo train``, ``lmpo demo`` and ``lmpo plot``: argparse sub-commands registered by ``lmpo.cli``."""
+"""``lmpo train``, ``lmpo demo`` and ``lmpo plot``: argparse sub-commands registered by ``lmpo.cli``.
+
+The commands' imports sit inside their functions on purpose: ``lmpo --help`` imports this module to build its
+parser, and must not pay for torch, the trainer and the models (``lmpo.cli``'s docstring).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 class _OverridesParser(argparse.ArgumentParser):
@@ -110,8 +115,6 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _stored_config(resume: str) -> str | None:
     """The config.yaml of the run that ``--resume PATH`` names (a run or one of its checkpoints), if any."""
-    from pathlib import Path
-
     p = Path(resume)
     for candidate in (p, p.parent.parent):
         if (candidate / "config.yaml").is_file():

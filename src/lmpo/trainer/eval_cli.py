@@ -8,6 +8,9 @@ left out (:mod:`lmpo.trainer.export`).
 ``TASK`` is a built-in task (its held-out split), a JSON / JSONL / Parquet file (every row; TRL's standard
 or conversational format) or a saved ``datasets`` directory / hub name (one split, ``test`` by default).
 A completion is correct when the task's accuracy reward (``exact_match`` for files) is ``>= 1``.
+
+Imports sit inside the functions on purpose: ``lmpo --help`` imports this module to build its parser and
+must not pay for torch, transformers and the models (``lmpo.cli``'s docstring).
 """
 
 from __future__ import annotations
