@@ -85,6 +85,7 @@ class RunLock:
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.path = self.run_dir / LOCK_FILE
         self._fd: int | None = None
+        self._created = False
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -96,6 +97,7 @@ class RunLock:
     def acquire(self) -> None:
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise InputError(f"run directory {str(self.run_dir)!r} is a file; choose another {self.dir_option}.")
+        self._created = not self.run_dir.exists()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -107,7 +109,7 @@ class RunLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 owner = _describe_owner(_read_owner(fd))
-                os.close(fd)
+                os.close(fd)  # (the directory is the owner's: never removed here)
                 raise InputError(f"run directory {str(self.run_dir)!r} is in use by another lmpo process ({owner}); "
                                  "two writers would mix (or, with --overwrite, delete) each other's files. Wait for "
                                  f"it to finish or stop it, or choose another {self.dir_option}.") from None
@@ -134,6 +136,9 @@ class RunLock:
             self.path.unlink()  # before the unlock: a waiter that opened this file then sees it is gone
         os.close(self._fd)  # drops the flock
         self._fd = None
+        if self._created:  # a run refused before it wrote anything leaves no directory behind
+            with contextlib.suppress(OSError):
+                self.run_dir.rmdir()  # only when empty
 
 
 def _read_owner(fd: int) -> dict:

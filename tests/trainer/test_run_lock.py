@@ -82,3 +82,10 @@ def test_one_process_cannot_hold_a_directory_twice_and_a_file_is_no_run_director
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match="is a file; choose another --run-dir"):
         RunLock(tmp_path / "file", dir_option="--run-dir").acquire()
+
+
+def test_a_run_refused_before_it_starts_leaves_no_directory(tmp_path):
+    run = tmp_path / "never"
+    with pytest.raises(InputError, match="holds no run to continue"):
+        make_trainer(run).train(resume="auto")
+    assert not run.exists()

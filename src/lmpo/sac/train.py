@@ -42,6 +42,7 @@ from lmpo.runs import (
     LEGACY_CONFIG_FILE,
     TENSORBOARD_DIR,
     JsonlAppender,
+    RunLock,
     check_resume_config,
     prepare_run_dir,
     stop_on_sigint,
@@ -528,49 +529,51 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
     A directory that already holds a run needs ``resume`` (continue from its newest complete checkpoint,
     with the stored config compared against ``cfg``: only ``RESUMABLE_KEYS`` may differ unless
     ``allow_config_change``) or ``overwrite``. ``eval_only`` (with ``resume``): load the checkpoint and only
-    evaluate and summarise. A Ctrl-C writes a checkpoint and raises :class:`lmpo.errors.Interrupted`.
+    evaluate and summarise. A Ctrl-C writes a checkpoint and raises :class:`lmpo.errors.Interrupted`. The run
+    directory is locked for the whole call (:class:`lmpo.runs.RunLock`): a second writer is refused.
     """
     if eval_only and not resume:
         raise InputError("--eval-only evaluates a run's checkpoint: it needs --resume (and the run's --run-dir).")
-    prepare_run_dir(run_dir, RUN_ENTRIES, resume=resume, overwrite=overwrite, dir_option="--run-dir")
-    checkpoint = None
-    if resume:
-        stored = stored_config_path(run_dir)
-        if stored is not None:
-            check_resume_config(run_config_dict(run_dir), cfg.to_dict(), RESUMABLE_KEYS,
-                                allow_change=allow_config_change, stored_path=stored,
-                                schema=TrainConfig)
-        checkpoint = resume_checkpoint(run_dir)  # before the environments are built: fail fast
-    trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
-    if checkpoint is not None:
-        trainer.load(checkpoint)
-    if eval_only:
-        last = trainer.history[-1] if trainer.history else {}
-        info = {"stop_reason": "evaluated from checkpoint (--eval-only)",
-                "train_seconds": trainer.seconds_before or float(last.get("step/seconds", 0.0))}
-    else:
-        info = trainer.run(max_updates=max_updates)
-    summary: dict[str, Any] = {
-        "config": cfg.to_dict(), **info,
-        "updates": trainer.agent.updates, "env_steps": trainer.env_steps, "episodes": trainer.episodes,
-        "nonfinite_skips": trainer.agent.nonfinite_skips, "counters": dict(trainer.counters),
-        "alpha_final": float(trainer.agent.alpha), "top_p_controller": trainer.agent.controller.state_dict(),
-        "critic_loss_curve": [r.get("losses/critic") for r in trainer.history],
-        "alpha_curve": [r.get("policy/alpha") for r in trainer.history],
-        "teacher_ratio_curve": [r.get("data/teacher_ratio") for r in trainer.history],
-        "heldout_top1_curve": [[r["step/updates"], r["quality/heldout_top1"]] for r in trainer.history
-                               if "quality/heldout_top1" in r],
-        "extra_text": trainer.bundle.extra_report, "num_actions": trainer.bundle.num_actions,
-    }
-    c = trainer.counters
-    summary["illegal_rate_train"] = c["illegal"] / max(1, c["agent_steps"])
-    summary["early_termination_rate_train"] = c["early_terminations"] / max(1, c["episodes"])
-    if evaluate and trainer.bundle.alphabet is not None and trainer.bundle.heldout_chapters:
-        from lmpo.sac.evaluate import evaluate_run
+    with RunLock(run_dir, dir_option="--run-dir"):  # one writer per run directory (lmpo.runs)
+        prepare_run_dir(run_dir, RUN_ENTRIES, resume=resume, overwrite=overwrite, dir_option="--run-dir")
+        checkpoint = None
+        if resume:
+            stored = stored_config_path(run_dir)
+            if stored is not None:
+                check_resume_config(run_config_dict(run_dir), cfg.to_dict(), RESUMABLE_KEYS,
+                                    allow_change=allow_config_change, stored_path=stored,
+                                    schema=TrainConfig)
+            checkpoint = resume_checkpoint(run_dir)  # before the environments are built: fail fast
+        trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
+        if checkpoint is not None:
+            trainer.load(checkpoint)
+        if eval_only:
+            last = trainer.history[-1] if trainer.history else {}
+            info = {"stop_reason": "evaluated from checkpoint (--eval-only)",
+                    "train_seconds": trainer.seconds_before or float(last.get("step/seconds", 0.0))}
+        else:
+            info = trainer.run(max_updates=max_updates)
+        summary: dict[str, Any] = {
+            "config": cfg.to_dict(), **info,
+            "updates": trainer.agent.updates, "env_steps": trainer.env_steps, "episodes": trainer.episodes,
+            "nonfinite_skips": trainer.agent.nonfinite_skips, "counters": dict(trainer.counters),
+            "alpha_final": float(trainer.agent.alpha), "top_p_controller": trainer.agent.controller.state_dict(),
+            "critic_loss_curve": [r.get("losses/critic") for r in trainer.history],
+            "alpha_curve": [r.get("policy/alpha") for r in trainer.history],
+            "teacher_ratio_curve": [r.get("data/teacher_ratio") for r in trainer.history],
+            "heldout_top1_curve": [[r["step/updates"], r["quality/heldout_top1"]] for r in trainer.history
+                                   if "quality/heldout_top1" in r],
+            "extra_text": trainer.bundle.extra_report, "num_actions": trainer.bundle.num_actions,
+        }
+        c = trainer.counters
+        summary["illegal_rate_train"] = c["illegal"] / max(1, c["agent_steps"])
+        summary["early_termination_rate_train"] = c["early_terminations"] / max(1, c["episodes"])
+        if evaluate and trainer.bundle.alphabet is not None and trainer.bundle.heldout_chapters:
+            from lmpo.sac.evaluate import evaluate_run
 
-        summary["eval"] = evaluate_run(trainer.agent, trainer.bundle, cfg)
-        replace_file(Path(run_dir) / "eval.json", json.dumps(summary["eval"], indent=2, ensure_ascii=False).encode())
-    replace_file(Path(run_dir) / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False).encode())
-    if trainer.history:  # RUN_DIR/plots/*.png, as `lmpo plot RUN_DIR` draws them
-        plot_runs([run_dir])
-    return summary
+            summary["eval"] = evaluate_run(trainer.agent, trainer.bundle, cfg)
+            replace_file(Path(run_dir) / "eval.json", json.dumps(summary["eval"], indent=2, ensure_ascii=False).encode())
+        replace_file(Path(run_dir) / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False).encode())
+        if trainer.history:  # RUN_DIR/plots/*.png, as `lmpo plot RUN_DIR` draws them
+            plot_runs([run_dir])
+        return summary
