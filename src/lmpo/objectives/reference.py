@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from .advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_INPUTS
-from .objective import COMMON_STATS, DEFAULT_PARTS, SELECTORS, General, Objective, owners_by_keyword
+from .keywords import DEFAULT_PARTS, SELECTORS, General, owners_by_keyword
+from .objective import COMMON_STATS, Objective
 from .parts import INPUTS, KINDS
 from .presets import PRESETS
 
