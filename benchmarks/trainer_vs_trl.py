@@ -230,6 +230,17 @@ def _thread(baton: Baton, name: str, fn) -> threading.Thread:
     return threading.Thread(target=body, name=name, daemon=True)
 
 
+def run_in_turn(baton: Baton, lmpo_fn, trl_fn) -> None:
+    """Run the two trainers in threads that take turns at every step boundary; re-raise the first error."""
+    threads = [_thread(baton, "lmpo", lmpo_fn), _thread(baton, "trl", trl_fn)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if baton.errors:
+        raise baton.errors[0]
+
+
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     if len(values) == 1:
         return values[0], values[0], values[0]
@@ -245,14 +256,7 @@ def run_setting(model_name: str, length: int, steps: int, args, compile: bool = 
     lmpo = make_lmpo(model_a, tok, args, length, steps, compile)
     trl = make_trl(model_b, tok, args, length, steps, trl_party)
     phases: list[dict] = []
-    threads = [_thread(baton, "lmpo", lambda: run_lmpo(lmpo, lmpo_party, phases)),
-               _thread(baton, "trl", trl.train)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if baton.errors:
-        raise baton.errors[0]
+    run_in_turn(baton, lambda: run_lmpo(lmpo, lmpo_party, phases), trl.train)
     n = min(len(lmpo_party.durations), len(trl_party.durations))
     pairs = list(range(args.warmup, n)) if n > args.warmup else [n - 1]  # the first steps warm up
     ratios = [trl_party.durations[i] / lmpo_party.durations[i] for i in pairs]

@@ -8,7 +8,8 @@ bad-input cases of ``tests/cli/test_bad_inputs.py`` (``make docs`` runs that scr
 
 What needs ``make docs`` after it changes: a preset, part, part parameter, advantage estimator or objective input
 (README.md, docs/objectives.md); a trainer config field, metric or TRL alias (docs/trainer.md); a SAC config
-field (docs/sac.md); a lab claim, metric or config field (docs/lab.md); a user-facing error (docs/errors.md).
+field (docs/sac.md); a lab claim, metric or config field (docs/lab.md); an LM environment or an episode budget
+field (docs/multiturn.md); a user-facing error (docs/errors.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from lmpo.envs.docs import BLOCKS as ENV_BLOCKS
 from lmpo.lab.docs import BLOCKS as LAB_BLOCKS
 from lmpo.objectives.reference import GENERATED_SECTIONS, preset_table_markdown
 from lmpo.sac.config import render_config_reference as sac_config_reference
@@ -35,6 +37,7 @@ GENERATED: dict[str, dict[str, Callable[[], str]]] = {
                         "trl-aliases": render_alias_table},
     "docs/sac.md": {"sac-config-reference": sac_config_reference},
     "docs/lab.md": dict(LAB_BLOCKS),
+    "docs/multiturn.md": dict(ENV_BLOCKS),
 }
 
 

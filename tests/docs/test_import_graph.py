@@ -23,6 +23,8 @@ FORBIDDEN = {
     "lmpo.rlvcr": ("lmpo.trainer", "lmpo.integrations", "lmpo.lab"),
     "lmpo.integrations": ("lmpo.trainer", "lmpo.lab"),
     "lmpo.textenv": ("lmpo.sac", "lmpo.trainer", "lmpo.lab"),
+    # LM environments sit below the episode driver (lmpo.generation.episodes) and never see a trainer
+    "lmpo.envs": ("lmpo.trainer", "lmpo.generation", "lmpo.rlvcr", "lmpo.integrations", "lmpo.lab", "lmpo.sac"),
 }
 
 

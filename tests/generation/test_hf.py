@@ -261,3 +261,30 @@ def test_compiled_decode_step_samples_what_the_eager_loop_samples(eos_heavy):
     assert compiled._compiled is not None and compiled._compiled.cache is not None
     with pytest.raises(ValueError, match="compile_decode"):
         HFRollout(model, tok, impl="generate", compile_decode=True)
+
+
+def test_graph_decode_step_samples_what_the_eager_loop_samples(eos_heavy, monkeypatch):
+    # the CUDA-graph path's fixed-shape step (all rows kept, a bucket of positions under the mask, inputs in
+    # static buffers), run eagerly on CPU: the same tokens and log-probs as the eager loop, across buckets
+    import lmpo.generation.hf as hf
+
+    monkeypatch.setattr(hf, "_GRAPH_BUCKET", 8)  # prompts of 9 tokens + 12 new ones cross two bucket edges
+    model, tok = eos_heavy
+    static = HFRollout(model, tok, max_new_tokens=12, temperature=1.0, record_logprobs=True, cuda_graphs=True)
+    eager = HFRollout(model, tok, max_new_tokens=12, temperature=1.0, record_logprobs=True)
+    for kwargs in ({"greedy": True}, {"seed": 1}, {"seed": 2}):
+        a, b = static.generate(PROMPTS, 3, **kwargs), eager.generate(PROMPTS, 3, **kwargs)
+        assert static.decode_mode == "static" and eager.decode_mode == "eager"
+        assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+        torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+    assert len(set(b.completion_lengths.tolist())) > 1
+    # a second call of the same shape reuses the buffers; fixed-length output through ignore_eos
+    buffers = static._graphs.cache.layers[0].keys
+    fixed = HFRollout(model, tok, max_new_tokens=12, temperature=1.0, ignore_eos=True, cuda_graphs=True)
+    ref = HFRollout(model, tok, max_new_tokens=12, temperature=1.0, ignore_eos=True)
+    a, b = fixed.generate(PROMPTS, 2, seed=4), ref.generate(PROMPTS, 2, seed=4)
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.completion_ids.shape[1] == 12
+    static.generate(PROMPTS, 3, seed=5)
+    assert static._graphs.cache.layers[0].keys is buffers
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        HFRollout(model, tok, cuda_graphs=True, compile_decode=True)

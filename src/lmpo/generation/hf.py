@@ -18,6 +18,7 @@ must reproduce (``tests/generation/test_hf.py`` checks it against a cache-free r
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -157,16 +158,106 @@ class _CompiledDecode:
 
 # Static decode buffers are this many positions long, or a multiple of it.
 _STATIC_LEN_MULTIPLE = 64
+# A CUDA-graph decode step attends over a whole bucket of this many positions (the positions not yet written are
+# masked): one graph per bucket instead of one per length, at most this many masked positions of extra reading.
+_GRAPH_BUCKET = 256
+
+
+class _GraphCaptureFailed(Exception):
+    """A decode step could not be captured into a CUDA graph (the call is then redone eagerly)."""
+
+
+class _GraphDecode:
+    """One decode step (one token per row) replayed from CUDA graphs, the gpt-fast approach.
+
+    Everything a step reads lives in buffers allocated once per (batch, buffer length): the token ids
+    (B, 1), position ids (B, 1), the attention mask (B, L) and the keys/values in ``_StaticBufferLayer``
+    buffers written at ``position``. A step attends over the first ``bucket`` positions, ``bucket`` the
+    attended length rounded up to a multiple of ``_GRAPH_BUCKET`` (the positions beyond are masked), so a
+    call of T tokens uses about (P + T) / 256 graphs, each captured the first time its bucket is reached and
+    kept, with the buffers, for later calls of the same shape. The graphs share one memory pool.
+
+    With ``capture=False`` (any non-CUDA device) the same fixed-shape step runs eagerly: the bucketing and
+    the masking are then testable on CPU, and a CUDA device gets exactly that computation, replayed.
+    """
+
+    def __init__(self, model: nn.Module, capture: bool) -> None:
+        self.model, self.capture = model, capture
+        self.key: tuple | None = None
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
+        self.pool = None
+
+    def cache_for(self, batch: int, max_len: int, repeats: int, device: torch.device) -> Cache:
+        """The static cache of this shape (new buffers and graphs when the shape changes), ready for a prefill."""
+        key = (batch, max_len, repeats, device)
+        if self.key != key:
+            self.graphs.clear()
+            self.pool = None
+            self.position = torch.zeros(1, dtype=torch.long, device=device)
+            layers = self.model.config.get_text_config().num_hidden_layers
+            self.cache = Cache(layers=[_StaticBufferLayer(batch, max_len, repeats, self.position)
+                                       for _ in range(layers)])
+            self.input_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+            self.position_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+            self.mask = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
+            self.key = key
+        for layer in self.cache.layers:
+            layer.reset()
+        return self.cache
+
+    def _forward(self, bucket: int) -> torch.Tensor:
+        for layer in self.cache.layers:
+            layer.view_len = bucket
+        out = self.model(input_ids=self.input_ids, attention_mask=self.mask[:, None, None, :bucket],
+                         position_ids=self.position_ids, past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1]
+
+    def step(self, next_ids: torch.Tensor, position_ids: torch.Tensor, position: int) -> torch.Tensor:
+        """(B,) tokens at absolute cache slot ``position`` with (B, 1) position ids -> (B, V) next logits.
+
+        The caller has set ``self.mask`` up to and including ``position``. The returned logits are the
+        graph's output buffer: read them before the next step.
+        """
+        self.input_ids.copy_(next_ids[:, None])
+        self.position_ids.copy_(position_ids)
+        self.position.fill_(position)
+        bucket = min(-(-(position + 1) // _GRAPH_BUCKET) * _GRAPH_BUCKET, self.mask.shape[1])
+        if not self.capture:
+            return self._forward(bucket)
+        if bucket not in self.graphs:
+            self.graphs[bucket] = self._capture(bucket)
+        graph, logits = self.graphs[bucket]
+        graph.replay()
+        return logits
+
+    def _capture(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # warm-up runs on a side stream (as torch.cuda.graphs' docs ask) with the step's real inputs: each
+        # writes this step's keys/values, which the replay below writes again, identically
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(bucket)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self._forward(bucket)
+        self.pool = graph.pool()
+        return graph, logits
+
 
 
 def _decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """SDPA, except for one query per row on CPU: two batched matmuls.
+    """SDPA, except for one query per row: two batched matmuls, the query heads grouped under their key/value
+    head (the cache is read once).
 
-    PyTorch's CPU flash-attention kernel takes ~15× the time of its arithmetic at query length 1 (it tiles
-    the query axis), and so grows to most of a decode step as the cache lengthens. Shapes: query
-    (B, H, 1, d), key/value (B, H_kv, L, d), mask (B, 1, 1, L) bool (True = attend); returns (B, 1, H, d).
+    On CPU, PyTorch's flash-attention kernel takes ~15× the time of its arithmetic at query length 1 (it tiles
+    the query axis). On CUDA, SDPA with a mask and grouped-query heads falls back (in Hugging Face's
+    ``sdpa_attention_forward``) to copying the keys and values H / H_kv times and the math kernel: at 2k
+    positions that copy was most of a decode step (0.5B Qwen2, 128 rows, H100). Shapes: query (B, H, 1, d),
+    key/value (B, H_kv, L, d), mask (B, 1, 1, L) bool (True = attend); returns (B, 1, H, d).
     """
-    if query.shape[2] != 1 or query.device.type != "cpu" or kwargs.get("output_attentions"):
+    if query.shape[2] != 1 or kwargs.get("output_attentions"):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -262,6 +353,13 @@ class HFRollout(SamplingEngine):
             length a dynamic dimension, and no compaction of finished rows (they are computed and discarded
             until all rows finish). The first call of each (batch, buffer length) compiles (tens of seconds
             on CPU). ``impl="loop"`` only.
+        cuda_graphs: replay each decode step from a CUDA graph (the gpt-fast approach): static key/value
+            buffers as with ``compile_decode``, each step attending over a bucket of 256 positions (later
+            positions masked), one graph per bucket captured at its first use and kept for later calls of the
+            same shape. Removes the per-layer kernel-launch overhead that bounds an eager decode step on a GPU.
+            On a device other than CUDA the same fixed-shape step runs eagerly (no capture). If a model's
+            forward cannot be captured, the engine says so once and decodes eagerly. ``impl="loop"`` only, not
+            with ``compile_decode``.
         sync_every_tokens: how often the loop reads the finished rows back on the host to stop early and
             compact the batch (default: every token on CPU, where reading costs nothing; every 8 on an
             accelerator). Tokens past a row's EOS are masked whatever this is.
@@ -280,6 +378,7 @@ class HFRollout(SamplingEngine):
         record_logprobs: bool = False,
         sync_every_tokens: int | None = None,
         compile_decode: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         if impl not in ("loop", "generate"):
             raise ValueError(f"impl={impl!r} must be 'loop' or 'generate'")
@@ -290,10 +389,18 @@ class HFRollout(SamplingEngine):
         super().__init__(model, tokenizer, max_new_tokens, temperature, top_p, top_k, ignore_eos, record_logprobs)
         if compile_decode and impl != "loop":
             raise ValueError("compile_decode=True needs impl='loop'")
+        if cuda_graphs and (impl != "loop" or compile_decode):
+            raise ValueError(f"cuda_graphs=True needs impl='loop' and compile_decode=False (got impl={impl!r}, "
+                             f"compile_decode={compile_decode}); choose one of the two static decode paths")
         self.impl = impl
         self.sync_every_tokens = sync_every_tokens
         self.compile_decode = compile_decode
+        self.cuda_graphs = cuda_graphs
         self._compiled: _CompiledDecode | None = None
+        self._graphs: _GraphDecode | None = None
+        #: how the last ``generate`` call decoded: "eager", "compile", "cuda_graphs" or "static" (the graphs'
+        #: fixed-shape step run eagerly, off CUDA)
+        self.decode_mode = "eager"
 
     def _compiled_decode(self) -> _CompiledDecode:
         """The compiled decode step of the current model (made at the first call, again after ``sync_weights``
@@ -301,6 +408,12 @@ class HFRollout(SamplingEngine):
         if self._compiled is None or self._compiled.model is not self.model:
             self._compiled = _CompiledDecode(self.model)
         return self._compiled
+
+    def _graph_decode(self, device: torch.device) -> _GraphDecode:
+        """The CUDA-graph decode of the current model (new after ``sync_weights`` hands over another model)."""
+        if self._graphs is None or self._graphs.model is not self.model:
+            self._graphs = _GraphDecode(self.model, capture=device.type == "cuda")
+        return self._graphs
 
     def sync_weights(self, model: nn.Module) -> None:
         """Nothing to copy: this engine samples from the training model's own parameters."""
@@ -363,7 +476,15 @@ class HFRollout(SamplingEngine):
         logprobs = None
         with self._eval_mode():
             if self.impl == "loop":
-                completion_ids, finished, logprobs = self._sample_loop(unique_ids, unique_mask, G, greedy, generator)
+                state = generator.get_state() if generator is not None else None
+                try:
+                    completion_ids, finished, logprobs = self._sample_loop(unique_ids, unique_mask, G, greedy,
+                                                                           generator)
+                except _GraphCaptureFailed:  # redone eagerly, from the same random state
+                    if generator is not None:
+                        generator.set_state(state)
+                    completion_ids, finished, logprobs = self._sample_loop(unique_ids, unique_mask, G, greedy,
+                                                                           generator)
             else:
                 completion_ids, finished = self._sample_hf_generate(
                     unique_ids.repeat_interleave(G, 0), unique_mask.repeat_interleave(G, 0), greedy, generator)
@@ -401,17 +522,24 @@ class HFRollout(SamplingEngine):
         sync_every = self.sync_every_tokens or (1 if device.type == "cpu" else 8)
 
         compiled = self._compiled_decode() if self.compile_decode else None
+        graphs = self._graph_decode(device) if self.cuda_graphs else None
         length = P + T
-        if compiled is not None:
+        if compiled is not None or graphs is not None:
             length = -(-length // _STATIC_LEN_MULTIPLE) * _STATIC_LEN_MULTIPLE
-            cache = compiled.cache_for(B, length, G, device)
+            cache = (compiled or graphs).cache_for(B, length, G, device)
         else:
             cache = _buffer_cache(model, B, length, G)
+        self.decode_mode = ("compile" if compiled is not None else "eager" if graphs is None else
+                            "cuda_graphs" if graphs.capture else "static")
         positions = position_ids_from_mask(prompt_mask)  # (N, P)
         out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].repeat_interleave(G, 0)  # (B, V): every row's next-token logits
-        attention = torch.zeros(B, length, dtype=torch.bool, device=device)  # the decode batch's mask
+        if graphs is not None:  # the graphs read the mask from their own buffer
+            attention = graphs.mask
+            attention.zero_()
+        else:
+            attention = torch.zeros(B, length, dtype=torch.bool, device=device)  # the decode batch's mask
         attention[:, :P] = prompt_mask.bool().repeat_interleave(G, 0)
         next_position = positions[:, -1:].repeat_interleave(G, 0) + 1  # (B, 1)
         rows = torch.arange(B, device=device)  # decode-batch row -> output row
@@ -429,18 +557,32 @@ class HFRollout(SamplingEngine):
                 finished = finished | torch.isin(next_ids, eos)
             if t == T - 1:
                 break
-            if (t + 1) % sync_every == 0:
+            if (t + 1) % sync_every == 0 and not self.ignore_eos:  # (no row ever finishes under ignore_eos)
                 running = ~finished[rows]  # (B_dec,)
                 left = int(running.sum())
                 if left == 0:
                     steps = t + 1
                     break
-                if compiled is None and rows.numel() - left >= _COMPACT_FINISHED_FRACTION * rows.numel():
+                if (compiled is None and graphs is None
+                        and rows.numel() - left >= _COMPACT_FINISHED_FRACTION * rows.numel()):
                     keep = running.nonzero().squeeze(-1)
                     rows, attention, next_position = rows[keep], attention[keep], next_position[keep]
                     cache.batch_select_indices(keep)
             # the sampled token itself is attended to (an EOS too); a finished row's inputs are ignored
             attention[:, P + t] = True
+            if graphs is not None:  # fixed shapes: all B rows, the attended bucket under the mask
+                try:
+                    logits = graphs.step(next_ids, next_position, P + t)
+                except RuntimeError as e:  # a forward that cannot be captured: say so once, decode eagerly
+                    if not graphs.capture:
+                        raise
+                    warnings.warn(f"CUDA-graph decode unavailable for {type(model).__name__} ({e}); decoding "
+                                  "eagerly from now on", RuntimeWarning, stacklevel=2)
+                    self.cuda_graphs = False
+                    self._graphs = None
+                    raise _GraphCaptureFailed from e
+                next_position = next_position + 1
+                continue
             if compiled is not None:  # fixed shapes: all B rows, the whole buffer under the mask
                 compiled.position.fill_(P + t)
                 mask = attention[:, None, None, : P + t + 1]

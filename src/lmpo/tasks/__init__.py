@@ -20,7 +20,7 @@ from lmpo.tasks.files import (
     split_examples,
     task_from_rows,
 )
-from lmpo.tasks.synthetic import AdditionTask, CountdownTask, ReversalTask
+from lmpo.tasks.synthetic import AdditionTask, CountdownTask, GeneratedTask, ReversalTask
 
 __all__ = [
     "FILE_FORMATS",
@@ -29,6 +29,7 @@ __all__ = [
     "AdditionTask",
     "CountdownTask",
     "Example",
+    "GeneratedTask",
     "ListTask",
     "ReversalTask",
     "Task",

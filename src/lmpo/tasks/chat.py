@@ -50,15 +50,16 @@ def _adds_bos(tokenizer) -> bool:
 
 
 def render_conversation(tokenizer, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
-                        add_generation_prompt: bool = True) -> str:
+                        add_generation_prompt: bool = True, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
     """``messages`` rendered by the chat template as the text to encode with ``tokenizer(text)``.
 
     A template that writes the BOS token itself (Llama-style ``{{ bos_token }}``) would get a second one from
     a tokenizer that prepends BOS on encoding, so the rendered BOS is dropped in that case: encoding the
-    returned text gives the same ids as ``apply_chat_template(..., tokenize=True)``.
+    returned text gives the same ids as ``apply_chat_template(..., tokenize=True)``. ``tools`` are function
+    schemas passed to the template as ``tools=`` (templates that know tools list them in the system turn).
     """
     text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         chat_template=chat_template)
+                                         chat_template=chat_template, tools=list(tools) if tools else None)
     bos = tokenizer.bos_token
     if bos and text.startswith(bos) and _adds_bos(tokenizer):
         text = text[len(bos):]

@@ -12,8 +12,9 @@ import string
 from lmpo.tasks.base import Example, Task, register_task
 
 
-class _GeneratedTask(Task):
-    """Shared logic: ``_sample(rng) -> Example``; eval split first, train pool excludes its prompts."""
+class GeneratedTask(Task):
+    """A task drawn from a generator: subclasses give ``_sample(rng) -> Example`` and ``_space_size()``; the
+    eval split is drawn first and the train pool excludes its prompts (also the base of ``lmpo.envs``' tasks)."""
 
     def __init__(self, num_train: int, num_eval: int, eval_seed: int) -> None:
         if num_train < 1 or num_eval < 1:
@@ -59,7 +60,7 @@ class _GeneratedTask(Task):
 
 
 @register_task("addition")
-class AdditionTask(_GeneratedTask):
+class AdditionTask(GeneratedTask):
     """Multi-digit addition: prompt ``"12+345="``, answer ``"357"``.
 
     Operands have ``min_digits``..``max_digits`` digits (digit count drawn uniformly, then the number),
@@ -111,7 +112,7 @@ class AdditionTask(_GeneratedTask):
 
 
 @register_task("reversal")
-class ReversalTask(_GeneratedTask):
+class ReversalTask(GeneratedTask):
     """String reversal: prompt ``"rev abcd="``, answer ``"dcba"``.
 
     Args:
@@ -159,7 +160,7 @@ class ReversalTask(_GeneratedTask):
 
 
 @register_task("countdown")
-class CountdownTask(_GeneratedTask):
+class CountdownTask(GeneratedTask):
     """Countdown-style arithmetic: reach a target with the given numbers, each used at most once.
 
     Prompt ``"3 5 7>22:"``; any expression over those numbers with ``+ - *`` and parentheses that

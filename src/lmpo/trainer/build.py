@@ -126,15 +126,20 @@ def build_rewards(rw, task, examples, device: torch.device):
     return scorer, accuracy_fn
 
 
-def build_rollout_engine(cfg: TrainConfig, model, tokenizer, *, record_logprobs: bool = False):
+def build_rollout_engine(cfg: TrainConfig, model, tokenizer, *, record_logprobs: bool = False,
+                         device: torch.device | None = None):
     """The ``rollout.engine`` over ``model`` with the ``rollout`` section's sampling settings; it records the
     sampler's log-probs when ``rollout.record_logprobs`` or ``record_logprobs`` (the objective needs them) says
-    so, and compiles the HF engine's decode step under ``loop.compile``."""
+    so, compiles the HF engine's decode step under ``loop.compile``, or else replays it as CUDA graphs under
+    ``rollout.cuda_graphs`` when ``device`` (default: the model's) is a GPU."""
     ro = cfg.rollout
+    device = device if device is not None else next(model.parameters()).device
     options = {"gpu_memory_utilization": ro.vllm_gpu_memory_utilization, "seed": cfg.loop.seed} if (
         ro.engine == "vllm") else {}
     if ro.engine == "hf" and cfg.loop.compile:
         options["compile_decode"] = True
+    elif ro.engine == "hf" and ro.cuda_graphs and torch.device(device).type == "cuda":
+        options["cuda_graphs"] = True
     return ENGINES[ro.engine](model, tokenizer, max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
                               top_p=ro.top_p, top_k=ro.top_k, ignore_eos=ro.ignore_eos,
                               record_logprobs=ro.record_logprobs or record_logprobs, **options)

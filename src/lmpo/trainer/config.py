@@ -121,6 +121,10 @@ class RolloutConfig:
                                       choices=("reward", "accuracy"))
     dynamic_sampling_max_draws: int = _f(10, "Stop the run with an error once this many draws in one step did not "
                                          "fill the batch (verl `max_num_gen_batches`; 0 = no limit).", ge=0)
+    cuda_graphs: bool = _f(True, "On a CUDA device, replay each decode step of the `hf` engine from a CUDA graph "
+                           "(static KV cache, one graph per 256-position bucket of the attended length, captured "
+                           "at first use); ignored on other devices and under `loop.compile`. A model whose "
+                           "forward cannot be captured decodes eagerly, with a warning.")
     vllm_gpu_memory_utilization: float = _f(0.3, "Fraction of the GPU's memory vLLM may take for its weights and KV "
                                             "cache (`engine: vllm`); the rest is left to training.", gt=0, lt=1,
                                             hint="e.g. 0.3 leaves most of the GPU to training.")

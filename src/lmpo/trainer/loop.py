@@ -33,7 +33,7 @@ import torch
 
 from lmpo.checkpoints import publish_directory
 from lmpo.errors import Interrupted, RunError
-from lmpo.generation import RolloutBatch
+from lmpo.generation import RolloutBatch, avoid_cudnn_attention
 from lmpo.models.saving import write_hf_files
 from lmpo.objectives.driver import merge_stats
 from lmpo.plots import plot_runs
@@ -94,6 +94,8 @@ class Trainer:
         if config.loop.num_threads > 0:
             torch.set_num_threads(config.loop.num_threads)
         self.device = build.resolve_device(config.loop.device)
+        if self.device.type == "cuda":
+            avoid_cudnn_attention()  # its backward gives NaN on left-padded rows under bf16 (see its docstring)
         self.run_dir = Path(config.logging.run_dir)
         #: test hook: ``loss_hook(rl_step, loss) -> loss`` applied to every microbatch loss (NaN injection)
         self.loss_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None
@@ -195,7 +197,7 @@ class Trainer:
             start_step, metrics_rows = ckpt.restore_trainer_state(self, resume_path)
             self.log(f"resumed from {resume_path} at step {start_step}")
         if self.rollout_engine is None:
-            self.rollout_engine = build.build_rollout_engine(cfg, self.model, self.tokenizer,
+            self.rollout_engine = build.build_rollout_engine(cfg, self.model, self.tokenizer, device=self.device,
                                                              record_logprobs=self.driver.needs.rollout_logp)
         lg = cfg.logging
         self.metrics = MetricsLogger(self.run_dir, cfg.loop.steps, start_step=start_step, keep_rows=metrics_rows,

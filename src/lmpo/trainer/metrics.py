@@ -90,10 +90,13 @@ def to_host(stats: dict[str, torch.Tensor | float | int]) -> dict[str, float]:
     """One device→host transfer for every tensor statistic (stacked), then plain floats."""
     tensor_keys = [k for k, v in stats.items() if isinstance(v, torch.Tensor)]
     out = {k: float(v) for k, v in stats.items() if not isinstance(v, torch.Tensor)}
-    if tensor_keys:
-        stacked = torch.stack([stats[k].detach().float().reshape(()) for k in tensor_keys]).cpu()
-        out.update(zip(tensor_keys, stacked.tolist()))
-    return out
+    by_device: dict[torch.device, list[str]] = {}
+    for k in tensor_keys:  # statistics computed on the host (accuracy from reward functions) sit beside GPU ones
+        by_device.setdefault(stats[k].device, []).append(k)
+    for keys in by_device.values():
+        stacked = torch.stack([stats[k].detach().float().reshape(()) for k in keys]).cpu()
+        out.update(zip(keys, stacked.tolist()))
+    return {k: out[k] for k in stats}  # the caller's key order
 
 
 def console_is_terminal() -> bool:
