@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.lmpo-installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,11 +20,18 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/lmpo demo
 
+# every generated block of README.md and docs/*.md (lmpo.generated_docs), then docs/errors.md from the bad-input cases
+docs: $(STAMP)
+	$(PY) -m lmpo.generated_docs
+	$(PY) tests/cli/test_bad_inputs.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 
+# pytest-xdist: one worker per core (-n auto), idle workers steal queued tests (--dist worksteal: the long
+# kill/resume shards do not leave a core idle at the end); --durations shows where the time goes
 test: lint
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto --dist worksteal --durations=15
 
 clean:
 	rm -rf $(VENV) runs

@@ -141,11 +141,19 @@ def make_lmpo(model, tok, args, length: int, steps: int, compile: bool = False):
     return Trainer(cfg, model=model, tokenizer=tok, log=lambda msg: None)
 
 
+def _engine(trainer):
+    """The trainer's rollout engine, built as the trainer builds it."""
+    from lmpo.trainer.build import build_rollout_engine
+
+    return build_rollout_engine(trainer.cfg, trainer.model, trainer.tokenizer,
+                                record_logprobs=trainer.driver.needs.rollout_logp)
+
+
 def run_lmpo(trainer, party: Party, phases: list[dict]) -> None:
     """``trainer.train()`` with the baton taken around each RL step and its phases timed."""
-    import lmpo.trainer.loop as loop
+    from lmpo.trainer import stages
 
-    trainer.rollout_engine = trainer._make_rollout_engine()
+    trainer.rollout_engine = _engine(trainer)
     clock = {"gen": 0.0, "logp": 0.0}
 
     def timed(fn, key):
@@ -158,11 +166,8 @@ def run_lmpo(trainer, party: Party, phases: list[dict]) -> None:
         return wrapper
 
     trainer.rollout_engine.generate = timed(trainer.rollout_engine.generate, "gen")
-    if hasattr(loop, "policy_logprobs"):  # the generation layer's log-prob forward
-        loop.policy_logprobs = timed(loop.policy_logprobs, "logp")
-    else:  # before the generation layer: the trainer's own forward
-        trainer._forward = timed(trainer._forward, "logp")
-    real_step = trainer._rl_step
+    stages.policy_logprobs = timed(stages.policy_logprobs, "logp")  # the log-prob stage's forward
+    real_step = trainer.rl_step
 
     def step(i):
         party.begin()
@@ -173,7 +178,7 @@ def run_lmpo(trainer, party: Party, phases: list[dict]) -> None:
         party.end()
         return out
 
-    trainer._rl_step = step
+    trainer.rl_step = step
     trainer.train()
 
 
@@ -274,7 +279,7 @@ def generation_scaling(model_name: str, args, lengths=(32, 256), repeats: int = 
     out = {}
     for length in lengths:
         trainer = make_lmpo(model, tok, args, length, 1)
-        engine = trainer._make_rollout_engine()
+        engine = _engine(trainer)
         batch = [r["prompt"] for r in prompts(args.prompts)]
         times = []
         for r in range(repeats + 1):

@@ -147,4 +147,4 @@ def test_sac_and_env_config_reference_is_documented_and_current():
     assert not list(undocumented(TrainConfig)) and not list(undocumented(EnvConfig))
     doc = (ROOT / "docs" / "sac.md").read_text(encoding="utf-8")
     assert generated_block(doc, "sac-config-reference") == render_config_reference(), \
-        "docs/sac.md is stale: run `python -m lmpo.sac.config docs/sac.md`"
+        "docs/sac.md is stale: run `make docs`"

@@ -207,7 +207,7 @@ def bench_step(setup: Setup) -> list[dict]:
                     "tensorboard": False},
     })
     lmpo = Trainer(cfg, model=qwen2(setup.small, tok, setup), tokenizer=tok, log=lambda msg: None)
-    real_step = lmpo._rl_step
+    real_step = lmpo.rl_step
 
     def lmpo_step(i):
         lmpo_party.begin()
@@ -216,7 +216,7 @@ def bench_step(setup: Setup) -> list[dict]:
         lmpo_party.end()
         return out
 
-    lmpo._rl_step = lmpo_step
+    lmpo.rl_step = lmpo_step
     trl = _trl_trainer(setup, tok, qwen2(setup.small, tok, setup), trl_party, steps)
     run_in_turn(baton, lmpo.train, trl.train)
     n = min(len(lmpo_party.durations), len(trl_party.durations))
@@ -391,7 +391,7 @@ def bench_mfu(setup: Setup) -> list[dict]:
     rows = []
     variants = [("fused head", True, None), ("materialised logits", False, None)]
     if setup.mfu_compile:
-        from lmpo.trainer.loop import CompiledCalls
+        from lmpo.trainer.stages import CompiledCalls
 
         variants.append(("materialised logits, torch.compile", False, CompiledCalls(model)))
     for label, fused, forward in variants:

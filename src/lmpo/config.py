@@ -413,18 +413,6 @@ def generated_block(text: str, name: str) -> str:
     return text[text.index(start) + len(start): text.index(end)]
 
 
-def update_generated(path: str | os.PathLike, blocks: Mapping[str, str]) -> bool:
-    """Rewrite the generated blocks (name → body) of a Markdown file; returns whether it changed."""
-    text = Path(path).read_text(encoding="utf-8")
-    new = text
-    for name, body in blocks.items():
-        start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
-        new = new[: new.index(start) + len(start)] + body + new[new.index(end):]
-    if new != text:
-        Path(path).write_text(new, encoding="utf-8")
-    return new != text
-
-
 def render_reference(cls: type, prefix: str = "") -> str:
     """Markdown tables of every field of the config class ``cls``, one table per section.
 

@@ -11,24 +11,151 @@ Rules shared by ``lmpo train`` and ``lmpo sac train``:
 * Metrics files are append-only JSONL. A resumed run cuts the file back to the rows its checkpoint had seen,
   through a temporary file and a rename; a torn last line (a kill mid-write) is dropped and reported.
 * Temporary files a killed writer left behind (``.tmp_*``) are removed when a run starts.
+* Every command's run directory stores its resolved config as ``config.yaml`` (:func:`write_run_config`) and its
+  TensorBoard events under ``tensorboard/`` (``TENSORBOARD_DIR``); ``config.json`` of SAC runs written before
+  is still read (:func:`stored_config_path`).
+* A run directory has one writer (:class:`RunLock`): ``RUN_DIR/.lmpo-lock`` names the process (PID, host) that
+  holds it from start to exit; a second writer is refused, naming the owner; a lock whose process is gone
+  (killed without cleaning up) is taken over with a note.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lmpo.checkpoints import remove_stale, replace_file
 from lmpo.config import ConfigError, changed_keys, from_dict, to_dict
 from lmpo.errors import InputError
+
+#: the resolved config of a run, in every command's run directory
+CONFIG_FILE = "config.yaml"
+#: where a run's TensorBoard events go
+TENSORBOARD_DIR = "tensorboard"
+#: the config file of SAC runs written before the one convention (read, never written)
+LEGACY_CONFIG_FILE = "config.json"
+
+
+def write_run_config(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
+    """Store a run's resolved config as ``RUN_DIR/config.yaml`` (atomically); returns its path."""
+    path = Path(run_dir) / CONFIG_FILE
+    replace_file(path, yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True).encode("utf-8"))
+    return path
+
+
+def stored_config_path(run_dir: str | os.PathLike) -> Path | None:
+    """The config a run stored: ``config.yaml``, or ``config.json`` of a SAC run written before; None if neither."""
+    for name in (CONFIG_FILE, LEGACY_CONFIG_FILE):
+        if (Path(run_dir) / name).is_file():
+            return Path(run_dir) / name
+    return None
+
+
+#: the lock file of a run directory (not one of a run's entries: ``--overwrite`` leaves it alone)
+LOCK_FILE = ".lmpo-lock"
+
+
+class RunLock:
+    """The one writer of a run directory, from ``__enter__`` to ``__exit__``.
+
+    ``RUN_DIR/.lmpo-lock`` holds ``{"pid", "host", "started"}`` of the owner under an exclusive ``flock``, which the
+    kernel drops when the owner exits however it exits; so a lock file whose ``flock`` is free was left by a
+    process that is gone, and is taken over (``log`` says whose it was). While the owner lives, another
+    ``RunLock`` on the directory raises :class:`lmpo.errors.InputError` naming it. The file is removed on release.
+
+    >>> with RunLock(run_dir, dir_option="logging.run_dir"):
+    ...     train()
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, *, dir_option: str, log: Callable[[str], None] | None = None):
+        self.run_dir, self.dir_option = Path(run_dir), dir_option
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: int | None = None
+        self._created = False
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise InputError(f"run directory {str(self.run_dir)!r} is a file; choose another {self.dir_option}.")
+        self._created = not self.run_dir.exists()
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"run directory {str(self.run_dir)!r} cannot be created ({e.strerror or e}); choose "
+                             f"another {self.dir_option}.") from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _describe_owner(_read_owner(fd))
+                os.close(fd)  # (the directory is the owner's: never removed here)
+                raise InputError(f"run directory {str(self.run_dir)!r} is in use by another lmpo process ({owner}); "
+                                 "two writers would mix (or, with --overwrite, delete) each other's files. Wait for "
+                                 f"it to finish or stop it, or choose another {self.dir_option}.") from None
+            # the owner may have released (and removed) the file between our open and our flock: lock the new one
+            with contextlib.suppress(FileNotFoundError):
+                if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                    break
+            os.close(fd)
+        previous = _read_owner(fd)
+        if previous:
+            self.log(f"note: {self.path} was left by {_describe_owner(previous)}, which is gone; taking the run "
+                     "directory over.")
+        me = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode("utf-8"), 0)
+        os.fsync(fd)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # before the unlock: a waiter that opened this file then sees it is gone
+        os.close(self._fd)  # drops the flock
+        self._fd = None
+        if self._created:  # a run refused before it wrote anything leaves no directory behind
+            with contextlib.suppress(OSError):
+                self.run_dir.rmdir()  # only when empty
+
+
+def _read_owner(fd: int) -> dict:
+    raw = os.pread(fd, 4096, 0)
+    try:
+        owner = json.loads(raw.decode("utf-8")) if raw.strip() else {}
+    except (UnicodeDecodeError, ValueError):
+        return {"unreadable": raw[:80].decode("utf-8", "replace")}
+    return owner if isinstance(owner, dict) else {}
+
+
+def _describe_owner(owner: dict) -> str:
+    if not owner:
+        return "an owner that has not written its name yet"
+    if "unreadable" in owner:
+        return f"an owner whose lock file is unreadable ({owner['unreadable']!r})"
+    return f"pid {owner.get('pid')} on host {owner.get('host')}, since {owner.get('started')}"
 
 
 def holds_run(run_dir: str | os.PathLike, entries: Iterable[str]) -> list[str]:

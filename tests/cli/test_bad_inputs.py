@@ -84,10 +84,11 @@ def _broken_checkpoint(d: Path) -> None:
 
 
 def _sac_run_without_checkpoint(d: Path) -> None:
+    from lmpo.runs import write_run_config
     from lmpo.sac.config import TrainConfig
 
     (d / "sacrun").mkdir()
-    (d / "sacrun" / "config.json").write_text(json.dumps(TrainConfig().to_dict()))
+    write_run_config(d / "sacrun", TrainConfig().to_dict())
 
 
 def _sac_summary_without_checkpoint(d: Path) -> None:
@@ -368,7 +369,7 @@ def test_bad_input_gets_one_paragraph(case: Case, tmp_path):
     assert len([ln for ln in stderr.splitlines() if ln.startswith("lmpo")]) == 1, stderr
     documented = documented_rows().get(case.id)
     assert documented == _row(case, code, message), (
-        "docs/errors.md is stale for this row; run `python tests/cli/test_bad_inputs.py` to regenerate it")
+        "docs/errors.md is stale for this row; run `make docs` (it runs `python tests/cli/test_bad_inputs.py`)")
 
 
 def test_doc_table_has_exactly_the_cases():

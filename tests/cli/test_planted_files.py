@@ -120,9 +120,9 @@ TRAIN_COMMANDS = {
 }
 SAC_COMMANDS = {
     "sac train --resume": (lambda run: ["sac", "train", "--run-dir", str(run), "--resume", "--quiet", "--no-eval"],
-                           lambda f: f in ("config.json", "metrics.jsonl") or f.startswith("checkpoints/")),
+                           lambda f: f in ("config.yaml", "metrics.jsonl") or f.startswith("checkpoints/")),
     "sac sample": (lambda run: ["sac", "sample", str(run), "--prompt", "子曰", "--max-new-chars", "2"],
-                   lambda f: f == "config.json" or (f.startswith("checkpoints/")
+                   lambda f: f == "config.yaml" or (f.startswith("checkpoints/")
                                                      and f.rsplit("/", 1)[1].split(".")[0] in ("agent", "manifest"))),
     "sac gate": (lambda run: ["sac", "gate", str(run), "--out", str(run.parent / "gate")],
                  lambda f: f == "summary.json"),
@@ -169,5 +169,5 @@ def test_planted_objects_are_refused_never_run(finished_runs, kind, tmp_path, mo
                 assert len([ln for ln in err.splitlines() if ln.startswith("lmpo")]) == 1, f"{what}: {err}"
                 refused += 1
     torch.set_num_threads(threads)
-    assert all(f.startswith(("tb/", "eval.json", "plots/")) for f in unread), unread  # PNGs are never read
+    assert all(f.startswith(("tensorboard/", "eval.json", "plots/")) for f in unread), unread  # PNGs are never read
     assert refused >= (9 if kind == "trainer" else 12), refused

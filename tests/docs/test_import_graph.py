@@ -1,4 +1,5 @@
-"""The package's import graph has no cycle and its layers import only downwards.
+"""The package's import graph has no cycle, its layers import only downwards, and no module imports another
+package's private names.
 
 The graph is read from the source (every ``import``/``from … import`` of an ``lmpo`` module, at module level or
 inside a function: a lazy import is still a dependency), not from what happens to be imported at run time.
@@ -7,6 +8,8 @@ inside a function: a lazy import is still a dependency), not from what happens t
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -131,3 +134,73 @@ def test_the_graph_sees_lazy_imports():
     graph = import_graph()
     assert "lmpo.objectives.objective" in graph["lmpo.objectives.presets"]
     assert graph["lmpo.cli"] == set() or all(d.startswith("lmpo") for d in graph["lmpo.cli"])
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _owner(full: str, modules: set[str], packages: set[str]) -> str:
+    """The package a private name belongs to: the package whose module (or which itself) defines the first
+    private component of ``full`` (``lmpo.trainer.cli._x`` → ``lmpo.trainer``; ``lmpo._hints.f`` → ``lmpo``)."""
+    parts = full.split(".")
+    i = next(i for i, p in enumerate(parts) if _is_private(p))
+    prefix = ".".join(parts[:i])
+    return prefix if prefix in packages or prefix not in modules else prefix.rsplit(".", 1)[0]
+
+
+def private_imports() -> list[str]:
+    """Every ``from lmpo… import _name`` (or import of a ``_module``) by a module outside the name's package."""
+    paths = {_module_name(p): p for p in SRC.rglob("*.py")}
+    packages = {_module_name(p) for p in SRC.rglob("__init__.py")}
+    found = []
+    for module, path in sorted(paths.items()):
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                names = [f"{base}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for full in names:
+                if not full.startswith("lmpo.") or not any(_is_private(p) for p in full.split(".")[1:]):
+                    continue
+                owner = _owner(full, set(paths), packages)
+                if not (package == owner or package.startswith(owner + ".")):
+                    found.append(f"{module} imports {full} (private to {owner})")
+    return found
+
+
+def test_no_module_imports_another_packages_private_names():
+    bad = private_imports()
+    assert not bad, "make the name public (no leading underscore) or move the code into its package: " + "; ".join(bad)
+
+
+def test_private_import_check_sees_a_violation(tmp_path, monkeypatch):
+    """The check itself: a planted module that takes a private name of another package is reported."""
+    import shutil
+
+    root = tmp_path / "src"
+    shutil.copytree(SRC / "lmpo", root / "lmpo", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "lmpo" / "lab" / "planted.py").write_text("from lmpo.trainer.sampling import _hidden\n"
+                                                      "from lmpo.trainer import _private_module\n"
+                                                      "from lmpo._hints import type_hints\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", root)
+    bad = private_imports()
+    assert bad == ["lmpo.lab.planted imports lmpo.trainer.sampling._hidden (private to lmpo.trainer)",
+                   "lmpo.lab.planted imports lmpo.trainer._private_module (private to lmpo.trainer)"]
+
+
+def test_lab_and_benchmarks_call_no_private_trainer_method():
+    """The lab and the benchmarks reach the trainer through lmpo.trainer.build / stages and public methods."""
+    root = SRC.parent
+    files = sorted((SRC / "lmpo" / "lab").rglob("*.py")) + sorted((root / "benchmarks").glob("*.py"))
+    bad = [f"{p.relative_to(root)}:{i}: {line.strip()}" for p in files
+           for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+           if re.search(r"\btrainer\._[a-z]", line)]
+    assert not bad, "private Trainer names used outside the trainer: " + "; ".join(bad)

@@ -21,7 +21,7 @@ def _block(text: str, name: str) -> str:
 
 def test_readme_preset_table_is_generated_from_registry():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert _block(readme, "presets") == preset_table_markdown().strip()
+    assert _block(readme, "presets") == preset_table_markdown().strip(), "README.md's preset table is stale: run `make docs`"
 
 
 def test_readme_preset_table_lists_exactly_the_registry():

@@ -22,7 +22,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "multiturn.md"
 def test_generated_blocks_are_current():
     text = DOC.read_text(encoding="utf-8")
     for name, render in BLOCKS.items():
-        assert generated_block(text, name) == render(), f"run: python -m lmpo.envs.docs {DOC.relative_to(DOC.parents[1])}"
+        assert generated_block(text, name) == render(), "docs/multiturn.md is stale: run `make docs`"
 
 
 def test_metric_keys_are_documented():

@@ -98,7 +98,7 @@ def _install_kill_points(kill_at: int | None, labels: list[str]) -> None:
     trainer_ckpt.save_model = around("ckpt-save-model", trainer_ckpt.save_model)
     os.replace = around("ckpt-rename", os.replace)
     shutil.rmtree = around("ckpt-rmtree", shutil.rmtree)
-    loop.Trainer._rl_step = around("rl-step", loop.Trainer._rl_step)
+    loop.Trainer.rl_step = around("rl-step", loop.Trainer.rl_step)
     sac_train.Trainer.collect = around("env-step", sac_train.Trainer.collect)
 
 
@@ -202,24 +202,30 @@ def _same_run(got: dict, want: dict, where: str) -> None:
     assert got["metrics"] == want["metrics"], f"{where}: metrics differ"
 
 
-def _kill_and_resume(tmp: Path, job: Job, seed: int) -> dict:
-    """Once per seeded kill point: kill the job there, resume until it completes, compare with the reference."""
-    fresh, resume, labels = job.fresh, job.resume, job.labels
-    reference = _final_state(job.ref, job)
+def _planned_tries(labels: list[str], seed: int) -> list[tuple[int, int | None]]:
+    """Every try of the job as (kill point, tick at which its first resume is killed again or None): the seeded
+    kill points, and the seeded second kills of ``DOUBLE_KILLS`` of them, drawn in try order."""
     kills = _choose_kills(labels, seed)
     rng = random.Random(seed + 1)
     double = set(rng.sample(range(len(kills)), DOUBLE_KILLS))
+    return [(k, rng.randint(1, max(2, len(labels) // 2)) if n in double else None) for n, k in enumerate(kills)]
+
+
+def _kill_and_resume(tmp: Path, job: Job, seed: int, shard: int = 0, shards: int = 1) -> dict:
+    """Once per seeded kill point (those of ``shard`` of ``shards``: every ``shards``-th try, so that the tries
+    of one job run on several cores): kill the job there, resume until it completes, compare with the reference."""
+    fresh, resume, labels = job.fresh, job.resume, job.labels
+    reference = _final_state(job.ref, job)
+    planned = list(enumerate(_planned_tries(labels, seed)))[shard::shards]
     t0 = time.perf_counter()
     report = {"ticks": len(labels), "tries": 0, "reproduced": 0, "restarted": 0, "resume_kills": 0,
-              "where": [labels[k - 1] for k in kills]}
-    for n, k in enumerate(kills):
+              "where": [labels[k - 1] for _, (k, _) in planned]}
+    for n, (k, resume_kill) in planned:
         d = tmp / f"try{n:02d}"
         d.mkdir()
         assert run_child(fresh, d, kill_at=k) == "killed", (d / "child.log").read_text()[-3000:]
-        second_kill = n in double
-        for _ in range(4):  # resume (killed once more in a few tries) until the run completes
-            kill_at = rng.randint(1, max(2, len(labels) // 2)) if second_kill else None
-            second_kill = False
+        for attempt in range(4):  # resume (killed once more in a few tries) until the run completes
+            kill_at = resume_kill if attempt == 0 else None
             code = run_child(resume, d, kill_at=kill_at)
             if code == "killed":
                 report["resume_kills"] += 1
@@ -275,7 +281,8 @@ TRAIN_CONFIG = {
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    """The trainer and SAC jobs, each run once uninterrupted (the reference) with its ticks counted."""
+    """The trainer and SAC jobs, each run once uninterrupted (the reference) with its ticks counted — on first
+    use, so that a pytest-xdist worker prepares only the jobs its tests need."""
     from lmpo.textenv import sample_text_path
 
     threads = torch.get_num_threads()
@@ -287,24 +294,46 @@ def jobs(tmp_path_factory):
     mp.setenv("LMPO_CACHE_DIR", str(root / "cache"))
     cfg = root / "train.yaml"
     cfg.write_text(yaml.safe_dump(TRAIN_CONFIG))
-    (root / "trainer").mkdir()
-    (root / "sac").mkdir()
     sac = ["sac", "train", "--run-dir", "run", "--corpus", str(sample_text_path()), *SAC_ARGS]
-    yield {
-        "trainer": _prepare_job(root / "trainer", ["train", str(cfg)], ["train", str(cfg), "--resume"],
-                                "model.safetensors"),
-        "sac": _prepare_job(root / "sac", sac, ["sac", "train", "--run-dir", "run", "--resume", "--quiet", "--no-eval"],
-                            "agent.safetensors"),
+    commands = {
+        "trainer": (["train", str(cfg)], ["train", str(cfg), "--resume"], "model.safetensors"),
+        "sac": (sac, ["sac", "train", "--run-dir", "run", "--resume", "--quiet", "--no-eval"], "agent.safetensors"),
     }
+    prepared: dict[str, Job] = {}
+
+    def job(name: str) -> Job:
+        if name not in prepared:
+            (root / name).mkdir()
+            prepared[name] = _prepare_job(root / name, *commands[name])
+        return prepared[name]
+
+    yield job
     mp.undo()
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("name, seed", [("trainer", 12), ("sac", 4)])
-def test_kill_anywhere_then_resume_reproduces_the_run(jobs, name, seed, tmp_path):
-    report = _kill_and_resume(tmp_path, jobs[name], seed)
-    print(f"\n{name} kill/resume: {report}")
-    assert report["reproduced"] == report["tries"] == sum(KILLS)
+#: tries of each job's kill/resume test run in this many shards (separate tests: pytest-xdist spreads them over
+#: the cores); together the shards cover every seeded kill point
+KILL_SHARDS = {"trainer": 2, "sac": 4}
+
+
+@pytest.mark.parametrize("name, seed, shard", [(name, seed, shard) for name, seed in (("trainer", 12), ("sac", 4))
+                                               for shard in range(KILL_SHARDS[name])])
+def test_kill_anywhere_then_resume_reproduces_the_run(jobs, name, seed, shard, tmp_path):
+    shards = KILL_SHARDS[name]
+    report = _kill_and_resume(tmp_path, jobs(name), seed, shard, shards)
+    print(f"\n{name} kill/resume, shard {shard + 1} of {shards}: {report}")
+    assert report["reproduced"] == report["tries"] == len(range(shard, sum(KILLS), shards))
+
+
+def test_the_kill_shards_cover_every_kill_point_once():
+    tries = sum(KILLS)
+    for shards in KILL_SHARDS.values():
+        assert sorted(n for shard in range(shards) for n in range(tries)[shard::shards]) == list(range(tries))
+    labels = [f"{kind}-{i}" for kind in ("ckpt", "metrics", "step") for i in range(30)]
+    planned = _planned_tries(labels, seed=4)
+    assert len({k for k, _ in planned}) == len(planned) == tries
+    assert sum(second is not None for _, second in planned) == DOUBLE_KILLS
 
 
 SAC_ARGS = ["--quiet", "--no-eval", "--heldout_fraction", "0.25", "--num_envs", "2", "--total_env_steps", "56",
@@ -336,9 +365,9 @@ def test_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_resumes_exactl
     import lmpo.sac.train as sac_train
     import lmpo.trainer.loop as loop
 
-    job = jobs[name]
+    job = jobs(name)
     (cls, method, calls), said = {
-        "trainer": ((loop.Trainer, "_rl_step", 3), "after RL step 3 of 6"),
+        "trainer": ((loop.Trainer, "rl_step", 3), "after RL step 3 of 6"),
         "sac": ((sac_train.Trainer, "collect", 14), "after 14 updates (28 env steps)"),
     }[name]
     assert run_child(job.fresh, tmp_path, prepare=_ctrl_c_after(cls, method, calls)) == 130

@@ -293,4 +293,4 @@ def test_claims_table_in_docs_is_generated_from_the_registry():
     text = (ROOT / "docs" / "lab.md").read_text(encoding="utf-8")
     match = re.search(r"<!-- claims-table:start -->\n(.*?)<!-- claims-table:end -->", text, re.S)
     assert match, "docs/lab.md lost its claims-table markers"
-    assert match.group(1) == claims_table_markdown()
+    assert match.group(1) == claims_table_markdown(), "docs/lab.md's claims table is stale: run `make docs`"

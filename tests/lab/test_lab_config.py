@@ -147,7 +147,7 @@ def test_shipped_lab_configs_validate(path):
 
 def test_docs_generated_blocks_are_up_to_date():
     text = (ROOT / "docs" / "lab.md").read_text(encoding="utf-8")
-    assert render(text) == text, "run `python -m lmpo.lab.docs docs/lab.md`"
+    assert render(text) == text, "docs/lab.md is stale: run `make docs`"
     assert "### `gradients`" in render_lab_reference()
 
 

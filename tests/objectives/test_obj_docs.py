@@ -9,8 +9,7 @@ from lmpo.objectives import PRESETS
 from lmpo.objectives.reference import GENERATED_SECTIONS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "objectives.md"
-REGENERATE = ("python -c \"from pathlib import Path; from lmpo.objectives.reference import render_sections as r; "
-              "p = Path('docs/objectives.md'); p.write_text(r(p.read_text()))\"")
+REGENERATE = "`make docs`"
 
 
 def _section(text: str, name: str) -> str:

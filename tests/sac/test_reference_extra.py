@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from lmpo.errors import InputError
 from lmpo.sac import losses as L
@@ -199,8 +200,9 @@ def test_resume_of_a_run_stored_before_a_field_existed_is_not_a_config_change(tm
     monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
     cfg = _small(tmp_path, total_env_steps=48, eval_max_positions=20)
     train(cfg, tmp_path / "run", progress=False, evaluate=False)
-    stored = json.loads((tmp_path / "run" / "config.json").read_text())
-    del stored["sac"]["lr_policy_schedule"], stored["eval_no_repeat_ngram"]  # as written by an older lmpo
+    stored = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    del stored["sac"]["lr_policy_schedule"], stored["eval_no_repeat_ngram"]  # as written by an older lmpo,
+    (tmp_path / "run" / "config.yaml").unlink()  # which stored it as config.json
     (tmp_path / "run" / "config.json").write_text(json.dumps(stored))
     train(cfg, tmp_path / "run", resume=True, progress=False, evaluate=False)  # no InputError
     with pytest.raises(InputError, match="sac.gamma"):

@@ -141,11 +141,11 @@ def test_every_field_is_documented_and_the_doc_matches():
     doc = (ROOT / "docs" / "trainer.md").read_text(encoding="utf-8")
     m = re.search(r"<!-- config-reference:start -->\n(.*?)<!-- config-reference:end -->", doc, re.S)
     assert m, "docs/trainer.md lacks the config-reference markers"
-    assert m.group(1) == reference, "docs/trainer.md is stale: run `python -m lmpo.trainer.config docs/trainer.md` to regenerate"
+    assert m.group(1) == reference, "docs/trainer.md is stale: run `make docs`"
     from lmpo.trainer.config import render_metrics_reference
 
     m = re.search(r"<!-- metrics:start -->\n(.*?)<!-- metrics:end -->", doc, re.S)
-    assert m and m.group(1) == render_metrics_reference(), "docs/trainer.md metric table is stale"
+    assert m and m.group(1) == render_metrics_reference(), "docs/trainer.md metric table is stale: run `make docs`"
     # every section key of the dataclass appears in the doc
     for key in config_to_dict(TrainConfig()):
         assert f"### `{key}`" in reference

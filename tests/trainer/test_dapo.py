@@ -179,7 +179,7 @@ def test_trainer_dynamic_sampling_trains_on_informative_groups_only(tmp_path, mo
         assert math.isfinite(row["loss/total"]) and row["optim/grad_norm"] > 0
     assert sum(row["rollout/draws"] for row in rows) > len(rows)  # it had to draw again at least once
     # every draw took prompts_per_step prompts from the data order
-    assert trainer.data_epoch * len(trainer.train_examples) + trainer.data_pos == \
+    assert trainer.prompts.epoch * len(trainer.train_examples) + trainer.prompts.pos == \
         sum(row["rollout/draws"] for row in rows) * P
 
 
@@ -188,7 +188,7 @@ def test_trainer_dynamic_sampling_stops_at_the_cap(tmp_path):
                            rollout={"dynamic_sampling": True, "dynamic_sampling_max_draws": 3})
     with pytest.raises(RunError, match="dynamic_sampling_max_draws"):
         trainer.train()
-    assert trainer.data_pos == 3 * trainer.cfg.loop.prompts_per_step
+    assert trainer.prompts.pos == 3 * trainer.cfg.loop.prompts_per_step
 
 
 # ---------------------------------------------------------------- truncated completions

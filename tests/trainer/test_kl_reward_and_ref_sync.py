@@ -39,7 +39,7 @@ def _train_rows(run_dir):
 def _crash_at(step_to_crash):
     import lmpo.trainer.loop as loop_mod
 
-    real_step = loop_mod.Trainer._rl_step
+    real_step = loop_mod.Trainer.rl_step
 
     def crashing(self, step):
         if step == step_to_crash:
@@ -53,12 +53,12 @@ def _killed_then_resumed(run_dir, objective, steps=3, crash=3):
     sections = dict(loop={"steps": steps}, checkpoint={"every_steps": 1, "keep_last": 0}, objective=objective)
     part = make_trainer(run_dir, **sections)
     loop_mod, real_step, crashing = _crash_at(crash)
-    loop_mod.Trainer._rl_step = crashing
+    loop_mod.Trainer.rl_step = crashing
     try:
         with pytest.raises(KeyboardInterrupt):
             part.train()
     finally:
-        loop_mod.Trainer._rl_step = real_step
+        loop_mod.Trainer.rl_step = real_step
     resumed = make_trainer(run_dir, seed=123, **sections)  # different init: everything comes from the checkpoint
     resumed.train(resume="auto")
     return part, resumed
@@ -165,12 +165,12 @@ def test_ref_sync_mixes_every_n_optimizer_steps_and_resumes_equal(tmp_path):
         assert torch.equal(p, want[name]), name  # the recording hook did not change the run
     part = make_trainer(tmp_path / "part", **sections)
     loop_mod, real_step, crashing = _crash_at(3)
-    loop_mod.Trainer._rl_step = crashing
+    loop_mod.Trainer.rl_step = crashing
     try:
         with pytest.raises(KeyboardInterrupt):
             part.train()
     finally:
-        loop_mod.Trainer._rl_step = real_step
+        loop_mod.Trainer.rl_step = real_step
     resumed = make_trainer(tmp_path / "part", seed=123, **sections)
     resumed.train(resume="auto")
     for name, p in resumed.ref_model.named_parameters():

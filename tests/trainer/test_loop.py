@@ -8,7 +8,8 @@ import pytest
 import torch
 from trainer_helpers import make_trainer, small_model
 
-from lmpo.trainer import NonFiniteError
+from lmpo.generation import RolloutBatch
+from lmpo.trainer import NonFiniteError, build, stages
 from lmpo.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from lmpo.trainer.metrics import read_jsonl
 
@@ -74,19 +75,19 @@ def test_resume_equals_uninterrupted_run(tmp_path):
                         checkpoint={"every_steps": 2, "keep_last": 0}, eval={"every_steps": 2})
     import lmpo.trainer.loop as loop_mod
 
-    real_step = loop_mod.Trainer._rl_step
+    real_step = loop_mod.Trainer.rl_step
 
     def crash_after_two(self, step):
         if step == 3:
             raise KeyboardInterrupt("simulated kill during step 3")
         return real_step(self, step)
 
-    loop_mod.Trainer._rl_step = crash_after_two
+    loop_mod.Trainer.rl_step = crash_after_two
     try:
         with pytest.raises(KeyboardInterrupt):
             part.train()
     finally:
-        loop_mod.Trainer._rl_step = real_step
+        loop_mod.Trainer.rl_step = real_step
     assert [p.name for p in list_checkpoints(tmp_path / "part")] == ["step_00000002"]
 
     resumed = make_trainer(tmp_path / "part", "adaptive_entropy", seed=123,  # different init: weights come from the checkpoint
@@ -154,9 +155,7 @@ def test_shared_prompt_prefix_gives_the_plain_forward_logprobs_and_gradients(tmp
     trainer = make_trainer(tmp_path / "share", rollout={"completions_per_prompt": 3, "max_new_tokens": 4})
     model, tok = trainer.model, trainer.tokenizer
     ro = HFRollout(model, tok, max_new_tokens=4).generate(["7+8=", "12+3=", "1+1="], 3, seed=0)  # ragged prompts
-    batch = {"input_ids": torch.cat([ro.prompt_ids, ro.completion_ids], 1),
-             "attention_mask": torch.cat([ro.prompt_mask, ro.completion_mask], 1),
-             "completion_ids": ro.completion_ids}
+    batch = RolloutBatch.from_rollout(ro)
     rows = torch.arange(9)
     T = ro.completion_ids.shape[1]
     mask = ro.completion_mask.bool()
@@ -164,7 +163,7 @@ def test_shared_prompt_prefix_gives_the_plain_forward_logprobs_and_gradients(tmp
     def logp_and_grads(share: bool):
         object.__setattr__(trainer.cfg.loop, "share_prompt_prefix", share)
         model.zero_grad()
-        logp = trainer._logprobs(model, batch, rows, with_grad=True).logp
+        logp = stages.logprobs(model, batch, rows, settings=build.logprob_settings(trainer.cfg), with_grad=True).logp
         (logp * mask).sum().backward()
         return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -185,10 +184,10 @@ def _grpo_loss_and_grads(trainer, batch, adv):
     model = trainer.model
     model.train()
     model.zero_grad()
-    fwd = trainer._logprobs(model, batch, with_grad=True)
-    loss, _ = trainer.objective(fwd.logp, fwd.logp.detach(), adv, batch["mask"])
+    fwd = stages.logprobs(trainer.policy(), batch, settings=trainer.logprob_settings, with_grad=True)
+    loss, _ = trainer.objective(fwd.logp, fwd.logp.detach(), adv, batch.loss_mask)
     # the GRPO loss at ratio 1 does not depend on the log-prob values; this term makes the check see them
-    loss = loss - 0.1 * (fwd.logp * batch["mask"]).sum() / batch["mask"].sum()
+    loss = loss - 0.1 * (fwd.logp * batch.loss_mask).sum() / batch.loss_mask.sum()
     loss.backward()
     return fwd.logp.detach(), loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
 
@@ -203,12 +202,11 @@ def test_gradient_checkpointing_bf16_autocast_and_compile_match_the_plain_path(t
     other = make_trainer(tmp_path / option, rollout=rollout, loop={option: True})
     assert getattr(other.model, "is_gradient_checkpointing", False) == (option == "gradient_checkpointing")
     ro = HFRollout(plain.model, plain.tokenizer, max_new_tokens=5).generate(["7+8=", "12+3=", "1+1="], 3, seed=0)
-    batch = {"input_ids": ro.input_ids, "attention_mask": ro.attention_mask, "completion_ids": ro.completion_ids,
-             "mask": ro.completion_mask.bool()}
+    batch = RolloutBatch.from_rollout(ro)
     adv = torch.linspace(-1.0, 1.0, 9)
     logp_p, loss_p, grad_p = _grpo_loss_and_grads(plain, batch, adv)
     logp_o, loss_o, grad_o = _grpo_loss_and_grads(other, batch, adv)
-    mask = batch["mask"]
+    mask = batch.loss_mask
     if option == "compile":  # the same arithmetic in generated kernels: float rounding differs
         assert other._compiled_policy is not None and plain._compiled_policy is None
         torch.testing.assert_close(logp_o[mask], logp_p[mask], rtol=1e-5, atol=1e-5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from lmpo.cli import main
-from lmpo.trainer.plot import plot_runs
+from lmpo.plots import plot_runs
 
 
 def _fake_run(path, slope: float):

@@ -12,7 +12,7 @@ import yaml
 
 from lmpo.cli import main
 from lmpo.errors import InputError
-from lmpo.trainer.plot import (
+from lmpo.plots import (
     SAC_PANELS,
     TRAINER_PANELS,
     draw_panel,

@@ -169,7 +169,7 @@ def test_trl_names_as_aliases_in_an_lmpo_config():
 
 def test_doc_table_is_the_registry():
     assert generated_block(DOC.read_text(encoding="utf-8"), "trl-aliases") == render_alias_table(), (
-        "docs/trainer.md is stale: run `python -m lmpo.trainer.config docs/trainer.md`")
+        "docs/trainer.md is stale: run `make docs`")
 
 
 def test_from_trl_command_reports_then_refuses(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """The generated parts of docs/multiturn.md: the registered environments and the episode budgets.
 
-``python -m lmpo.envs.docs docs/multiturn.md`` rewrites them; a test checks that the file is up to date.
+``make docs`` rewrites them (:mod:`lmpo.generated_docs`); a test checks that the file is up to date.
 """
 
 from __future__ import annotations
@@ -25,13 +25,3 @@ def render_budget_reference() -> str:
 
 
 BLOCKS = {"env-table": render_env_table, "budget-reference": render_budget_reference}
-
-
-if __name__ == "__main__":  # python -m lmpo.envs.docs docs/multiturn.md
-    import sys
-
-    from lmpo.config import update_generated
-
-    for path in sys.argv[1:]:
-        changed = update_generated(path, {name: render() for name, render in BLOCKS.items()})
-        print(f"{path}: {'updated' if changed else 'up to date'}")

@@ -1,5 +1,6 @@
 """Generation and log-probabilities, shared by the trainer and RLVCR.
 
+- ``RolloutBatch``: the typed record of the sequences one RL step trains on (every trainer stage reads it).
 - ``Rollout`` / ``RolloutEngine``: what an engine returns and the protocol the trainer drives it through;
   ``ENGINES`` maps ``rollout.engine`` names to engine classes (``hf``: ``HFRollout``, the default, any
   Hugging Face causal LM; ``vllm``: ``VLLMRollout``, needs the ``lmpo[vllm]`` extra and a GPU).
@@ -20,7 +21,14 @@ from lmpo.generation.logprobs import (
     selective_log_softmax_with_entropy,
     sequence_logprobs,
 )
-from lmpo.generation.rollout import Rollout, RolloutEngine, concat_rollouts, eos_token_ids, select_rows
+from lmpo.generation.rollout import (
+    Rollout,
+    RolloutBatch,
+    RolloutEngine,
+    concat_rollouts,
+    eos_token_ids,
+    select_rows,
+)
 from lmpo.generation.vllm import VLLMRollout
 
 #: ``rollout.engine`` name -> engine class; each takes ``(model, tokenizer, max_new_tokens=, temperature=,
@@ -33,6 +41,7 @@ __all__ = [
     "HFRollout",
     "PolicyLogprobs",
     "Rollout",
+    "RolloutBatch",
     "RolloutEngine",
     "SequenceLogprobs",
     "VLLMRollout",

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from lmpo.objectives.grad_norms import exact_grad_norm, lm_head_grad_norm, logits_grad_norm
+from lmpo.objectives.grad_norms import GRAD_NORM_MODES, exact_grad_norm, lm_head_grad_norm, logits_grad_norm
 
 # Elements per block (64 MB per float32 work buffer, at most three of them alive): large enough that the
 # per-block fixed costs (kernel launches, thread fork/join, which are expensive on a busy CPU) vanish,
@@ -591,9 +591,6 @@ class PolicyLogprobs(NamedTuple):
     logp: torch.Tensor
     entropy: torch.Tensor | None = None
     token_grad_norm: torch.Tensor | None = None
-
-
-GRAD_NORM_MODES = ("logits", "lm_head", "exact")
 
 
 def policy_logprobs(

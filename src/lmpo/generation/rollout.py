@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -54,6 +54,55 @@ class Rollout:
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """The B sequences one RL step trains on, as tensors on the training device; every stage after scoring reads
+    one and returns a new one (``with_``), none adds keys or writes into it.
+
+    input_ids:      (B, P + T) long, prompt then completion (``Rollout.input_ids``).
+    attention_mask: (B, P + T) long, 1 on real tokens.
+    completion_ids: (B, T) long, the sampled tokens whose log-probs are trained.
+    loss_mask:      (B, T) bool, the completion tokens the loss counts (0 on padding and on masked rows, e.g.
+                    truncated completions under ``mask_truncated_completions``).
+    advantages:     (B,) float, or None before the advantage stage (the lab's log-prob-only batches).
+    old_logp:       (B, T) behaviour log-probs (no gradient), or None: on-policy, the update's own forward is
+                    the behaviour policy.
+    ref_logp:       (B, T) reference-model log-probs, or None when nothing asks for a reference.
+    rollout_logp:   (B, T) the sampler's log-probs (``Rollout.logprobs``), or None when the engine recorded none.
+
+    Optional fields are None when absent, and are tested that one way (``batch.ref_logp is None``).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor | None = None
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    rollout_logp: torch.Tensor | None = None
+
+    @classmethod
+    def from_rollout(cls, rollout: Rollout, device: torch.device | str | None = None) -> RolloutBatch:
+        """A rollout's sequences (loss mask = completion mask, ``rollout_logp`` = its log-probs) on ``device``."""
+        return cls(input_ids=rollout.input_ids.to(device), attention_mask=rollout.attention_mask.to(device),
+                   completion_ids=rollout.completion_ids.to(device),
+                   loss_mask=rollout.completion_mask.to(device).bool(),
+                   rollout_logp=rollout.logprobs.to(device) if rollout.logprobs is not None else None)
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def select(self, rows: torch.Tensor) -> RolloutBatch:
+        """The batch's ``rows`` ((K,) long index on the batch's device), every tensor field alike."""
+        return RolloutBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
+                               for f in fields(self)})
+
+    def with_(self, **changes: torch.Tensor | None) -> RolloutBatch:
+        """A copy with ``changes`` (field name → tensor); the batch itself is never written."""
+        return replace(self, **changes)
 
 
 @runtime_checkable

@@ -7,7 +7,7 @@ import sys
 
 
 def register_lab(subparsers: argparse._SubParsersAction, name: str) -> None:
-    from lmpo.trainer.cli import _accept_overrides
+    from lmpo.trainer.cli import accept_overrides
 
     p = subparsers.add_parser(
         name, help="run a grid of objectives × seeds under one budget, the gradient study and the verdicts",
@@ -23,7 +23,7 @@ def register_lab(subparsers: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--report-only", action="store_true", help="run nothing; rebuild the report from finished jobs")
     p.add_argument("--plan", action="store_true", help="list the jobs (and which are finished), then exit")
     p.set_defaults(func=_run_lab)
-    _accept_overrides(p)
+    accept_overrides(p)
 
 
 def _run_lab(args: argparse.Namespace) -> int:

@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmpo.generation import RolloutBatch
 from lmpo.lab import stats as st
+from lmpo.trainer import build, stages
 from lmpo.trainer.config import config_from_dict
 
 # ----------------------------------------------------------------------------------------------------
@@ -47,35 +49,46 @@ from lmpo.trainer.config import config_from_dict
 def _sample(trainer, model, prompts: list[str], seed: int):
     """G sampled completions per prompt from ``model`` with the train section's sampling settings, and the engine
     (which also decodes ReMax's greedy baselines from ``model``)."""
-    engine = trainer._make_rollout_engine()
+    engine = build.build_rollout_engine(trainer.cfg, trainer.model, trainer.tokenizer,
+                                        record_logprobs=trainer.driver.needs.rollout_logp)
     engine.sync_weights(model)
     return engine.generate(prompts, trainer.cfg.rollout.completions_per_prompt, seed=seed), engine
+
+
+def _sequences(batch: dict) -> RolloutBatch:
+    """The study's batch dict as the trainer's typed batch (the fields a log-prob forward reads)."""
+    return RolloutBatch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        completion_ids=batch["completion_ids"], loss_mask=batch["mask"])
+
+
+def _for_logprobs(trainer, model):
+    """``model``, or for the trainer's own policy the view its log-prob forwards use (compiled under loop.compile)."""
+    return trainer.policy() if model is trainer.model else model
 
 
 def _token_logp(trainer, driver, model, batch: dict, rows: torch.Tensor, T: int) -> dict[str, torch.Tensor]:
     """Log-probs (with gradient) of ``rows``, plus what ``driver``'s objective needs (entropy, token
     gradient norms), exactly as the trainer computes them for its own objective."""
     needs = driver.needs
-    out = trainer._logprobs(model, batch, rows, with_grad=True, with_entropy=needs.entropy,
-                            grad_norm_mode=needs.token_grad_norm)
+    out = stages.logprobs(_for_logprobs(trainer, model), _sequences(batch), rows, settings=trainer.logprob_settings,
+                          with_grad=True, with_entropy=needs.entropy, grad_norm_mode=needs.token_grad_norm)
     return {k: v for k, v in (("logp", out.logp), ("entropy", out.entropy),
                               ("token_grad_norm", out.token_grad_norm)) if v is not None}
 
 
 def _no_grad_logp(trainer, model, batch: dict, T: int) -> torch.Tensor:
     """(B, T) log-probs of the batch's completions under ``model`` (behaviour log-probs)."""
-    return trainer._logprobs(model, batch, with_grad=False).logp
+    return stages.logprobs(_for_logprobs(trainer, model), _sequences(batch), settings=trainer.logprob_settings,
+                           with_grad=False).logp
 
 
 def _score(trainer, examples: list, rollout, engine) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(B,) total rewards of a rollout, scored as the trainer scores its own, and what the advantage estimator
-    needs beyond them (computed by the trainer's own ``_advantage_inputs``)."""
-    from lmpo.trainer.evaluate import reward_arguments
-
-    rows = [examples[i] for i in rollout.group_ids.tolist()]
-    prompts, completions, answers, columns = reward_arguments(rows, rollout.completions)
-    rewards, per_fn = trainer.scorer.score(prompts, completions, answers, **columns)
-    return rewards, trainer._advantage_inputs(examples, rollout, per_fn, engine=engine)
+    needs beyond them (``lmpo.trainer.stages.advantage_inputs``, as the trainer computes them)."""
+    rewards, per_fn = stages.score_rewards(trainer.scorer, examples, rollout)
+    return rewards, stages.advantage_inputs(trainer.estimator, trainer.scorer, examples, rollout, per_fn,
+                                            engine=engine, device=trainer.device,
+                                            autocast_enabled=trainer.cfg.loop.autocast)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ any Hugging Face causal LM.
 >>> chat_tokenizer = build_chat_tokenizer()                       # offline, with a ChatML template
 """
 
-from lmpo.models.chat import CHATML_TEMPLATE, build_chat_tokenizer
+from lmpo.models.chat import CHATML_TEMPLATE, build_chat_tokenizer, has_chat_template
 from lmpo.models.loading import load_model_and_tokenizer, load_tokenizer, resolve_dtype
 from lmpo.models.presets import MODEL_PRESETS, ModelPreset, build_tiny_model, register_model_preset
 from lmpo.models.tokenizer import CharTokenizer
@@ -17,6 +17,7 @@ __all__ = [
     "CharTokenizer",
     "ModelPreset",
     "build_chat_tokenizer",
+    "has_chat_template",
     "build_tiny_model",
     "load_model_and_tokenizer",
     "load_tokenizer",

@@ -22,6 +22,11 @@ CHATML_TEMPLATE = (
 CHAT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
+def has_chat_template(tokenizer, chat_template: str | None = None) -> bool:
+    """Whether conversations can be rendered: a template is given, or the tokenizer carries its own."""
+    return bool(chat_template or getattr(tokenizer, "chat_template", None))
+
+
 def build_chat_tokenizer(chat_template: str | None = CHATML_TEMPLATE):
     """A character-level ``PreTrainedTokenizerFast``: pad ``<|endoftext|>``, EOS ``<|im_end|>``, no BOS, left
     padding; ``chat_template=None`` gives the same tokenizer without a template."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from .advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_INPUTS
-from .objective import COMMON_STATS, DEFAULT_PARTS, SELECTORS, General, Objective, owners_by_keyword
+from .keywords import DEFAULT_PARTS, SELECTORS, General, owners_by_keyword
+from .objective import COMMON_STATS, Objective
 from .parts import INPUTS, KINDS
 from .presets import PRESETS
 
@@ -144,14 +145,3 @@ GENERATED_SECTIONS = {
     "advantage-inputs-table": advantage_inputs_table_markdown,
 }
 """docs/objectives.md marker name → the function that renders what sits between its markers."""
-
-
-def render_sections(text: str) -> str:
-    """``text`` with every generated section (``<!-- NAME:start … -->`` … ``<!-- NAME:end -->``) re-rendered."""
-    for name, render in GENERATED_SECTIONS.items():
-        start = text.index(f"<!-- {name}:start")
-        start = text.index("-->", start) + len("-->\n")
-        end = text.index(f"<!-- {name}:end -->")
-        text = text[:start] + render() + text[end:]
-    return text
-

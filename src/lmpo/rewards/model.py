@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from lmpo.errors import InputError
+from lmpo.models.chat import has_chat_template
 from lmpo.rewards.builtin import completion_text
 
 
@@ -80,7 +81,7 @@ class RewardModel:
 
     @property
     def has_chat_template(self) -> bool:
-        return bool(self.chat_template or getattr(self.tokenizer, "chat_template", None))
+        return has_chat_template(self.tokenizer, self.chat_template)
 
     def check_conversational(self, source: str = "the task") -> None:
         """Raise InputError now, not at the first step, when conversational data meet a template-less model."""

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lmpo.generation import sequence_logprobs
+
 Tensor = torch.Tensor
 
 
@@ -146,8 +148,6 @@ def teacher_forced_confidence(model, prompt_ids: Sequence[Sequence[int]], comple
     the layout of ``lmpo.generation.sequence_logprobs``. Slow equivalent: for each sample, run the
     model on prompt ‖ completion alone and average ``softmax(logits)[t−1, id_t]`` over the action tokens.
     """
-    from lmpo.generation import sequence_logprobs
-
     B = len(completion_ids)
     out = torch.zeros(B, dtype=torch.float32)
     was_training = model.training

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from lmpo.errors import InputError, RunError
-from lmpo.runs import read_json_object
+from lmpo.runs import read_json_object, stored_config_path
 from lmpo.sac.config import (
     apply_overrides,
     config_from_dict,
@@ -67,7 +67,7 @@ def _train(args: argparse.Namespace) -> int:
         raise InputError("--resume needs --run-dir RUN_DIR: the directory of the run to continue.")
     run_dir = args.run_dir or f"runs/sac-{time.strftime('%Y%m%d-%H%M%S')}"
     overrides = parse_cli_overrides(args.overrides)
-    if args.resume and args.config is None and (Path(run_dir) / "config.json").exists():
+    if args.resume and args.config is None and stored_config_path(run_dir) is not None:
         # the run's own config, with the overrides of this command line on top
         cfg = apply_overrides(config_from_dict(run_config_dict(run_dir)), overrides)
         cfg.validate()

@@ -27,6 +27,7 @@ from lmpo.config import (
     to_dict,
 )
 from lmpo.config import option as _f
+from lmpo.runs import CONFIG_FILE, LEGACY_CONFIG_FILE, read_json_object, stored_config_path
 from lmpo.textenv.bundled import DEFAULT_CORPUS, resolve_corpus
 
 #: the keys ``--resume`` lets a run change: when it stops, how it logs, evaluates and checkpoints
@@ -354,14 +355,15 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 def run_config_dict(run_dir: str | Path) -> dict[str, Any]:
-    """The resolved config a run stored in ``RUN_DIR/config.json`` (plain JSON; refused cleanly when damaged)."""
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"{path} does not exist: {str(run_dir)!r} is not a run directory of `lmpo sac train` "
-                          "(or the run never started). Pass the directory the run wrote.")
-    from lmpo.runs import read_json_object
-
-    return read_json_object(path, "a JSON config", "Restore the file, or start a new run.")
+    """The resolved config a run stored in ``RUN_DIR/config.yaml`` (``config.json`` for runs written before;
+    refused cleanly when missing or damaged)."""
+    path = stored_config_path(run_dir)
+    if path is None:
+        raise ConfigError(f"{Path(run_dir) / CONFIG_FILE} does not exist: {str(run_dir)!r} is not a run directory "
+                          "of `lmpo sac train` (or the run never started). Pass the directory the run wrote.")
+    if path.name == LEGACY_CONFIG_FILE:
+        return read_json_object(path, "a JSON config", "Restore the file, or start a new run.")
+    return read_yaml(path, "stored config")
 
 
 def parse_cli_overrides(tokens: list[str]) -> dict[str, Any]:
@@ -375,13 +377,3 @@ def render_config_reference() -> str:
     from lmpo.textenv.env import EnvConfig
 
     return render_reference(TrainConfig) + "\n" + render_reference(EnvConfig, "env")
-
-
-if __name__ == "__main__":  # python -m lmpo.sac.config docs/sac.md
-    import sys
-
-    from lmpo.config import update_generated
-
-    for p in sys.argv[1:]:
-        changed = update_generated(p, {"sac-config-reference": render_config_reference()})
-        print(f"{p}: {'updated' if changed else 'up to date'}")

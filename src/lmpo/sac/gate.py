@@ -347,6 +347,7 @@ def check_scorable(runs: list[dict[str, Any]]) -> None:
 
 def _load_policy(run: dict[str, Any]):
     """(agent, cfg, text split) of a finished run: the newest valid checkpoint, or the reference's weights."""
+    from lmpo.runs import stored_config_path
     from lmpo.sac.agent import SACAgent
     from lmpo.sac.config import config_from_dict, run_config_dict
     from lmpo.sac.sample import load_agent
@@ -354,7 +355,7 @@ def _load_policy(run: dict[str, Any]):
     from lmpo.sac.weights import load_reference_policy
 
     d = Path(run["run_dir"])
-    cfg = config_from_dict(run_config_dict(d) if (d / "config.json").is_file() else run["config"])
+    cfg = config_from_dict(run_config_dict(d) if stored_config_path(d) is not None else run["config"])
     split = text_split(cfg)
     if run["kind"] == REFERENCE:
         agent = SACAgent(len(split.alphabet), split.alphabet.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device="cpu")

@@ -13,7 +13,7 @@ number reported is the final model's. The held-out top-1 curve is logged every `
 Ceiling (an optimistic upper bound, not a fair number): ``λ·π + (1−λ)·S_ngram`` with the Analects-only n-gram
 scores normalised per position, λ picked on the held-out chapters themselves.
 
-Run directory: ``config.json``, ``policy.safetensors`` (the trained policy's weights), ``metrics.jsonl``,
+Run directory: ``config.yaml``, ``policy.safetensors`` (the trained policy's weights), ``metrics.jsonl``,
 ``eval.json`` and ``summary.json`` (``kind: reference``; the gate reads it as the reference row).
 """
 
@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from lmpo.errors import InputError
+from lmpo.runs import write_run_config
 from lmpo.sac.config import POLICY_FILE
 from lmpo.sac.textdata import TextPairs
 from lmpo.sac.weights import alphabet_digest
@@ -99,7 +100,7 @@ def train_reference(cfg, run_dir: str | Path, *, steps: int = 6000, batch: int =
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     cfg = apply_overrides(cfg, {"num_envs": 1, "init_policy": ""})
-    replace_file(run / "config.json", json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False).encode("utf-8"))
+    write_run_config(run, cfg.to_dict())
     seed_everything(cfg.seed)
     bundle = make_text_envs(cfg)
     alphabet, compliance, m = bundle.alphabet, bundle.envs[0].compliance, bundle.window

@@ -20,7 +20,7 @@ from lmpo.sac.config import config_from_dict, run_config_dict
 
 
 def load_agent(run_dir: str | Path):
-    """Rebuild the agent, alphabet and compliance rules of a run from its ``config.json`` + newest checkpoint.
+    """Rebuild the agent, alphabet and compliance rules of a run from its ``config.yaml`` + newest checkpoint.
 
     ``run_dir`` may also be one checkpoint (``RUN_DIR/checkpoints/step_XXXXXXXX``). Only JSON and safetensors
     are read; the checkpoint is verified against its manifest first.

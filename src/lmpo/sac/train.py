@@ -1,8 +1,8 @@
 """The SAC training loop (CleanRL-style, top to bottom): act → step (DAgger teacher override) → store
 (agent / demo buffer) → ρ-mixed batch → :meth:`SACAgent.update` → metrics, checkpoints, evaluation.
 
-Run directory layout: ``config.json`` (resolved config), ``metrics.jsonl`` (one line per log interval,
-append-only), ``tb/`` (TensorBoard), ``checkpoints/step_XXXXXXXX/`` (by update count: ``agent.*`` the
+Run directory layout (the convention of :mod:`lmpo.runs`, shared with ``lmpo train``): ``config.yaml`` (resolved
+config), ``metrics.jsonl`` (one line per log interval, append-only), ``tensorboard/`` (TensorBoard), ``checkpoints/step_XXXXXXXX/`` (by update count: ``agent.*`` the
 networks, optimisers and temperature, ``state.*`` replay buffers, RNGs, counters and the environments' state,
 as safetensors + JSON with a ``manifest.json``; see :mod:`lmpo.checkpoints`), ``eval.json`` (held-out
 quality), ``summary.json`` (what the gate reads), ``plots/`` (training curves), ``trace.log`` (with ``--trace N``).
@@ -36,11 +36,25 @@ from lmpo.checkpoints import (
     write_checkpoint,
 )
 from lmpo.errors import InputError, Interrupted
-from lmpo.runs import JsonlAppender, check_resume_config, prepare_run_dir, stop_on_sigint, truncate_jsonl
+from lmpo.plots import plot_runs
+from lmpo.runs import (
+    CONFIG_FILE,
+    LEGACY_CONFIG_FILE,
+    TENSORBOARD_DIR,
+    JsonlAppender,
+    RunLock,
+    check_resume_config,
+    prepare_run_dir,
+    stop_on_sigint,
+    stored_config_path,
+    truncate_jsonl,
+    write_run_config,
+)
 from lmpo.sac.agent import SACAgent
 from lmpo.sac.config import RESUMABLE_KEYS, TrainConfig, check_device_available, run_config_dict
 from lmpo.sac.replay import ReplayBuffer, nearest_legal, sample_mixed, teacher_ratio
 from lmpo.sac.textdata import TextPairs
+from lmpo.textenv.env import trace_line
 
 
 @dataclass
@@ -164,14 +178,15 @@ class RunningStats:
         return out
 
 
-def _trace_line(step: int, info: dict, source: str, action_char: str, history: str, reward: float) -> str:
-    prev, target = info.get("prev_char", ""), info.get("target_char", "")
-    return (
-        f'Step {step:02d} | prev="{prev}" target="{target}" bigram="{prev}{action_char}" source={source} '
-        f'action="{action_char}" -> history="…{history}" reward={reward:.3f} '
-        f'(base={info.get("reward/base", 0.0):+.3f}, potential={info.get("reward/potential", 0.0):+.3f}, '
-        f'soft={info.get("reward/soft", 0.0):+.3f})'
-    )
+def _shared_encoders(envs) -> list[Any]:
+    """The environments' InfoNCE encoders, each once (by identity: a shared one is stored and restored once), in
+    the order the environments first use them."""
+    encoders: list[Any] = []
+    for env in envs:
+        enc = getattr(env, "encoder", None)
+        if enc is not None and all(enc is not e for e in encoders):
+            encoders.append(enc)
+    return encoders
 
 
 class Trainer:
@@ -221,8 +236,7 @@ class Trainer:
         self._start: float | None = None
         self._roll, self._upd = RunningStats(), RunningStats()
         self._metrics: JsonlAppender | None = None
-        replace_file(self.run_dir / "config.json",
-                     json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False).encode("utf-8"))
+        write_run_config(self.run_dir, cfg.to_dict())
 
     # ------------------------------------------------------------------ checkpoint
     def _envs_state(self) -> dict[str, Any]:
@@ -231,23 +245,13 @@ class Trainer:
         if not all(hasattr(env, "state_dict") for env in envs):
             raise TypeError(f"{type(envs[0]).__name__} has no state_dict(); a SAC checkpoint needs the "
                             "environments' state as data (see CharTextEnv.state_dict)")
-        encoders: list[Any] = []
-        for env in envs:
-            enc = getattr(env, "encoder", None)
-            if enc is not None and all(enc is not e for e in encoders):
-                encoders.append(enc)
-        return {"encoders": [e.state_dict() for e in encoders], "envs": [env.state_dict() for env in envs]}
+        return {"encoders": [e.state_dict() for e in _shared_encoders(envs)], "envs": [env.state_dict() for env in envs]}
 
     def _load_envs_state(self, state: dict[str, Any]) -> None:
         envs = self.bundle.envs
         if len(state["envs"]) != len(envs):
             raise ValueError(f"the checkpoint holds {len(state['envs'])} environments, this run has {len(envs)}")
-        encoders: list[Any] = []
-        for env in envs:
-            enc = getattr(env, "encoder", None)
-            if enc is not None and all(enc is not e for e in encoders):
-                encoders.append(enc)
-        for enc, saved in zip(encoders, state["encoders"], strict=True):
+        for enc, saved in zip(_shared_encoders(envs), state["encoders"], strict=True):
             enc.load_state_dict(saved)
         for env, saved in zip(envs, state["envs"]):
             env.load_state_dict(saved)
@@ -356,15 +360,13 @@ class Trainer:
             roll.add("data/relabel_rate", float(relabeled))
             if trace is not None and self.counters["traced"] < self.trace_steps and i == 0:
                 self.counters["traced"] += 1
-                if "history_tail" in info and "step" in info:  # the text environment formats its own line
-                    from lmpo.textenv import format_trace
-
-                    line = format_trace({**info, "is_teacher": source == "teacher"}, float(reward))
-                    line = f"Step {self.counters['traced']:02d}" + line[line.index(" |"):]
+                if "history_tail" in info and "step" in info:  # the text environment's own fields
+                    action_char, hist = info["action_char"], info["history_tail"]
                 else:
-                    hist = b.decode([int(x) for x in next_obs["window"][-8:]])
-                    line = _trace_line(self.counters["traced"], info, source, b.decode([action]), hist,
-                                       float(reward))
+                    action_char, hist = b.decode([action]), b.decode([int(x) for x in next_obs["window"][-8:]])
+                line = trace_line(self.counters["traced"], info.get("prev_char", ""), info.get("target_char", ""),
+                                  action_char, source, hist, float(reward), info.get("reward/base", 0.0),
+                                  info.get("reward/potential", 0.0), info.get("reward/soft", 0.0))
                 trace(line)
             if terminated or truncated:
                 self.episodes += 1
@@ -383,7 +385,7 @@ class Trainer:
         cfg = self.cfg
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(str(self.run_dir / "tb"))
+        writer = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR))
         metrics_f = self._metrics = JsonlAppender(self.run_dir / "metrics.jsonl", rows=len(self.history))
         trace_f = open(self.run_dir / "trace.log", "a", encoding="utf-8") if self.trace_steps else None
 
@@ -511,10 +513,11 @@ def resume_checkpoint(run_dir: str | Path) -> Path:
                      "checkpoint_every_updates). Start it again with --overwrite.")
 
 
-#: what a SAC run directory holds (``--overwrite`` deletes these and nothing else; the last two are the
-#: pickled checkpoint files of earlier lmpo versions, never read)
-RUN_ENTRIES = ("config.json", "metrics.jsonl", "tb", "checkpoints", "eval.json", "summary.json", "trace.log",
-               "checkpoint.pt", "envs.pkl")
+#: what a SAC run directory holds (``--overwrite`` deletes these and nothing else; the last four are what
+#: earlier lmpo versions wrote: config.json and tb/ before the one convention, and pickled checkpoint files,
+#: never read)
+RUN_ENTRIES = (CONFIG_FILE, "metrics.jsonl", TENSORBOARD_DIR, "checkpoints", "eval.json", "summary.json",
+               "trace.log", LEGACY_CONFIG_FILE, "tb", "checkpoint.pt", "envs.pkl")
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = None, resume: bool = False,
@@ -526,50 +529,51 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
     A directory that already holds a run needs ``resume`` (continue from its newest complete checkpoint,
     with the stored config compared against ``cfg``: only ``RESUMABLE_KEYS`` may differ unless
     ``allow_config_change``) or ``overwrite``. ``eval_only`` (with ``resume``): load the checkpoint and only
-    evaluate and summarise. A Ctrl-C writes a checkpoint and raises :class:`lmpo.errors.Interrupted`.
+    evaluate and summarise. A Ctrl-C writes a checkpoint and raises :class:`lmpo.errors.Interrupted`. The run
+    directory is locked for the whole call (:class:`lmpo.runs.RunLock`): a second writer is refused.
     """
     if eval_only and not resume:
         raise InputError("--eval-only evaluates a run's checkpoint: it needs --resume (and the run's --run-dir).")
-    prepare_run_dir(run_dir, RUN_ENTRIES, resume=resume, overwrite=overwrite, dir_option="--run-dir")
-    checkpoint = None
-    if resume:
-        if (Path(run_dir) / "config.json").is_file():
-            check_resume_config(run_config_dict(run_dir), cfg.to_dict(), RESUMABLE_KEYS,
-                                allow_change=allow_config_change, stored_path=Path(run_dir) / "config.json",
-                                schema=TrainConfig)
-        checkpoint = resume_checkpoint(run_dir)  # before the environments are built: fail fast
-    trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
-    if checkpoint is not None:
-        trainer.load(checkpoint)
-    if eval_only:
-        last = trainer.history[-1] if trainer.history else {}
-        info = {"stop_reason": "evaluated from checkpoint (--eval-only)",
-                "train_seconds": trainer.seconds_before or float(last.get("step/seconds", 0.0))}
-    else:
-        info = trainer.run(max_updates=max_updates)
-    summary: dict[str, Any] = {
-        "config": cfg.to_dict(), **info,
-        "updates": trainer.agent.updates, "env_steps": trainer.env_steps, "episodes": trainer.episodes,
-        "nonfinite_skips": trainer.agent.nonfinite_skips, "counters": dict(trainer.counters),
-        "alpha_final": float(trainer.agent.alpha), "top_p_controller": trainer.agent.controller.state_dict(),
-        "critic_loss_curve": [r.get("losses/critic") for r in trainer.history],
-        "alpha_curve": [r.get("policy/alpha") for r in trainer.history],
-        "teacher_ratio_curve": [r.get("data/teacher_ratio") for r in trainer.history],
-        "heldout_top1_curve": [[r["step/updates"], r["quality/heldout_top1"]] for r in trainer.history
-                               if "quality/heldout_top1" in r],
-        "extra_text": trainer.bundle.extra_report, "num_actions": trainer.bundle.num_actions,
-    }
-    c = trainer.counters
-    summary["illegal_rate_train"] = c["illegal"] / max(1, c["agent_steps"])
-    summary["early_termination_rate_train"] = c["early_terminations"] / max(1, c["episodes"])
-    if evaluate and trainer.bundle.alphabet is not None and trainer.bundle.heldout_chapters:
-        from lmpo.sac.evaluate import evaluate_run
+    with RunLock(run_dir, dir_option="--run-dir"):  # one writer per run directory (lmpo.runs)
+        prepare_run_dir(run_dir, RUN_ENTRIES, resume=resume, overwrite=overwrite, dir_option="--run-dir")
+        checkpoint = None
+        if resume:
+            stored = stored_config_path(run_dir)
+            if stored is not None:
+                check_resume_config(run_config_dict(run_dir), cfg.to_dict(), RESUMABLE_KEYS,
+                                    allow_change=allow_config_change, stored_path=stored,
+                                    schema=TrainConfig)
+            checkpoint = resume_checkpoint(run_dir)  # before the environments are built: fail fast
+        trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
+        if checkpoint is not None:
+            trainer.load(checkpoint)
+        if eval_only:
+            last = trainer.history[-1] if trainer.history else {}
+            info = {"stop_reason": "evaluated from checkpoint (--eval-only)",
+                    "train_seconds": trainer.seconds_before or float(last.get("step/seconds", 0.0))}
+        else:
+            info = trainer.run(max_updates=max_updates)
+        summary: dict[str, Any] = {
+            "config": cfg.to_dict(), **info,
+            "updates": trainer.agent.updates, "env_steps": trainer.env_steps, "episodes": trainer.episodes,
+            "nonfinite_skips": trainer.agent.nonfinite_skips, "counters": dict(trainer.counters),
+            "alpha_final": float(trainer.agent.alpha), "top_p_controller": trainer.agent.controller.state_dict(),
+            "critic_loss_curve": [r.get("losses/critic") for r in trainer.history],
+            "alpha_curve": [r.get("policy/alpha") for r in trainer.history],
+            "teacher_ratio_curve": [r.get("data/teacher_ratio") for r in trainer.history],
+            "heldout_top1_curve": [[r["step/updates"], r["quality/heldout_top1"]] for r in trainer.history
+                                   if "quality/heldout_top1" in r],
+            "extra_text": trainer.bundle.extra_report, "num_actions": trainer.bundle.num_actions,
+        }
+        c = trainer.counters
+        summary["illegal_rate_train"] = c["illegal"] / max(1, c["agent_steps"])
+        summary["early_termination_rate_train"] = c["early_terminations"] / max(1, c["episodes"])
+        if evaluate and trainer.bundle.alphabet is not None and trainer.bundle.heldout_chapters:
+            from lmpo.sac.evaluate import evaluate_run
 
-        summary["eval"] = evaluate_run(trainer.agent, trainer.bundle, cfg)
-        replace_file(Path(run_dir) / "eval.json", json.dumps(summary["eval"], indent=2, ensure_ascii=False).encode())
-    replace_file(Path(run_dir) / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False).encode())
-    if trainer.history:  # RUN_DIR/plots/*.png, as `lmpo plot RUN_DIR` draws them
-        from lmpo.trainer.plot import plot_runs
-
-        plot_runs([run_dir])
-    return summary
+            summary["eval"] = evaluate_run(trainer.agent, trainer.bundle, cfg)
+            replace_file(Path(run_dir) / "eval.json", json.dumps(summary["eval"], indent=2, ensure_ascii=False).encode())
+        replace_file(Path(run_dir) / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False).encode())
+        if trainer.history:  # RUN_DIR/plots/*.png, as `lmpo plot RUN_DIR` draws them
+            plot_runs([run_dir])
+        return summary

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lmpo.errors import InputError
+from lmpo.models.chat import has_chat_template
 from lmpo.tasks.base import Example
 
 PROMPT_FORMATS = ("auto", "chat", "text")
@@ -98,7 +99,7 @@ def render_prompts(examples: Sequence[Example], tokenizer, prompt_format: str = 
     if not needs_chat_template(examples, prompt_format):
         return list(examples)
     template = read_chat_template(chat_template) if chat_template else None
-    if template is None and not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer, template):
         what = ("has conversational prompts (lists of role/content messages)" if prompt_format == "auto"
                 else f"is to be rendered as chat ({format_option} chat)")
         raise InputError(f"{source} {what}, but the tokenizer of {model_name} has no chat template to render them "

@@ -18,7 +18,7 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lmpo.tasks.base import Example, ListTask
+from lmpo.tasks.base import TASKS, Example, ListTask, make_task
 from lmpo.tasks.chat import is_conversation
 
 FILE_FORMATS = (".json", ".jsonl", ".parquet")
@@ -267,20 +267,33 @@ def load_hf_task(
     return task
 
 
-def load_task(name_or_path: str, **options: Any):
-    """One entry point: a built-in task name, a local file, a saved dataset directory or a hub dataset name.
+#: what ``load_task``'s ``kind`` may say the name is (None: guess from the name)
+TASK_KINDS = ("builtin", "file", "hf")
 
+
+def load_task(name_or_path: str, kind: str | None = None, **options: Any):
+    """The one task loader: a built-in task name, a local file, a saved dataset directory or a hub dataset name.
+
+    ``kind`` says which (``"builtin"``, ``"file"``, ``"hf"``, as the trainer's ``task.name`` does); None guesses it
+    from the name: a registered task, a ``FILE_FORMATS`` extension, a directory or an ``org/name``.
     ``options`` go to the task class (built-ins) or to ``load_file_task`` / ``load_hf_task``.
     """
-    from lmpo.tasks.base import TASKS, make_task
-
-    if name_or_path in TASKS:
+    if kind is None:
+        if name_or_path in TASKS:
+            kind = "builtin"
+        elif os.path.splitext(name_or_path)[1].lower() in FILE_FORMATS:
+            kind = "file"
+        elif os.path.isdir(name_or_path) or "/" in name_or_path:
+            kind = "hf"
+        else:
+            raise ValueError(
+                f"task {name_or_path!r} is not a built-in task ({sorted(TASKS)}), a {'/'.join(FILE_FORMATS)} file, "
+                "or a dataset directory / Hugging Face 'org/name'"
+            )
+    if kind == "builtin":
         return make_task(name_or_path, **options)
-    if os.path.splitext(name_or_path)[1].lower() in FILE_FORMATS:
+    if kind == "file":
         return load_file_task(name_or_path, **options)
-    if os.path.isdir(name_or_path) or "/" in name_or_path:
+    if kind == "hf":
         return load_hf_task(name_or_path, **options)
-    raise ValueError(
-        f"task {name_or_path!r} is not a built-in task ({sorted(TASKS)}), a {'/'.join(FILE_FORMATS)} file, "
-        "or a dataset directory / Hugging Face 'org/name'"
-    )
+    raise ValueError(f"kind={kind!r} must be one of {TASK_KINDS} or None")

@@ -14,7 +14,7 @@ import gymnasium as gym
 from lmpo.textenv.alphabet import Alphabet
 from lmpo.textenv.compliance import Compliance, char_class_ok
 from lmpo.textenv.corpus import Corpus, CorpusError, load_corpus, load_sample_corpus, sample_text_path
-from lmpo.textenv.env import REWARD_KEYS, CharTextEnv, EnvConfig, format_trace, make_env
+from lmpo.textenv.env import REWARD_KEYS, CharTextEnv, EnvConfig, format_trace, make_env, trace_line
 from lmpo.textenv.rewards import EmaStandardizer, NgramCoverage, coverage_from_scratch
 
 ENV_ID = "lmpo/CharText-v0"
@@ -40,4 +40,5 @@ __all__ = [
     "load_sample_corpus",
     "make_env",
     "sample_text_path",
+    "trace_line",
 ]

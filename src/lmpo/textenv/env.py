@@ -607,17 +607,22 @@ class CharTextEnv(gym.Env):
         }
 
 
+def trace_line(step: int, prev: str, target: str, action_char: str, source: str, history: str, reward: float,
+               base: float = 0.0, potential: float = 0.0, soft: float = 0.0) -> str:
+    """One trace line (docs/textenv.md); the one format of the environment's and the SAC trainer's traces."""
+    return (
+        f'Step {step:02d} | prev="{prev}" target="{target}" bigram="{prev}{action_char}" source={source} '
+        f'action="{action_char}" -> history="…{history}" reward={reward:.3f} '
+        f"(base={base:+.3f}, potential={potential:+.3f}, soft={soft:+.3f})"
+    )
+
+
 def format_trace(info: dict[str, Any], reward: float | None = None) -> str:
-    """One trace line (docs/textenv.md) from a step's ``info``."""
+    """One trace line (docs/textenv.md) from a step's ``info``; ``reward`` None: the sum of its three terms."""
     base, pot, soft = info["reward/base"], info["reward/potential"], info["reward/soft"]
     total = base + pot + soft if reward is None else reward
-    src = "teacher" if info["is_teacher"] else "agent"
-    prev, tgt = info["prev_char"], info["target_char"]
-    return (
-        f'Step {info["step"]:02d} | prev="{prev}" target="{tgt}" bigram="{prev}{info["action_char"]}" '
-        f'source={src} action="{info["action_char"]}" -> history="…{info["history_tail"]}" '
-        f"reward={total:.3f} (base={base:+.3f}, potential={pot:+.3f}, soft={soft:+.3f})"
-    )
+    return trace_line(info["step"], info["prev_char"], info["target_char"], info["action_char"],
+                      "teacher" if info["is_teacher"] else "agent", info["history_tail"], total, base, pot, soft)
 
 
 def make_env(text=None, config: EnvConfig | None = None, **kwargs) -> CharTextEnv:

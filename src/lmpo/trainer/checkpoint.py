@@ -22,6 +22,7 @@ safetensors, text: :func:`lmpo.checkpoints.check_plain_files`), the Hugging Face
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,9 +42,12 @@ from lmpo.checkpoints import (
     write_checkpoint,
 )
 from lmpo.errors import InputError
+from lmpo.models.saving import write_hf_files
 
 __all__ = ["MODEL_FILE", "REF_FILE", "STATE_FILE", "CheckpointError", "checkpoint_dir", "latest_checkpoint",
-           "list_checkpoints", "load_checkpoint", "resolve_resume", "save_checkpoint"]
+           "list_checkpoints", "load_checkpoint", "resolve_resume", "restore_rng_state", "restore_trainer_state",
+           "rng_state", "save_checkpoint", "trainer_state"]
+
 
 MODEL_FILE = "model.safetensors"
 REF_FILE = "ref.safetensors"
@@ -73,7 +77,6 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model: torch.nn.Modul
     With the model's config (and ``tokenizer``, when given) beside the weights, the checkpoint directory
     is a Hugging Face model directory too (module docstring); ``base_model_name`` goes into a LoRA adapter's
     config."""
-    from lmpo.models.saving import write_hf_files
 
     def write(tmp: Path) -> None:
         _write_files(tmp, model, state, ref_model)
@@ -143,3 +146,61 @@ def resolve_resume(resume: str | os.PathLike | bool | None, run_dir: str | os.Pa
     raise InputError(f"--resume {str(resume)!r}: not a checkpoint directory nor a run directory with checkpoints; "
                      "pass RUN_DIR/checkpoints/step_XXXXXXXX, a run directory, or no value (the run's own "
                      "directory).")
+
+
+def rng_state() -> dict:
+    """The process's torch, Python and CUDA random states, as a checkpoint stores them."""
+    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+            "python_version": random.getstate()[0], "python_gauss": random.getstate()[2],
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def restore_rng_state(rng: dict) -> None:
+    """Set the random states that ``rng_state`` returned."""
+    torch.set_rng_state(rng["torch"])
+    random.setstate((rng["python_version"], tuple(rng["python"]), rng["python_gauss"]))
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def trainer_state(trainer, step: int) -> dict:
+    """What a checkpoint holds besides the weights, from a ``lmpo.trainer.Trainer`` after RL step ``step``:
+    optimizer, schedule, the controllers, prompt order, non-finite counters, random states, metrics rows."""
+    metrics = getattr(trainer, "metrics", None)
+    return {
+        "step": step,
+        "optimizer": trainer.optimizer.state_dict(),
+        "schedule": trainer.schedule.state_dict(),
+        "controller": trainer.driver.state_dict()["controller"],
+        # β of the KL in the reward; absent otherwise, so default checkpoints hold what they always did
+        **({"kl_controller": trainer.kl_ctrl.state_dict()} if trainer.kl_ctrl is not None else {}),
+        "data": trainer.prompts.state_dict(),
+        "nonfinite": {"total": trainer.nonfinite_total, "in_row": trainer.nonfinite_in_row},
+        "rng": rng_state(),
+        # the metrics rows written up to this checkpoint: a resumed run cuts metrics.jsonl back to them
+        "metrics_rows": metrics.rows if metrics is not None else 0,
+        "final_eval_done": trainer.final_eval_done,
+    }
+
+
+def restore_trainer_state(trainer, path: Path) -> tuple[int, int]:
+    """Load checkpoint ``path`` into ``trainer`` (weights, then ``trainer_state``'s parts); returns (RL step,
+    metrics rows to keep). A state that does not fit the run is a CheckpointError naming the fix."""
+    state = load_checkpoint(path, trainer.model, ref_model=trainer.ref_model)
+    try:
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.schedule.load_state_dict(state["schedule"])
+        trainer.schedule.total_steps = trainer.cfg.total_optimizer_steps  # a run may be extended (more loop.steps)
+        trainer.driver.load_state_dict({"controller": state.get("controller")})
+        if trainer.kl_ctrl is not None and state.get("kl_controller") is not None:
+            trainer.kl_ctrl.load_state_dict(state["kl_controller"])
+        trainer.prompts.load_state_dict(state["data"])
+        trainer.nonfinite_total = int(state["nonfinite"]["total"])
+        trainer.nonfinite_in_row = int(state["nonfinite"]["in_row"])
+        restore_rng_state(state["rng"])
+        trainer.final_eval_done = bool(state.get("final_eval_done", False))
+        return int(state["step"]), int(state.get("metrics_rows", 0))
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {path}: its state does not fit this run ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]}); it was written by another kind of run "
+                              "(objective, optimizer, model). Resume with the run's own config.") from None

@@ -1,16 +1,21 @@
-"""``lmpo train``, ``lmpo demo`` and ``lmpo plot``: argparse sub-commands registered by ``lmpo.cli``."""
+"""``lmpo train``, ``lmpo demo`` and ``lmpo plot``: argparse sub-commands registered by ``lmpo.cli``.
+
+The commands' imports sit inside their functions on purpose: ``lmpo --help`` imports this module to build its
+parser, and must not pay for torch, the trainer and the models (``lmpo.cli``'s docstring).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 class _OverridesParser(argparse.ArgumentParser):
     """A sub-parser that sets aside dotted ``--section.key value`` overrides before argparse sees them.
 
     Config overrides are open-ended (every field of every section), so they cannot be declared as options;
-    ``lmpo.cli`` builds the sub-parser, and ``_accept_overrides`` switches it to this class. Every token
+    ``lmpo.cli`` builds the sub-parser, and ``accept_overrides`` switches it to this class. Every token
     ``--a.b`` (or ``--a.b=v``) and the value after it go to ``namespace.overrides`` unparsed.
     """
 
@@ -34,7 +39,7 @@ class _OverridesParser(argparse.ArgumentParser):
         return ns, extras
 
 
-def _accept_overrides(parser: argparse.ArgumentParser) -> None:
+def accept_overrides(parser: argparse.ArgumentParser) -> None:
     parser.__class__ = _OverridesParser
 
 
@@ -64,7 +69,7 @@ def register_train(subparsers: argparse._SubParsersAction, name: str) -> None:
                    help="read a TRL GRPOConfig YAML first (CONFIG and overrides apply on top; it has no model or "
                         "data): print which keys were mapped, ignored or refused, then train")
     p.set_defaults(func=_run_train)
-    _accept_overrides(p)
+    accept_overrides(p)
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -110,8 +115,6 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _stored_config(resume: str) -> str | None:
     """The config.yaml of the run that ``--resume PATH`` names (a run or one of its checkpoints), if any."""
-    from pathlib import Path
-
     p = Path(resume)
     for candidate in (p, p.parent.parent):
         if (candidate / "config.yaml").is_file():
@@ -131,7 +134,7 @@ def register_demo(subparsers: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of data, sampling and initialisation")
     p.add_argument("--preset", default=None, help="objective preset (default: the demo's); one of " + _presets_help())
     p.set_defaults(func=_run_demo)
-    _accept_overrides(p)
+    accept_overrides(p)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -153,7 +156,7 @@ def register_plot(subparsers: argparse._SubParsersAction, name: str) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from lmpo.trainer.plot import plot_runs
+    from lmpo.plots import plot_runs
 
     paths = plot_runs(args.run_dirs, args.out)
     for p in paths:

@@ -31,16 +31,13 @@ from lmpo.config import (
     render_reference,
     save_yaml,
     to_dict,
-    update_generated,
 )
 from lmpo.config import option as _f
 from lmpo.rlvcr.config import RLVCRConfig
 
 __all__ = ["ConfigError", "TrainConfig", "config_from_dict", "config_to_dict", "load_config", "parse_overrides",
-           "render_config_reference", "replace", "save_config", "update_reference_doc", "validate_config"]
+           "render_config_reference", "replace", "save_config", "validate_config"]
 
-#: kept for callers of the former private helper
-_deep_merge = deep_merge
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -697,19 +694,3 @@ def render_metrics_reference() -> str:
 
     rows = ["| key | meaning |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in METRIC_DOCS.items()]
     return "\n".join(rows) + "\n"
-
-
-def update_reference_doc(path: str | os.PathLike) -> bool:
-    """Rewrite the generated parts of ``path`` (config reference, metric table, TRL names); returns whether it
-    changed."""
-    from lmpo.trainer.trl_config import render_alias_table
-
-    return update_generated(path, {"config-reference": render_config_reference(),
-                                   "metrics": render_metrics_reference(), "trl-aliases": render_alias_table()})
-
-
-if __name__ == "__main__":  # python -m lmpo.trainer.config docs/trainer.md
-    import sys
-
-    for p in sys.argv[1:]:
-        print(f"{p}: {'updated' if update_reference_doc(p) else 'up to date'}")

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from lmpo.config import deep_merge as _deep_merge
+from lmpo.config import deep_merge
 from lmpo.rewards import completion_text
 from lmpo.trainer.config import config_from_dict, parse_overrides
 
@@ -68,9 +68,9 @@ def demo_config(run_dir: str | None = None, seed: int | None = None, preset: str
         extra["model"] = {"init_seed": seed}
     if preset is not None:
         extra["objective"] = {"preset": preset}
-    data = _deep_merge(data, extra)
+    data = deep_merge(data, extra)
     if overrides:
-        data = _deep_merge(data, parse_overrides(overrides) if isinstance(overrides, list) else overrides)
+        data = deep_merge(data, parse_overrides(overrides) if isinstance(overrides, list) else overrides)
     return config_from_dict(data)
 
 

@@ -8,6 +8,9 @@ left out (:mod:`lmpo.trainer.export`).
 ``TASK`` is a built-in task (its held-out split), a JSON / JSONL / Parquet file (every row; TRL's standard
 or conversational format) or a saved ``datasets`` directory / hub name (one split, ``test`` by default).
 A completion is correct when the task's accuracy reward (``exact_match`` for files) is ``>= 1``.
+
+Imports sit inside the functions on purpose: ``lmpo --help`` imports this module to build its parser and
+must not pay for torch, transformers and the models (``lmpo.cli``'s docstring).
 """
 
 from __future__ import annotations
@@ -97,9 +100,9 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
     from lmpo.models.loading import looks_like_hub_id
     from lmpo.rewards import get_reward_fn
     from lmpo.tasks import render_prompts
+    from lmpo.trainer.build import resolve_device
     from lmpo.trainer.evaluate import greedy_completions, judge, wilson_interval
     from lmpo.trainer.export import is_run_dir, load_run_policy, run_config
-    from lmpo.trainer.loop import _resolve_device
 
     if n < 0:
         raise InputError(f"--n {n} must be >= 0 (0 = every example).")
@@ -137,7 +140,7 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
     except (ValueError, ImportError, AttributeError, TypeError) as e:
         raise InputError(f"--accuracy-reward {accuracy_reward!r}: {e}") from e
     t0 = time.perf_counter()
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     if run is not None:
         policy, tokenizer, source, _ = load_run_policy(run, device=str(dev))
         model = f"{model} ({source.name})"
@@ -157,11 +160,11 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
 
 def _run_task_examples(cfg):
     """The held-out examples a run evaluated (its ``task`` section), its accuracy reward and a description."""
-    from lmpo.trainer.loop import build_task
+    from lmpo.trainer.build import TASK_ERRORS, build_task
 
     try:
         task = build_task(cfg.task)
-    except (OSError, ValueError, KeyError, TypeError, ImportError) as e:
+    except TASK_ERRORS as e:
         raise InputError(f"the run's task ({cfg.task.name!r}, from its config.yaml) cannot be built: {e}; give "
                          "--task instead.") from None
     examples = task.eval_examples()[: cfg.task.eval_examples]

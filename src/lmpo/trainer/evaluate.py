@@ -7,14 +7,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from lmpo.generation import HFRollout
 from lmpo.tasks import Example
 
 
 def greedy_completions(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, seqs_per_batch: int,
                        device: torch.device) -> tuple[list[str], list[int]]:
     """Greedy completions (text up to EOS) and their token lengths (EOS included when produced)."""
-    from lmpo.generation import HFRollout
-
     engine = HFRollout(model, tokenizer, max_new_tokens=max_new_tokens, temperature=0.0)
     texts: list[str] = []
     lengths: list[int] = []

@@ -11,6 +11,9 @@ with ``--merge`` it exports the base model with the adapter merged in, a full mo
 
 Every source directory is checked against its manifest and for plain data (:func:`lmpo.checkpoints.check_plain_files`)
 before anything in it is loaded. ``lmpo eval RUN`` loads a run's policy the same way (:func:`load_run_policy`).
+
+Imports sit inside the functions on purpose: ``lmpo --help`` imports this module to build its parser and
+must not pay for torch, transformers and the models (``lmpo.cli``'s docstring).
 """
 
 from __future__ import annotations

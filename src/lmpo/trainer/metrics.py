@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from lmpo.runs import JsonlAppender, truncate_jsonl
+from lmpo.runs import TENSORBOARD_DIR, JsonlAppender, truncate_jsonl
 from lmpo.runs import read_jsonl as _read_jsonl
 
 
@@ -181,7 +181,7 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=start_step + 1)
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR), purge_step=start_step + 1)
         self._wandb = None
         if wandb:
             import wandb as _wandb

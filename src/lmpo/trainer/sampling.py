@@ -28,6 +28,47 @@ from lmpo.generation import Rollout, concat_rollouts, select_rows
 from lmpo.objectives.advantages import zero_variance_mask
 
 
+def seed_for(*parts: int) -> int:
+    """A 63-bit seed from integers (splitmix-style), so nearby steps get unrelated streams."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h ^= (int(p) + 0x9E3779B97F4A7C15 + (h << 6) + (h >> 2)) & 0xFFFFFFFFFFFFFFFF
+        h = (h * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+class PromptOrder:
+    """The order prompts are drawn in: a seeded permutation of the training examples per data epoch, walked
+    ``take(n)`` at a time; its position (``state_dict``) is saved in checkpoints, so a resumed run draws on."""
+
+    def __init__(self, examples: Sequence, seed: int) -> None:
+        self.examples, self.seed = examples, seed
+        self.epoch, self.pos = 0, 0
+        self._perm = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        gen = torch.Generator().manual_seed(seed_for(self.seed, epoch, 4))
+        return torch.randperm(len(self.examples), generator=gen).tolist()
+
+    def take(self, n: int) -> list:
+        """The next ``n`` examples (into the next data epoch's permutation when this one runs out)."""
+        out = []
+        while len(out) < n:
+            if self.pos >= len(self._perm):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._perm = self._permutation(self.epoch)
+            out.append(self.examples[self._perm[self.pos]])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self._perm = self._permutation(self.epoch)
+
+
 @dataclass
 class ScoredRollout:
     """One draw: N prompts, their B = N·G completions and the completions' rewards.

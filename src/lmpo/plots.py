@@ -1,4 +1,5 @@
-"""``lmpo plot RUN_DIR… [--out DIR]``: training curves to PNG, several runs overlaid.
+"""``lmpo plot RUN_DIR… [--out DIR]``: training curves to PNG, several runs overlaid (every command's run directory:
+``lmpo train`` and ``lmpo sac train`` both draw their plots through this module).
 
 Reads ``metrics.jsonl`` of ``lmpo train`` runs (one record per RL step, ``kind`` train / eval) and of
 ``lmpo sac train`` runs (one record per log interval, x axis ``step/updates``); the kind of run is told
@@ -20,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from lmpo.errors import InputError
-from lmpo.trainer.metrics import read_jsonl
+from lmpo.runs import read_jsonl, stored_config_path
 
 
 @dataclass(frozen=True)
@@ -108,12 +110,11 @@ class RunKind:
     x_key: str
     x_label: str
     panels: tuple[Panel, ...]
-    config_file: str
 
 
 RUN_KINDS = {
-    "trainer": RunKind("trainer", "step", "RL step", TRAINER_PANELS, "config.yaml"),
-    "sac": RunKind("sac", "step/updates", "gradient updates", SAC_PANELS, "config.json"),
+    "trainer": RunKind("trainer", "step", "RL step", TRAINER_PANELS),
+    "sac": RunKind("sac", "step/updates", "gradient updates", SAC_PANELS),
 }
 
 
@@ -181,10 +182,8 @@ def load_run(run_dir: str | os.PathLike) -> Run:
         raise InputError(f"{path} holds {len(rows)} records but none of the metrics lmpo plot draws ({known}); "
                          "it is not the metrics file of an `lmpo train` or `lmpo sac train` run.")
     config: dict = {}
-    cfg_path = d / kind.config_file
-    if cfg_path.is_file():
-        import yaml
-
+    cfg_path = stored_config_path(d)
+    if cfg_path is not None:
         with open(cfg_path, encoding="utf-8") as fh:
             loaded = yaml.safe_load(fh)  # YAML reads JSON too
         config = loaded if isinstance(loaded, dict) else {}
@@ -246,6 +245,8 @@ def draw_panel(panel: Panel, runs: list[Run]):
 
 def plot_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike | None = None) -> list[Path]:
     """Draw the curves of ``run_dirs`` (all ``lmpo train`` runs or all SAC runs); returns the PNG paths written."""
+    # matplotlib is imported lazily: a heavy import that runs without plots need not pay, and the Agg backend
+    # has to be chosen before pyplot is first imported
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,0 +1,178 @@
+"""Construction: the only place that builds what a training run is made of from its config.
+
+Each function takes config sections and built objects and returns one thing; the loop (``Trainer``), the lab's
+gradient study and ``lmpo eval RUN`` call these, so that the same config builds the same task, rewards, engine,
+reference model and KL controller everywhere::
+
+    device = resolve_device(cfg.loop.device)
+    objective, driver, estimator = build_objective(cfg.objective)
+    task = build_task(cfg.task)                          # InputError naming task.* on failure
+    model, tokenizer = load_policy(cfg.model, device)    # InputError naming model.name on failure
+    scorer, accuracy_fn = build_rewards(cfg.rewards, task, examples, device)
+    engine = build_rollout_engine(cfg, model, tokenizer, record_logprobs=driver.needs.rollout_logp)
+    ref = build_reference(cfg, model, device)             # when a KL term or the KL in the reward needs it
+    kl_ctrl = build_kl_controller(cfg.objective)          # None unless objective.kl_in_reward
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from lmpo.errors import InputError
+from lmpo.generation import ENGINES
+from lmpo.models import load_model_and_tokenizer
+from lmpo.objectives import Objective, ObjectiveDriver
+from lmpo.objectives.advantages import make_estimator
+from lmpo.objectives.kl_reward import make_kl_controller
+from lmpo.rewards import RewardModel, RewardScorer, RewardSpec, get_reward_fn
+from lmpo.tasks import load_task
+from lmpo.trainer.config import RewardModelConfig, TrainConfig
+from lmpo.trainer.ref_sync import check_sync_compatible
+from lmpo.trainer.stages import LogprobSettings
+
+#: what building a task raises for bad data or settings (reported as one InputError naming task.*)
+TASK_ERRORS = (OSError, ValueError, KeyError, TypeError, ImportError)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``loop.device``: ``auto`` is CUDA, else MPS, else CPU; any other name is taken as it is."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    return torch.device(name)
+
+
+def build_objective(ob) -> tuple[Objective, ObjectiveDriver, object]:
+    """The ``objective`` section's objective, its driver and the advantage estimator.
+
+    The trainer checks loss and gradient finiteness once per optimizer step itself (and skips the step), so the
+    objective's own per-call check (one host sync per microbatch) is off unless the overrides ask for it.
+    """
+    objective = Objective.preset(ob.preset, **{"check_finite": False, **ob.overrides})
+    estimator = make_estimator(ob.advantage_estimator, default_scale=objective.advantage_scale,
+                               **ob.advantage_options)
+    return objective, ObjectiveDriver(objective), estimator
+
+
+def build_task(tk):
+    """The task of a run's ``task`` section through the one loader, ``lmpo.tasks.load_task`` (``task.name`` is a
+    built-in task, ``file`` or ``hf``). Raises one of ``TASK_ERRORS``; ``task_error`` words it for the user."""
+    if tk.name in ("file", "hf"):
+        source = tk.path if tk.name == "file" else tk.hf_name
+        return load_task(source, kind=tk.name, prompt_field=tk.prompt_field, answer_field=tk.answer_field,
+                         **tk.options)
+    return load_task(tk.name, kind="builtin", **tk.options)
+
+
+def task_error(tk, e: Exception) -> InputError:
+    """A task that cannot be built, as one message naming the config keys to fix."""
+    what = {"file": f"`task.path` = {tk.path!r}", "hf": f"`task.hf_name` = {tk.hf_name!r}"}.get(
+        tk.name, f"`task.name` = {tk.name!r} with `task.options` = {tk.options!r}")
+    detail = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
+    return InputError(f"{what}: the task cannot be built ({type(e).__name__}: {detail}). Fix the data or the "
+                      "task.* settings (prompt_field, answer_field, options).")
+
+
+def load_policy(mc, device: torch.device, name: str | None = None, where: str = "model.name"):
+    """``(model, tokenizer)`` of a built-in preset, a local model directory or a hub id (default
+    ``model.name``, initialised with ``model.init_seed``); a failure is an InputError naming the config key."""
+    name = mc.name if name is None else name
+    try:
+        return load_model_and_tokenizer(name, dtype=mc.dtype, device=device, seed=mc.init_seed)
+    except (OSError, ValueError) as e:
+        first = " ".join(str(e).split())[:300]
+        raise InputError(f"`{where}` = {name!r} could not be loaded ({type(e).__name__}: {first}). Give a "
+                         "built-in preset, a local directory holding a saved Hugging Face model (config.json "
+                         "and weights), or a hub id this machine can download (or has cached).") from None
+
+
+def wrap_lora(model, lc):
+    """The model with LoRA adapters of the ``model.lora`` section (only these train)."""
+    # peft is imported here: an optional heavy dependency that only LoRA runs load
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    peft_cfg = PeftLoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
+                              target_modules=list(lc.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, peft_cfg)
+
+
+def build_rewards(rw, task, examples, device: torch.device):
+    """``(scorer, accuracy_fn)``: the ``rewards`` section's functions (the task's defaults when none are given)
+    and the task's accuracy reward. ``examples`` (train and held-out) tell whether prompts are conversations,
+    which a reward model must then accept."""
+    conversational = any(e.messages is not None for e in examples)
+    if rw.functions:
+        weights = rw.weights or (1.0,) * len(rw.functions)
+        specs = []
+        for f, w in zip(rw.functions, weights):
+            if isinstance(f, RewardModelConfig):
+                rm = RewardModel(f.model, seqs_per_batch=f.seqs_per_batch, chat_template=f.chat_template,
+                                 dtype=f.dtype, device=device)
+                if conversational:
+                    rm.check_conversational(f"task {task.name!r}")
+                specs.append(RewardSpec(f.metric_name, w, fn=rm))
+            else:
+                specs.append(RewardSpec(f, w, dict(rw.kwargs.get(f, {}))))
+    else:
+        specs = [{"name": n, "weight": w} for n, w in task.default_rewards]
+    scorer = RewardScorer(specs, on_error=rw.on_error)
+    accuracy_fn = get_reward_fn(getattr(task, "accuracy_reward", "exact_match"))
+    return scorer, accuracy_fn
+
+
+def build_rollout_engine(cfg: TrainConfig, model, tokenizer, *, record_logprobs: bool = False,
+                         device: torch.device | None = None):
+    """The ``rollout.engine`` over ``model`` with the ``rollout`` section's sampling settings; it records the
+    sampler's log-probs when ``rollout.record_logprobs`` or ``record_logprobs`` (the objective needs them) says
+    so, compiles the HF engine's decode step under ``loop.compile``, or else replays it as CUDA graphs under
+    ``rollout.cuda_graphs`` when ``device`` (default: the model's) is a GPU."""
+    ro = cfg.rollout
+    device = device if device is not None else next(model.parameters()).device
+    options = {"gpu_memory_utilization": ro.vllm_gpu_memory_utilization, "seed": cfg.loop.seed} if (
+        ro.engine == "vllm") else {}
+    if ro.engine == "hf" and cfg.loop.compile:
+        options["compile_decode"] = True
+    elif ro.engine == "hf" and ro.cuda_graphs and torch.device(device).type == "cuda":
+        options["cuda_graphs"] = True
+    return ENGINES[ro.engine](model, tokenizer, max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
+                              top_p=ro.top_p, top_k=ro.top_k, ignore_eos=ro.ignore_eos,
+                              record_logprobs=ro.record_logprobs or record_logprobs, **options)
+
+
+def build_reference(cfg: TrainConfig, model, device: torch.device):
+    """The frozen reference model: ``model.ref_path`` when given, else a copy of ``model`` (a LoRA policy's
+    merged weights); checked against the policy for TR-DPO's reference sync (``objective.ref_sync_steps``)."""
+    if cfg.model.ref_path:
+        ref, _ = load_model_and_tokenizer(cfg.model.ref_path, dtype=cfg.model.dtype, device=device)
+    else:
+        ref = copy.deepcopy(model)
+        if cfg.model.lora.enabled and hasattr(ref, "merge_and_unload"):
+            ref = ref.merge_and_unload()
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    if cfg.objective.ref_sync_steps > 0:
+        check_sync_compatible(ref, model)
+    return ref
+
+
+def build_kl_controller(ob):
+    """The β controller of the KL in the reward (``objective.kl_ctrl_*``), or None when it is off."""
+    if not ob.kl_in_reward:
+        return None
+    return make_kl_controller(ob.kl_ctrl_type, ob.kl_reward_coef, ob.kl_ctrl_target, ob.kl_ctrl_horizon)
+
+
+def logprob_settings(cfg: TrainConfig) -> LogprobSettings:
+    """How this run takes log-probs: sampling temperature, prompt sharing (whole groups only; RLVCR's rows are
+    not), microbatch size and autocast."""
+    share = cfg.loop.share_prompt_prefix and not cfg.rlvcr.enabled
+    return LogprobSettings(temperature=cfg.rollout.temperature,
+                           group_size=cfg.rollout.completions_per_prompt if share else None,
+                           seqs_per_microbatch=cfg.loop.seqs_per_microbatch, autocast=cfg.loop.autocast)
