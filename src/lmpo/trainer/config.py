@@ -35,6 +35,7 @@ from lmpo.config import (
 )
 from lmpo.config import option as _f
 from lmpo.rlvcr.config import RLVCRConfig
+from lmpo.trainer.teacher import TeacherConfig, validate_teacher
 
 __all__ = ["ConfigError", "TrainConfig", "config_from_dict", "config_to_dict", "load_config", "parse_overrides",
            "render_config_reference", "replace", "save_config", "update_reference_doc", "validate_config"]
@@ -322,6 +323,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = _f(CheckpointConfig(), "Checkpoint section.")
     logging: LoggingConfig = _f(LoggingConfig(), "Logging section.")
     rlvcr: RLVCRConfig = _f(RLVCRConfig(), "RLVCR thinking-level expansion section (docs/rlvcr.md).")
+    teacher: TeacherConfig = _f(TeacherConfig(), "Teacher of on-policy distillation (objective `distill` parts).")
 
     # ---- derived totals (units in the names) ------------------------------------------------------
     @property
@@ -553,6 +555,9 @@ def validate_config(cfg: TrainConfig) -> None:
     _check_advantage_estimator(ob, objective.advantage_scale, cfg.rollout.completions_per_prompt)
     _check_kl_fields(cfg, objective)
     _check_dapo(cfg, objective)
+    validate_teacher(cfg, objective)
+    if cfg.teacher.name:
+        _check_model_source("teacher.name", cfg.teacher.name)
 
     from lmpo.generation import ENGINES
 

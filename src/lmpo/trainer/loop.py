@@ -192,6 +192,12 @@ class Trainer:
         self.ref_model = None
         self._generate_s = 0.0  # seconds spent in rollout_engine.generate during the current RL step
         self.kl_ctrl = self._build_kl_controller()
+        self.teacher = None  # on-policy distillation (an objective `distill` part): lmpo.trainer.teacher
+        if self.driver.needs.teacher:
+            from lmpo.trainer.teacher import Teacher
+
+            self.teacher = Teacher.load(config.teacher, self.model, self.tokenizer, policy_name=config.model.name,
+                                        device=self.device, top_k=self.driver.needs.teacher_top_k)
         #: ``loop.compile``: the policy's log-prob forwards (with their backward) and the HF engine's decode step
         self.compile_train = self.compile_decode = config.loop.compile
         self._compiled_policy: CompiledCalls | None = None
@@ -624,8 +630,15 @@ class Trainer:
         for start in range(0, num_seqs, cfg.loop.seqs_per_microbatch):
             mu = rows[start:start + cfg.loop.seqs_per_microbatch]
             needs = self.driver.needs
-            fwd = self._logprobs(self.model, batch, mu, with_grad=True, with_entropy=needs.entropy,
-                                 grad_norm_mode=needs.token_grad_norm)
+            distill = {}  # the policy's full logits and the teacher's, for a distillation part
+            if self.teacher is not None:
+                with self._autocast():
+                    fwd, distill = self.teacher.forward(self.model, batch["input_ids"][mu], batch["attention_mask"][mu],
+                                                        batch["completion_ids"][mu], with_entropy=needs.entropy,
+                                                        temperature=cfg.rollout.temperature)
+            else:
+                fwd = self._logprobs(self.model, batch, mu, with_grad=True, with_entropy=needs.entropy,
+                                     grad_norm_mode=needs.token_grad_norm)
             old = batch["old_logp"][mu] if batch["old_logp"] is not None else fwd.logp.detach()
             ref = batch["ref_logp"][mu] if batch["ref_logp"] is not None else None
             if "train_logp" in batch:
@@ -634,7 +647,7 @@ class Trainer:
             loss = self.driver.loss(fwd.logp, old, batch["adv"][mu], batch["mask"][mu], weight=mu.numel() / num_seqs,
                                     ref_logp=ref, entropy=fwd.entropy, token_grad_norm=fwd.token_grad_norm,
                                     rollout_logp=rollout, num_tokens=num_tokens, num_seqs=num_seqs,
-                                    generator=cov_gen)
+                                    generator=cov_gen, **distill)
             if self.loss_hook is not None:
                 loss = self.loss_hook(step, loss)
             loss.backward()
