@@ -277,6 +277,10 @@ class EvalConfig:
     at_start: bool = _f(True, "Evaluate before the first RL step (after the warm-up).")
     seqs_per_batch: int = _f(256, "Prompts per greedy generation batch.", ge=1)
     max_new_tokens: int | None = _f(None, "Completion length at evaluation (default: rollout.max_new_tokens).", ge=1)
+    samples_per_prompt: int = _f(0, "Also sample this many completions per held-out prompt (rollout temperature "
+                                 "and top-p, a fixed seed) and log `eval/pass@k` for k = 1, 2, 4, … and "
+                                 "`eval/avg@n` with 95% intervals (lmpo.trainer.passk); 0 = greedy accuracy only.",
+                                 ge=0)
 
 
 @dataclass(frozen=True)

@@ -773,11 +773,23 @@ class Trainer:
 
     def _evaluate(self, examples=None) -> dict[str, float]:
         ev = self.cfg.eval
+        held_out = examples is None
         examples = self.eval_examples if examples is None else examples
-        return evaluate(self.model, self.tokenizer, examples, accuracy_fn=self.accuracy_fn,
-                        scorer=self.scorer, max_new_tokens=ev.max_new_tokens or self.cfg.rollout.max_new_tokens,
-                        seqs_per_batch=ev.seqs_per_batch, device=self.device,
-                        success_threshold=self.cfg.rewards.success_threshold)
+        out = evaluate(self.model, self.tokenizer, examples, accuracy_fn=self.accuracy_fn,
+                       scorer=self.scorer, max_new_tokens=ev.max_new_tokens or self.cfg.rollout.max_new_tokens,
+                       seqs_per_batch=ev.seqs_per_batch, device=self.device,
+                       success_threshold=self.cfg.rewards.success_threshold)
+        if held_out and ev.samples_per_prompt > 0:  # pass@k / avg@n of sampled completions (lmpo.trainer.passk)
+            from lmpo.trainer.passk import sampled_metrics
+
+            ro = self.cfg.rollout
+            out.update(sampled_metrics(self.model, self.tokenizer, examples, self.accuracy_fn,
+                                       samples_per_prompt=ev.samples_per_prompt,
+                                       max_new_tokens=ev.max_new_tokens or ro.max_new_tokens,
+                                       temperature=ro.temperature, top_p=ro.top_p, seed=self.cfg.loop.seed,
+                                       prompts_per_batch=max(1, ev.seqs_per_batch // ev.samples_per_prompt),
+                                       success_threshold=self.cfg.rewards.success_threshold))
+        return out
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self, step: int) -> dict:

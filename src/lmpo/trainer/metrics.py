@@ -83,6 +83,11 @@ METRIC_DOCS: dict[str, str] = {
     "eval/accuracy": "greedy accuracy on the held-out split",
     "eval/reward_mean": "mean total reward of the greedy completions on the held-out split",
     "eval/length_mean": "mean greedy completion length on the held-out split",
+    "eval/pass@k": "unbiased pass@k (Chen et al. 2021) over the held-out split from `eval.samples_per_prompt` = n "
+                   "sampled completions per problem, for k = 1, 2, 4, … n; `_low` / `_high`: its 95% interval "
+                   "over problems",
+    "eval/avg@n": "mean accuracy of the n sampled completions per held-out problem; `_low` / `_high`: its 95% "
+                  "interval over problems",
 }
 
 
