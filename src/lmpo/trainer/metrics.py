@@ -229,6 +229,16 @@ class MetricsLogger:
             per_step = (time.perf_counter() - self._t_start) / max(1, step - self.start_step)
             self.write(console_line(step, self.total_steps, metrics, seconds_per_step=per_step))
 
+    def log_table(self, tag: str, columns, rows, markdown: str, step: int) -> None:
+        """A table of one step: Markdown text to TensorBoard, a ``wandb.Table`` to W&B (the JSONL has the rows)."""
+        if self._tb is not None:
+            self._tb.add_text(tag, markdown, step)
+        if self._wandb is not None:
+            import wandb as _wandb
+
+            self._wandb.log({tag: _wandb.Table(columns=list(columns), data=[[str(x) for x in r] for r in rows])},
+                            step=step)
+
     def write(self, msg: str) -> None:
         if self._bar is not None:
             self._bar.write(msg)
