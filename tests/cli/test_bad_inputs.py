@@ -290,6 +290,11 @@ CASES: list[Case] = [
     Case("export-out-exists", ("export", "run", "out"), "an output directory that holds files",
          setup=_all(_broken_checkpoint, _write("out/x.txt", "x"))),
     Case("eval-no-task", ("eval", "tiny"), "a model without `--task` (only a run brings its own)"),
+    Case("eval-samples", ("eval", "tiny", "--task", "addition", "--samples", "-4"), "a negative number of samples"),
+    # ---- lmpo show
+    Case("show-no-log", ("show", "run"), "a run that logged no completions", setup=_stored_run),
+    Case("show-step", ("show", "run", "--step", "3"), "a step whose completions were not logged",
+         setup=_write("run/completions.jsonl", '{"step": 5, "prompt": "1+1=", "completion": "2"}\n')),
     Case("sac-run-exists", S, "a second run into a directory that holds one", setup=_sac_run_without_checkpoint),
     # ---- lmpo sac sample / gate
     Case("sample-missing", ("sac", "sample", "nope", "--prompt", "子曰"), "a run directory that does not exist"),

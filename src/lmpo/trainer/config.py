@@ -169,6 +169,15 @@ class RewardsConfig:
                                   ge=0)
     overlong_penalty_factor: float = _f(1.0, "Size of the overlong penalty at the full budget (verl "
                                         "`overlong_buffer.penalty_factor`).", ge=0)
+    workers: int = _f(0, "Run the reward functions in a pool of this many threads or processes, each call with "
+                      "`timeout_s` (lmpo.rewards.parallel; `async def` functions are accepted); 0 = one after "
+                      "the other in the training process.", ge=0)
+    pool: str = _f("thread", "`thread` (I/O-bound rewards: services, judges, sandboxes) or `process` (CPU-bound "
+                   "pure-Python rewards; functions must be importable).", choices=("thread", "process"))
+    timeout_s: float = _f(0.0, "Seconds one reward call may take with `workers` > 0; a call past it gives NaN for "
+                          "its completions and counts in `reward/errors` (0 = no limit).", ge=0)
+    seqs_per_call: int = _f(0, "Completions per reward call with `workers` > 0, so that one function's batch "
+                            "runs in parallel too (0 = the whole batch in one call per function).", ge=0)
 
 
 @dataclass(frozen=True)
@@ -309,6 +318,11 @@ class LoggingConfig:
                                        "progress bar, else a round interval giving about 20 lines; 0 = never).",
                                        ge=0)
     plots: bool = _f(True, "Write the training curves to RUN_DIR/plots/*.png at the end of the run (`lmpo plot`).")
+    completions_every_steps: int = _f(0, "Every N RL steps write sampled completions with their rewards, advantage "
+                                      "and correctness to RUN_DIR/completions.jsonl and TensorBoard / W&B text "
+                                      "(`lmpo show RUN [--step N]` prints them); 0 = never.", ge=0)
+    completions_per_step: int = _f(8, "Completions logged per logged step (the first rows of the rollout: whole "
+                                   "groups of a prompt first).", ge=1)
 
 
 @dataclass(frozen=True)
@@ -622,6 +636,13 @@ def validate_config(cfg: TrainConfig) -> None:
     for name in sorted({n for n in names if names.count(n) > 1}):
         raise ConfigError(f"`rewards.functions` lists {name!r} twice; merge their weights, or give the reward "
                           "models distinct `name`s.")
+    if rw.workers == 0:
+        idle = [f"rewards.{k}" for k, default in (("pool", "thread"), ("timeout_s", 0.0), ("seqs_per_call", 0))
+                if getattr(rw, k) != default]
+        if idle:
+            raise ConfigError(f"`{idle[0]}` = {getattr(rw, idle[0].split('.')[1])!r} has no effect while "
+                              "`rewards.workers` = 0 (the rewards run one after the other, without a pool). Set "
+                              "rewards.workers to the pool size (e.g. 4), or leave it at its default.")
     if rw.weights and len(rw.weights) != len(rw.functions):
         raise ConfigError(f"`rewards.weights` has {len(rw.weights)} values for {len(rw.functions)} functions; "
                           "give one weight per function or none.")

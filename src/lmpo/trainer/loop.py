@@ -54,7 +54,8 @@ from lmpo.trainer.sampling import ScoredRollout, dynamic_sample, mask_truncated
 from lmpo.trainer.sft import supervised_warmup
 
 #: what a trainer run directory holds (``--overwrite`` deletes these and nothing else)
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "checkpoints", FINAL_MODEL_DIR, "tensorboard", "wandb")
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "checkpoints", FINAL_MODEL_DIR, "tensorboard", "wandb",
+               "completions.jsonl")
 
 #: config keys ``--resume`` may change without ``--allow-config-change``
 RESUMABLE_KEYS = ("loop.steps", "logging.*", "eval.*", "checkpoint.*")
@@ -238,7 +239,13 @@ class Trainer:
                     specs.append(RewardSpec(f, w, dict(rw.kwargs.get(f, {}))))
         else:
             specs = [{"name": n, "weight": w} for n, w in self.task.default_rewards]
-        scorer = RewardScorer(specs, on_error=rw.on_error)
+        if rw.workers > 0:  # a pool with a timeout per call (lmpo.rewards.parallel)
+            from lmpo.rewards.parallel import ParallelRewardScorer
+
+            scorer = ParallelRewardScorer(specs, on_error=rw.on_error, workers=rw.workers, pool=rw.pool,
+                                          timeout_s=rw.timeout_s, seqs_per_call=rw.seqs_per_call)
+        else:
+            scorer = RewardScorer(specs, on_error=rw.on_error)
         accuracy_fn = get_reward_fn(getattr(self.task, "accuracy_reward", "exact_match"))
         return scorer, accuracy_fn
 
@@ -338,6 +345,12 @@ class Trainer:
                                      progress_bar=lg.progress_bar, tensorboard=lg.tensorboard, wandb=lg.wandb,
                                      wandb_project=lg.wandb_project, config=config_to_dict(cfg),
                                      print_every_steps=lg.print_every_steps)
+        self.completion_log = None  # logging.completions_every_steps (lmpo.trainer.completions, `lmpo show`)
+        if lg.completions_every_steps > 0:
+            from lmpo.trainer.completions import CompletionLog
+
+            self.completion_log = CompletionLog(self.run_dir, lg.completions_every_steps, lg.completions_per_step,
+                                                start_step=start_step, metrics=self.metrics)
         try:
             with stop_on_sigint(self.log) as self._stop:
                 if resume_path is None and cfg.eval.at_start:
@@ -365,6 +378,8 @@ class Trainer:
                     self.save_final_model(step)
         finally:
             self.metrics.close()
+            if self.completion_log is not None:
+                self.completion_log.close()
         if cfg.logging.plots:
             from lmpo.trainer.plot import plot_runs
 
@@ -442,6 +457,11 @@ class Trainer:
 
         adv, adv_stats = self.estimator(adv_rewards, group, **self._advantage_inputs(scored.examples, ro, per_fn))
         zero_var = zero_variance_mask(adv_rewards, group)  # (B,): the completion's group carries no signal
+        if getattr(self, "completion_log", None) is not None and self.completion_log.due(step):
+            from lmpo.trainer.completions import completion_records
+
+            self.completion_log.log(step, completion_records(step, scored.examples, ro, rewards, per_fn, correct, adv,
+                                                             self.cfg.logging.completions_per_step))
         keep = ~zero_var if cfg.objective.filter_zero_variance else torch.ones_like(group, dtype=torch.bool)
         t_score = time.perf_counter()
 
