@@ -248,6 +248,11 @@ class LoopConfig:
                                   "minibatch, with exact global normalisation).", ge=1)
     share_prompt_prefix: bool = _f(True, "Training forward: run each prompt once per group and reuse its KV cache "
                                    "(with gradient) for its G completions; the same log-probs for less compute.")
+    pack_sequences: bool = _f(False, "Padding-free log-prob forwards: the real tokens of a microbatch's sequences in "
+                              "one row with per-sequence position ids (block-diagonal attention; varlen flash "
+                              "attention with `flash_attention_2` on GPU), no compute or memory for padding "
+                              "(lmpo.generation.packing). Replaces `share_prompt_prefix`; not with per-token "
+                              "gradient norms.")
     gradient_checkpointing: bool = _f(False, "Recompute each layer's activations in the backward pass instead of "
                                       "keeping them (less memory, about one more forward of compute); turns "
                                       "`share_prompt_prefix` off for the training forward.")

@@ -713,6 +713,13 @@ class Trainer:
         if rows is not None:
             ids, attn, tokens = ids[rows], attn[rows], tokens[rows]
         model = self._policy_for_logprobs(model)
+        if cfg.loop.pack_sequences and grad_norm_mode is None:  # padding-free (lmpo.generation.packing)
+            from lmpo.generation.packing import packed_policy_logprobs
+
+            with self._autocast():
+                return packed_policy_logprobs(model, ids, attn, tokens, temperature=cfg.rollout.temperature,
+                                              with_entropy=with_entropy, with_grad=with_grad,
+                                              seqs_per_microbatch=cfg.loop.seqs_per_microbatch)
         with self._autocast():
             return policy_logprobs(model, ids, attn, tokens, temperature=cfg.rollout.temperature,
                                    with_entropy=with_entropy, grad_norm_mode=grad_norm_mode,
