@@ -51,20 +51,25 @@ def main() -> None:
     parser.add_argument("--out", default="runs/distill", help="directory of the three runs")
     parser.add_argument("--teacher-sft-steps", type=int, default=1500)
     parser.add_argument("--student-sft-steps", type=int, default=150)
-    parser.add_argument("--steps", type=int, default=150, help="RL steps of each student")
+    parser.add_argument("--steps", type=int, default=600, help="RL steps of each student")
     parser.add_argument("--beta", type=float, default=0.5, help="β of the generalised JSD")
+    parser.add_argument("--lr", type=float, default=3e-3, help="learning rate of the students' RL steps")
+    parser.add_argument("--teacher", default=None, help="a trained teacher's directory (skips training one)")
     args = parser.parse_args()
     out = Path(args.out)
 
-    teacher = run(base(out / "teacher", model={"name": "tiny-wide", "init_seed": 1}, loop={"steps": 0},
-                       sft={"steps": args.teacher_sft_steps, "lr": 2e-3, "seqs_per_step": 64},
-                       checkpoint={"final_model": True}))
-    print(f"teacher (tiny-wide, {args.teacher_sft_steps} SFT steps): accuracy {teacher['after']:.3f} "
-          f"({teacher['seconds']:.0f} s)")
+    teacher_dir = args.teacher
+    if teacher_dir is None:
+        teacher = run(base(out / "teacher", model={"name": "tiny-wide", "init_seed": 1}, loop={"steps": 0},
+                           sft={"steps": args.teacher_sft_steps, "lr": 2e-3, "seqs_per_step": 64},
+                           checkpoint={"final_model": True}))
+        print(f"teacher (tiny-wide, {args.teacher_sft_steps} SFT steps): accuracy {teacher['after']:.3f} "
+              f"({teacher['seconds']:.0f} s)")
+        teacher_dir = str(out / "teacher" / "model")
     student = {"model": {"name": "tiny", "init_seed": 0},
                "sft": {"steps": args.student_sft_steps, "lr": 3e-3, "seqs_per_step": 64},
-               "loop": {"steps": args.steps}}
-    distilled = run(base(out / "student_gkd", **student, teacher={"name": str(out / "teacher" / "model")},
+               "loop": {"steps": args.steps}, "optim": {"lr": args.lr}}
+    distilled = run(base(out / "student_gkd", **student, teacher={"name": teacher_dir},
                          objective={"preset": "grpo", "overrides": {"distill": "gkd_jsd", "jsd_beta": args.beta,
                                                                     "distill_policy_coef": 0.0}}))
     grpo = run(base(out / "student_grpo", **student, objective={"preset": "grpo"}))
