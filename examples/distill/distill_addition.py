@@ -50,11 +50,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/distill", help="directory of the three runs")
     parser.add_argument("--teacher-sft-steps", type=int, default=1500)
-    parser.add_argument("--student-sft-steps", type=int, default=150)
-    parser.add_argument("--steps", type=int, default=600, help="RL steps of each student")
+    parser.add_argument("--student-sft-steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=300, help="RL steps of each student")
     parser.add_argument("--beta", type=float, default=0.5, help="β of the generalised JSD")
     parser.add_argument("--lr", type=float, default=3e-3, help="learning rate of the students' RL steps")
     parser.add_argument("--teacher", default=None, help="a trained teacher's directory (skips training one)")
+    parser.add_argument("--prompts-per-step", type=int, default=64)
+    parser.add_argument("--completions-per-prompt", type=int, default=2)
+    parser.add_argument("--no-baseline", action="store_true", help="skip the GRPO student")
     args = parser.parse_args()
     out = Path(args.out)
 
@@ -68,17 +71,20 @@ def main() -> None:
         teacher_dir = str(out / "teacher" / "model")
     student = {"model": {"name": "tiny", "init_seed": 0},
                "sft": {"steps": args.student_sft_steps, "lr": 3e-3, "seqs_per_step": 64},
-               "loop": {"steps": args.steps}, "optim": {"lr": args.lr}}
+               "loop": {"steps": args.steps, "prompts_per_step": args.prompts_per_step, "seqs_per_microbatch": 128},
+               "rollout": {"completions_per_prompt": args.completions_per_prompt}, "optim": {"lr": args.lr}}
     distilled = run(base(out / "student_gkd", **student, teacher={"name": teacher_dir},
                          objective={"preset": "grpo", "overrides": {"distill": "gkd_jsd", "jsd_beta": args.beta,
                                                                     "distill_policy_coef": 0.0}}))
-    grpo = run(base(out / "student_grpo", **student, objective={"preset": "grpo"}))
+    grpo = None if args.no_baseline else run(base(out / "student_grpo", **student, objective={"preset": "grpo"}))
     div = [row["distill/divergence"] for row in distilled["history"]]
     print(f"student (tiny) after {args.student_sft_steps} SFT steps: accuracy {distilled['before']:.3f}")
     print(f"  + {args.steps} steps of on-policy GKD (β={args.beta}): accuracy {distilled['after']:.3f}, "
           f"JSD to the teacher {sum(div[:10]) / len(div[:10]):.4f} (first 10 steps) → "
           f"{sum(div[-10:]) / len(div[-10:]):.4f} (last 10) ({distilled['seconds']:.0f} s)")
-    print(f"  + {args.steps} steps of GRPO on exact match: accuracy {grpo['after']:.3f} ({grpo['seconds']:.0f} s)")
+    if grpo is not None:
+        print(f"  + {args.steps} steps of GRPO on exact match: accuracy {grpo['after']:.3f} "
+              f"({grpo['seconds']:.0f} s)")
 
 
 if __name__ == "__main__":
