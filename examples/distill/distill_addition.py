@@ -10,7 +10,16 @@
    reward for the same number of steps.
 
 Prints held-out greedy accuracy (200 problems) of the teacher, of the student before, and of both students after.
-The figures measured on a 2-core CPU are in docs/trainer.md ("On-policy distillation").
+Measured on a busy 2-core CPU with the defaults (docs/trainer.md, "On-policy distillation: a teacher"):
+
+    teacher (tiny-wide, 1500 SFT steps): accuracy 0.565 (1233 s)
+    student (tiny) after 300 SFT steps: accuracy 0.060
+      + 300 steps of on-policy GKD (β=0.5): accuracy 0.075, JSD to the teacher 0.2284 (first 10 steps) → 0.1713
+        (last 10) (416 s)
+      + 300 steps of GRPO on exact match: accuracy 0.020 (57 s)
+
+and with ``--beta 0`` (forward KL): accuracy 0.065, KL 1.0633 → 0.6922. The divergence to the teacher falls; the
+accuracy gain at this budget is within the noise of 200 problems.
 """
 
 from __future__ import annotations
