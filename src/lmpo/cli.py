@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "plot": "lmpo.trainer.cli:register_plot",
     "eval": "lmpo.trainer.eval_cli:register_eval",
     "export": "lmpo.trainer.export:register_export",
+    "show": "lmpo.trainer.completions:register_show",
     "lab": "lmpo.lab.cli:register_lab",
 }
 

@@ -99,6 +99,17 @@ def _sac_summary_without_checkpoint(d: Path) -> None:
     (d / "sacrun" / "summary.json").write_text(json.dumps({"config": TrainConfig().to_dict()}))
 
 
+def _other_tokenizer_teacher(d: Path) -> None:
+    """A saved tiny model whose character tokenizer has two more characters than the built-in one."""
+    from lmpo.models import CharTokenizer, build_tiny_model
+
+    _base(d)
+    tok = CharTokenizer(extra_chars="éü")
+    model = build_tiny_model(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    model.save_pretrained(d / "teacher")
+    tok.save_pretrained(d / "teacher")
+
+
 def failing_reward(completions, **kwargs):
     """A user reward function with a bug (named in a config as ``test_bad_inputs:failing_reward``)."""
     raise ValueError("this reward cannot score a completion")
@@ -205,6 +216,12 @@ CASES: list[Case] = [
                                         "--rollout.dynamic_sampling_max_draws", "2", "--rewards.functions",
                                         "[exact_match]", "--rewards.weights", "[0]"),
          "dynamic sampling with a reward that never varies", exit=1, setup=_base),
+    Case("distill-without-teacher", (*T, "--objective.overrides.distill", "gkd_jsd"),
+         "a distillation objective without a teacher", setup=_base),
+    Case("teacher-without-distill", (*T, "--teacher.name", "tiny"), "a teacher that no objective part uses",
+         setup=_base),
+    Case("teacher-tokenizer", (*T, "--objective.overrides.distill", "reverse_kl", "--teacher.name", "teacher"),
+         "a teacher with another tokenizer than the policy", setup=_other_tokenizer_teacher),
     Case("rlvcr-levels", (*T, "--rlvcr.levels", "1"), "one thinking level", setup=_base),
     Case("rlvcr-budgets", (*T, "--rlvcr.budgets", "[8, 4, 16, 32]"), "thinking budgets not increasing", setup=_base),
     # ---- lmpo train: run directories and --resume
@@ -274,6 +291,11 @@ CASES: list[Case] = [
     Case("export-out-exists", ("export", "run", "out"), "an output directory that holds files",
          setup=_all(_broken_checkpoint, _write("out/x.txt", "x"))),
     Case("eval-no-task", ("eval", "tiny"), "a model without `--task` (only a run brings its own)"),
+    Case("eval-samples", ("eval", "tiny", "--task", "addition", "--samples", "-4"), "a negative number of samples"),
+    # ---- lmpo show
+    Case("show-no-log", ("show", "run"), "a run that logged no completions", setup=_stored_run),
+    Case("show-step", ("show", "run", "--step", "3"), "a step whose completions were not logged",
+         setup=_write("run/completions.jsonl", '{"step": 5, "prompt": "1+1=", "completion": "2"}\n')),
     Case("sac-run-exists", S, "a second run into a directory that holds one", setup=_sac_run_without_checkpoint),
     # ---- lmpo sac sample / gate
     Case("sample-missing", ("sac", "sample", "nope", "--prompt", "子曰"), "a run directory that does not exist"),

@@ -23,7 +23,7 @@ def test_yaml_snippets_are_valid_config_sections():
     assert len(blocks) >= 2
     for block in blocks:
         config_from_dict(yaml.safe_load(block))  # unknown keys or wrong types raise ConfigError
-    rewards = config_from_dict(yaml.safe_load(next(b for b in blocks if "rewards:" in b))).rewards
+    rewards = config_from_dict(yaml.safe_load(next(b for b in blocks if "rewards:" in b and "{model:" in b))).rewards
     assert isinstance(rewards.functions[1], RewardModelConfig) and rewards.functions[1].metric_name == "rm"
 
 

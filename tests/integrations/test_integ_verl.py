@@ -266,3 +266,23 @@ def test_example_hydra_config_builds_the_actor_config():
     objective = lv.objective_for_verl("gspo", actor.loss_agg_mode, actor)
     assert (objective.eps_low, objective.eps_high, objective.aggregation) == (3e-4, 1e-3, "seq_mean_token_mean")
     assert objective.dual_clip and objective.level == "sequence"
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_two_data_parallel_ranks_give_the_loss_and_gradient_of_one(mode):
+    """verl's data parallelism without a cluster: each of two ranks gets half of a global batch (rows of mixed
+    lengths) and verl's ``global_batch_info``; DDP / FSDP average the ranks' gradients. The mean of the two ranks'
+    losses and their averaged gradients equal one rank holding the whole batch."""
+    fn = get_policy_loss_fn("lmpo_grpo")
+    old, logp, adv, mask, _ = batch(seed=5, B=8, empty_row=False)
+    tokens, seqs = int(mask.sum()), 8
+    one = actor_config(mode, global_batch_info={"dp_size": 1, "batch_num_tokens": tokens, "global_batch_size": seqs})
+    want_loss, want_grad, _ = loss_and_grad(fn, old, logp, adv, mask, mode, one)
+    two = actor_config(mode, global_batch_info={"dp_size": 2, "batch_num_tokens": tokens, "global_batch_size": seqs})
+    losses, grads = [], []
+    for rows in (slice(0, 4), slice(4, 8)):
+        loss, grad, _ = loss_and_grad(fn, old[rows], logp[rows], adv[rows], mask[rows], mode, two)
+        losses.append(loss)
+        grads.append(grad)
+    torch.testing.assert_close(sum(losses) / 2, want_loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(torch.cat(grads) / 2, want_grad, rtol=1e-6, atol=1e-7)

@@ -61,6 +61,8 @@ def _value_strategy(field: dataclasses.Field, tp) -> st.SearchStrategy:
         return st.sampled_from(meta["choices"])
     if tp is bool or tp == "bool":
         return st.booleans()
+    if tp is int or tp == "int":
+        return st.integers(min_value=int(meta.get("low") or 0), max_value=int(meta.get("high") or 64))
     low = meta.get("low")
     high = meta.get("high")
     lo = 1e-3 if low is None else low + (1e-3 if not meta.get("low_inclusive") else 0.0)

@@ -41,8 +41,8 @@ COV_QUANTILES = (0.80, 0.85, 0.90, 0.95, 0.98, 0.99)
 
 def measure_start(train: dict, seed: int, *, batches: int, updates: int, log=print) -> dict[str, Any]:
     """Token- and sequence-level quantities of R off-policy batches at the start of RL (see the module docstring)."""
-    from lmpo.lab.gradients import _advantages, _Batches, _no_grad_logp, off_policy_point
-    from lmpo.trainer import Trainer
+    from lmpo.lab.gradients import _advantages, _Batches, _no_grad_logp, _sequences, off_policy_point
+    from lmpo.trainer import Trainer, stages
     from lmpo.trainer.config import config_from_dict
 
     cfg = config_from_dict(train)
@@ -60,7 +60,8 @@ def measure_start(train: dict, seed: int, *, batches: int, updates: int, log=pri
         b = draw.draw(behaviour, tag=1, index=r)
         old = _no_grad_logp(trainer, behaviour, b, b["completion_ids"].shape[1])
         with torch.no_grad():
-            out = trainer._logprobs(trainer.model, b, with_grad=False, with_entropy=True)
+            out = stages.logprobs(trainer.model, _sequences(b), settings=trainer.logprob_settings, with_grad=False,
+                                  with_entropy=True)
         mask = b["mask"].double()
         n = mask.sum(-1).clamp_min(1)
         rho = torch.exp((out.logp.double() - old.double()).clamp(-20, 20)) * mask

@@ -49,6 +49,10 @@ class Needs:
     """Rollout-correction weights the host computed itself (``correction="given"``)."""
     step_hook: bool = False
     """The driver must see ``end_step()`` once per optimizer step (adaptive entropy controller)."""
+    teacher: bool = False
+    """On-policy distillation: the policy's (B, T, V) ``logits`` (with gradient) and the teacher's ``teacher_logits``."""
+    teacher_top_k: int = 0
+    """… the teacher's top-K log-probs and their ``teacher_ids`` instead of its full logits (0: full logits)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class Host:
 TRAINER_HOST = Host(
     "lmpo's trainer",
     frozenset({"entropy", "ref_logp", "rollout_logp", "step_hook", "token_grad_norm:exact", "token_grad_norm:lm_head",
-               "token_grad_norm:logits"}),
+               "token_grad_norm:logits", "logits", "teacher_logits"}),
     reports_entropy=True,
     advice={"rollout_is_weights": "correction='given' is for hosts that compute their own weights (verl); use "
                                   "correction='none' here."},
@@ -95,6 +99,8 @@ def needs_of(objective: Objective, host: Host) -> Needs:
         rollout_logp="rollout_logp" in wanted,
         rollout_is_weights="rollout_is_weights" in wanted,
         step_hook="entropy_coef" in wanted,
+        teacher="teacher_logits" in wanted,
+        teacher_top_k=objective.parts["distill"].value("distill_top_k") if "teacher_logits" in wanted else 0,
     )
 
 
@@ -122,6 +128,8 @@ def host_problems(objective: Objective, host: Host) -> list[str]:
         "rollout_is_weights": needs.rollout_is_weights,
         "step_hook": needs.step_hook,
         f"token_grad_norm:{needs.token_grad_norm}": needs.token_grad_norm is not None,
+        "logits": "logits" in objective.needs,
+        "teacher_logits": needs.teacher,
     }
     why = {
         "entropy": "token entropies inside the loss" if needs.entropy_grad else "token entropies (as a mask)",
@@ -131,6 +139,8 @@ def host_problems(objective: Objective, host: Host) -> list[str]:
         "rollout_is_weights": "rollout-correction weights computed by the host (correction='given')",
         "step_hook": "an adaptive entropy controller updated once per optimizer step",
         f"token_grad_norm:{needs.token_grad_norm}": f"per-token gradient norms in mode {needs.token_grad_norm!r}",
+        "logits": f"the policy's full next-token logits (distill={objective.distill!r})",
+        "teacher_logits": f"a teacher model's logits (distill={objective.distill!r})",
     }
     problems = []
     for key, needed in required.items():

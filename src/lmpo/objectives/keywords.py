@@ -40,6 +40,7 @@ DEFAULT_PARTS: dict[str, str] = {
     "entropy_control": "static",
     "cov_control": "none",
     "kl_estimator": "k3",
+    "distill": "none",
     "aggregation": "seq_mean_token_mean",
 }
 

@@ -3,7 +3,8 @@
 Per token (before aggregation), with ρ from the level, ψ the trust-region term, c_t the credit weight,
 w_t the rollout-correction weight and k_t the rejection mask:
 
-    ℓ_t = w_t·k_t·[c_t·ψ(ρ, A_t)·(1 − clipcov_t) + β_cov·|r_t|·klcov_t] + β·KL_t(π‖π_ref) − coef·H_t
+    ℓ_t = λ_pg·w_t·k_t·[c_t·ψ(ρ, A_t)·(1 − clipcov_t) + β_cov·|r_t|·klcov_t] + β·KL_t(π‖π_ref) − coef·H_t
+          + λ_d·D_t(π‖π_teacher)
     loss = aggregate(ℓ, mask)
 
 Example::
@@ -16,7 +17,7 @@ host sync, see ``check_finite``), moves nothing between devices and mutates none
 Statistics are detached 0-dim tensors with keys ``component/name``.
 
 Construction. ``Objective(**keywords)`` takes one keyword per kind of part selecting it by name (``level``,
-``trust_region``, ``credit``, ``correction``, ``rejection``, ``cov_control``, ``kl_estimator``, ``aggregation``;
+``trust_region``, ``credit``, ``correction``, ``rejection``, ``cov_control``, ``kl_estimator``, ``distill``, ``aggregation``;
 ``adaptive_entropy=True``
 selects the adaptive entropy control), each part's own parameters (``eps_high``, ``ema_beta``, …), and the
 objective-wide fields (``kl_coef``, ``entropy_coef``, ``log_ratio_clamp``, ``advantage_scale``,
@@ -221,6 +222,9 @@ class Objective:
         num_seqs: torch.Tensor | float | None = None,
         entropy_coef: float | torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        logits: torch.Tensor | None = None,
+        teacher_logits: torch.Tensor | None = None,
+        teacher_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Loss and statistics.
 
@@ -242,6 +246,11 @@ class Objective:
             entropy_coef: coefficient overriding ``self.entropy_coef`` (the adaptive controller's
                         ``coef``; required when ``adaptive_entropy``).
             generator:  torch.Generator (on the tensors' device) for clip_cov's random choice.
+            logits:     (B, T, V) the policy's logits / τ at the completion positions (with gradient); required
+                        by a ``distill`` part.
+            teacher_logits: (B, T, V) the teacher's logits, or (B, T, K) its top-K log-probs under
+                        ``distill_top_k`` = K; required by a ``distill`` part.
+            teacher_ids: (B, T, K) vocabulary ids of the teacher's top-K log-probs (``distill_top_k`` > 0).
         Returns:
             ``(loss, stats)``: 0-dim loss; dict of detached 0-dim statistics.
         """
@@ -249,6 +258,8 @@ class Objective:
                     "rollout_logp": rollout_logp, "rollout_is_weights": rollout_is_weights}
         valid = self._check_inputs(logp, old_logp, advantages, mask, optional, num_tokens, num_seqs, entropy_coef)
         parts = self._parts
+        if "teacher_logits" in self.needs:
+            parts["distill"].check_inputs(logits, teacher_logits, teacher_ids, tuple(logp.shape))
         dtype = torch.promote_types(logp.dtype, torch.float32)  # low-precision inputs are computed in fp32
         m = valid.to(dtype)
         lengths = m.sum(-1)  # (B,) |y|
@@ -297,8 +308,17 @@ class Objective:
         same = policy_m is m
         policy_loss = aggregation.reduce(per_token, policy_m, lengths=lengths if same else None,
                                          seq_lengths=None if same else lengths, **norm)
+        distill = parts["distill"]
+        if "teacher_logits" in self.needs and distill.distill_policy_coef != 1.0:
+            policy_loss = distill.distill_policy_coef * policy_loss
         loss = policy_loss
         stats["loss/policy"] = policy_loss.detach()
+        if "teacher_logits" in self.needs:
+            divergence = distill.per_token(logits, teacher_logits, teacher_ids, valid)  # (B, T)
+            distill_loss = distill.distill_coef * aggregation.reduce(divergence, m, lengths=lengths, **norm)
+            loss = loss + distill_loss
+            stats["loss/distill"] = distill_loss.detach()
+            stats["distill/divergence"] = divergence.detach().sum() / num_valid.clamp(min=1.0)
 
         if "ref_logp" in inputs:
             loss = self._reference_kl(ctx, loss, stats, norm, rho)

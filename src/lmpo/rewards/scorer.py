@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +53,18 @@ def load_reward_fn(path: str) -> Callable[..., list]:
             "function fn(prompts, completions, answer, **kwargs) -> list[float]"
         )
     return obj
+
+
+def call_reward(fn: Callable[..., Any], kwargs: dict[str, Any]) -> list:
+    """``fn(**kwargs)`` as a list, running it to completion when it is an ``async def`` function (a coroutine)."""
+    result = fn(**kwargs)
+    if inspect.isawaitable(result):
+        result = asyncio.run(_await(result))
+    return list(result)
+
+
+async def _await(awaitable):
+    return await awaitable
 
 
 def get_reward_fn(name_or_path: str) -> Callable[..., list]:
@@ -138,7 +152,7 @@ class RewardScorer:
         return [s.name for s in self.specs]
 
     def _call_one(self, name: str, fn, prompts, completions, answers, columns) -> list:
-        values = fn(prompts=prompts, completions=completions, answer=answers, **columns)
+        values = call_reward(fn, {"prompts": prompts, "completions": completions, "answer": answers, **columns})
         if len(values) != len(completions):
             raise ValueError(
                 f"reward function {name!r} returned {len(values)} values for {len(completions)} completions"
@@ -153,7 +167,8 @@ class RewardScorer:
                 for k, v in columns.items()
             }
             try:
-                fn(prompts=[prompts[i]], completions=[completions[i]], answer=[answers[i]], **one_cols)
+                call_reward(fn, {"prompts": [prompts[i]], "completions": [completions[i]], "answer": [answers[i]],
+                                 **one_cols})
             except Exception as e:  # report whatever the user function raised
                 return i, e
         return -1, RuntimeError("raised on the full batch but on no single sample")

@@ -27,6 +27,7 @@ from lmpo.objectives import Objective, ObjectiveDriver
 from lmpo.objectives.advantages import make_estimator
 from lmpo.objectives.kl_reward import make_kl_controller
 from lmpo.rewards import RewardModel, RewardScorer, RewardSpec, get_reward_fn
+from lmpo.rewards.parallel import ParallelRewardScorer
 from lmpo.tasks import load_task
 from lmpo.trainer.config import RewardModelConfig, TrainConfig
 from lmpo.trainer.ref_sync import check_sync_compatible
@@ -121,7 +122,11 @@ def build_rewards(rw, task, examples, device: torch.device):
                 specs.append(RewardSpec(f, w, dict(rw.kwargs.get(f, {}))))
     else:
         specs = [{"name": n, "weight": w} for n, w in task.default_rewards]
-    scorer = RewardScorer(specs, on_error=rw.on_error)
+    if rw.workers > 0:  # a pool with a timeout per call (lmpo.rewards.parallel)
+        scorer = ParallelRewardScorer(specs, on_error=rw.on_error, workers=rw.workers, pool=rw.pool,
+                                      timeout_s=rw.timeout_s, seqs_per_call=rw.seqs_per_call)
+    else:
+        scorer = RewardScorer(specs, on_error=rw.on_error)
     accuracy_fn = get_reward_fn(getattr(task, "accuracy_reward", "exact_match"))
     return scorer, accuracy_fn
 
@@ -175,4 +180,5 @@ def logprob_settings(cfg: TrainConfig) -> LogprobSettings:
     share = cfg.loop.share_prompt_prefix and not cfg.rlvcr.enabled
     return LogprobSettings(temperature=cfg.rollout.temperature,
                            group_size=cfg.rollout.completions_per_prompt if share else None,
-                           seqs_per_microbatch=cfg.loop.seqs_per_microbatch, autocast=cfg.loop.autocast)
+                           seqs_per_microbatch=cfg.loop.seqs_per_microbatch, autocast=cfg.loop.autocast,
+                           pack_sequences=cfg.loop.pack_sequences)

@@ -34,6 +34,7 @@ from lmpo.config import (
 )
 from lmpo.config import option as _f
 from lmpo.rlvcr.config import RLVCRConfig
+from lmpo.trainer.teacher import TeacherConfig, validate_teacher
 
 __all__ = ["ConfigError", "TrainConfig", "config_from_dict", "config_to_dict", "load_config", "parse_overrides",
            "render_config_reference", "replace", "save_config", "validate_config"]
@@ -169,6 +170,15 @@ class RewardsConfig:
                                   ge=0)
     overlong_penalty_factor: float = _f(1.0, "Size of the overlong penalty at the full budget (verl "
                                         "`overlong_buffer.penalty_factor`).", ge=0)
+    workers: int = _f(0, "Run the reward functions in a pool of this many threads or processes, each call with "
+                      "`timeout_s` (lmpo.rewards.parallel; `async def` functions are accepted); 0 = one after "
+                      "the other in the training process.", ge=0)
+    pool: str = _f("thread", "`thread` (I/O-bound rewards: services, judges, sandboxes) or `process` (CPU-bound "
+                   "pure-Python rewards; functions must be importable).", choices=("thread", "process"))
+    timeout_s: float = _f(0.0, "Seconds one reward call may take with `workers` > 0; a call past it gives NaN for "
+                          "its completions and counts in `reward/errors` (0 = no limit).", ge=0)
+    seqs_per_call: int = _f(0, "Completions per reward call with `workers` > 0, so that one function's batch "
+                            "runs in parallel too (0 = the whole batch in one call per function).", ge=0)
 
 
 @dataclass(frozen=True)
@@ -239,6 +249,11 @@ class LoopConfig:
                                   "minibatch, with exact global normalisation).", ge=1)
     share_prompt_prefix: bool = _f(True, "Training forward: run each prompt once per group and reuse its KV cache "
                                    "(with gradient) for its G completions; the same log-probs for less compute.")
+    pack_sequences: bool = _f(False, "Padding-free log-prob forwards: the real tokens of a microbatch's sequences in "
+                              "one row with per-sequence position ids (block-diagonal attention; varlen flash "
+                              "attention with `flash_attention_2` on GPU), no compute or memory for padding "
+                              "(lmpo.generation.packing). Replaces `share_prompt_prefix`; not with per-token "
+                              "gradient norms.")
     gradient_checkpointing: bool = _f(False, "Recompute each layer's activations in the backward pass instead of "
                                       "keeping them (less memory, about one more forward of compute); turns "
                                       "`share_prompt_prefix` off for the training forward.")
@@ -277,6 +292,10 @@ class EvalConfig:
     at_start: bool = _f(True, "Evaluate before the first RL step (after the warm-up).")
     seqs_per_batch: int = _f(256, "Prompts per greedy generation batch.", ge=1)
     max_new_tokens: int | None = _f(None, "Completion length at evaluation (default: rollout.max_new_tokens).", ge=1)
+    samples_per_prompt: int = _f(0, "Also sample this many completions per held-out prompt (rollout temperature "
+                                 "and top-p, a fixed seed) and log `eval/pass@k` for k = 1, 2, 4, … and "
+                                 "`eval/avg@n` with 95% intervals (lmpo.trainer.passk); 0 = greedy accuracy only.",
+                                 ge=0)
 
 
 @dataclass(frozen=True)
@@ -305,6 +324,11 @@ class LoggingConfig:
                                        "progress bar, else a round interval giving about 20 lines; 0 = never).",
                                        ge=0)
     plots: bool = _f(True, "Write the training curves to RUN_DIR/plots/*.png at the end of the run (`lmpo plot`).")
+    completions_every_steps: int = _f(0, "Every N RL steps write sampled completions with their rewards, advantage "
+                                      "and correctness to RUN_DIR/completions.jsonl and TensorBoard / W&B text "
+                                      "(`lmpo show RUN [--step N]` prints them); 0 = never.", ge=0)
+    completions_per_step: int = _f(8, "Completions logged per logged step (the first rows of the rollout: whole "
+                                   "groups of a prompt first).", ge=1)
 
 
 @dataclass(frozen=True)
@@ -323,6 +347,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = _f(CheckpointConfig(), "Checkpoint section.")
     logging: LoggingConfig = _f(LoggingConfig(), "Logging section.")
     rlvcr: RLVCRConfig = _f(RLVCRConfig(), "RLVCR thinking-level expansion section (docs/rlvcr.md).")
+    teacher: TeacherConfig = _f(TeacherConfig(), "Teacher of on-policy distillation (objective `distill` parts).")
 
     # ---- derived totals (units in the names) ------------------------------------------------------
     @property
@@ -554,6 +579,9 @@ def validate_config(cfg: TrainConfig) -> None:
     _check_advantage_estimator(ob, objective.advantage_scale, cfg.rollout.completions_per_prompt)
     _check_kl_fields(cfg, objective)
     _check_dapo(cfg, objective)
+    validate_teacher(cfg, objective)
+    if cfg.teacher.name:
+        _check_model_source("teacher.name", cfg.teacher.name)
 
     from lmpo.generation import ENGINES
 
@@ -614,6 +642,13 @@ def validate_config(cfg: TrainConfig) -> None:
     for name in sorted({n for n in names if names.count(n) > 1}):
         raise ConfigError(f"`rewards.functions` lists {name!r} twice; merge their weights, or give the reward "
                           "models distinct `name`s.")
+    if rw.workers == 0:
+        idle = [f"rewards.{k}" for k, default in (("pool", "thread"), ("timeout_s", 0.0), ("seqs_per_call", 0))
+                if getattr(rw, k) != default]
+        if idle:
+            raise ConfigError(f"`{idle[0]}` = {getattr(rw, idle[0].split('.')[1])!r} has no effect while "
+                              "`rewards.workers` = 0 (the rewards run one after the other, without a pool). Set "
+                              "rewards.workers to the pool size (e.g. 4), or leave it at its default.")
     if rw.weights and len(rw.weights) != len(rw.functions):
         raise ConfigError(f"`rewards.weights` has {len(rw.weights)} values for {len(rw.functions)} functions; "
                           "give one weight per function or none.")

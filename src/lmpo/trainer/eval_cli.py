@@ -1,5 +1,6 @@
-"""``lmpo eval MODEL_OR_RUN [--task TASK] [--n N]``: greedy accuracy of any causal LM, with a 95% confidence
-interval.
+"""``lmpo eval MODEL_OR_RUN [--task TASK] [--n N] [--samples K]``: greedy accuracy of any causal LM, with a 95%
+confidence interval; with ``--samples K`` also pass@k (k = 1, 2, 4, … K) and avg@K from K sampled completions per
+problem (:mod:`lmpo.trainer.passk`).
 
 ``MODEL_OR_RUN`` is a built-in preset (``tiny``), any Hugging Face causal LM (a local directory or a hub name),
 or a run directory of ``lmpo train``: its ``model/`` (or newest complete checkpoint; a LoRA adapter is merged
@@ -39,6 +40,8 @@ class EvalResult:
     seconds: float
     samples: list[dict[str, Any]] = field(default_factory=list)
     max_new_tokens: int = 0
+    passk: dict[str, float] = field(default_factory=dict)
+    """``pass@k`` / ``avg@K`` with ``_low`` / ``_high`` interval ends (``--samples K``), else empty."""
 
     @property
     def accuracy(self) -> float:
@@ -46,8 +49,13 @@ class EvalResult:
 
     def summary(self) -> str:
         lo, hi = self.ci95
-        return (f"accuracy {self.accuracy:.3f} ({self.correct}/{self.n}), 95% CI [{lo:.3f}, {hi:.3f}] (Wilson); "
+        text = (f"accuracy {self.accuracy:.3f} ({self.correct}/{self.n}), 95% CI [{lo:.3f}, {hi:.3f}] (Wilson); "
                 f"mean completion length {self.length_mean:.1f} tokens")
+        for key, value in self.passk.items():
+            if not key.endswith(("_low", "_high")):
+                text += (f"\n{key} {value:.3f}, 95% CI [{self.passk[key + '_low']:.3f}, "
+                         f"{self.passk[key + '_high']:.3f}] (over problems)")
+        return text
 
 
 def load_eval_examples(task: str, options: dict[str, Any] | None = None):
@@ -88,13 +96,16 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
                    max_new_tokens: int | None = None, seqs_per_batch: int = 64, prompt_format: str | None = None,
                    chat_template: str | None = None, accuracy_reward: str | None = None,
                    success_threshold: float = 1.0, device: str = "auto", dtype: str = "float32", seed: int = 0,
-                   samples: int = 0) -> EvalResult:
+                   samples: int = 0, samples_per_prompt: int = 0, temperature: float = 1.0,
+                   top_p: float = 1.0) -> EvalResult:
     """Greedy accuracy of ``model`` on the first ``n`` (0 = all) examples of ``task`` (see the module docstring).
 
     For a run directory, ``task=None`` evaluates the run's own task (its held-out examples, as many as the
     run's ``task.eval_examples``), and ``max_new_tokens`` / ``prompt_format`` = None take the run's values
     (for anything else: 64 tokens, ``auto``).
     ``samples`` keeps the first few (prompt, completion, answer, correct) records in the result.
+    ``samples_per_prompt`` = K > 0 also samples K completions per problem at ``temperature`` / ``top_p`` (seeded
+    by ``seed``) and reports pass@k for k = 1, 2, 4, … K and avg@K (``EvalResult.passk``).
     """
     from lmpo.models import MODEL_PRESETS, load_model_and_tokenizer
     from lmpo.models.loading import looks_like_hub_id
@@ -106,6 +117,9 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
 
     if n < 0:
         raise InputError(f"--n {n} must be >= 0 (0 = every example).")
+    if samples_per_prompt < 0 or not temperature > 0 or not 0 < top_p <= 1:
+        raise InputError(f"--samples {samples_per_prompt}, --temperature {temperature}, --top-p {top_p}: samples "
+                         "must be >= 0 (0 = greedy only), temperature > 0 and top-p in (0, 1].")
     if (max_new_tokens is not None and max_new_tokens < 1) or seqs_per_batch < 1:
         raise InputError(f"--max-new-tokens {max_new_tokens} and --seqs-per-batch {seqs_per_batch} must be >= 1.")
     run = model if model not in MODEL_PRESETS and is_run_dir(model) else None
@@ -153,9 +167,18 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
     correct = judge(examples, texts, accuracy_fn, success_threshold)
     kept = [{"prompt": e.messages if e.messages is not None else e.prompt, "completion": t, "answer": e.answer,
              "correct": c} for e, t, c in list(zip(examples, texts, correct))[:samples]]
+    passk: dict[str, float] = {}
+    if samples_per_prompt > 0:
+        from lmpo.trainer.passk import pass_at_k_metrics, sampled_correct
+
+        sampled, _ = sampled_correct(policy, tokenizer, examples, accuracy_fn, samples_per_prompt=samples_per_prompt,
+                                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                     prompts_per_batch=max(1, seqs_per_batch // samples_per_prompt),
+                                     success_threshold=success_threshold)
+        passk = pass_at_k_metrics(sampled, prefix="")
     return EvalResult(model=model, task=what, n=len(examples), correct=sum(correct),
                       ci95=wilson_interval(sum(correct), len(examples)), length_mean=sum(lengths) / len(lengths),
-                      seconds=time.perf_counter() - t0, samples=kept, max_new_tokens=max_new_tokens)
+                      seconds=time.perf_counter() - t0, samples=kept, max_new_tokens=max_new_tokens, passk=passk)
 
 
 def _run_task_examples(cfg):
@@ -197,7 +220,14 @@ def register_eval(subparsers: argparse._SubParsersAction, name: str) -> None:
                    help="reward whose value >= 1 counts as correct (default: the task's, exact_match for files)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--seed", type=int, default=0, help="initialisation seed of a built-in preset")
+    p.add_argument("--samples", type=int, default=0, metavar="K", dest="samples_per_prompt",
+                   help="also sample K completions per problem and print pass@k (k = 1, 2, 4, ... K, the unbiased "
+                        "estimator of Chen et al. 2021) and avg@K, with 95%% intervals over problems (default 0: "
+                        "greedy only)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of --samples (default 1)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass of --samples (default 1: off)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="initialisation seed of a built-in preset, and the sampling seed of --samples")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the result and every completion here")
     p.set_defaults(func=_run_eval)
 
@@ -214,7 +244,8 @@ def _run_eval(args: argparse.Namespace) -> int:
                                 seqs_per_batch=args.seqs_per_batch, prompt_format=args.prompt_format,
                                 chat_template=args.chat_template, accuracy_reward=args.accuracy_reward,
                                 device=args.device, dtype=args.dtype, seed=args.seed,
-                                samples=sys.maxsize if args.json else 0)
+                                samples=sys.maxsize if args.json else 0, samples_per_prompt=args.samples_per_prompt,
+                                temperature=args.temperature, top_p=args.top_p)
     except (InputError, yaml.YAMLError) as e:
         print(f"lmpo eval: {e}", file=sys.stderr)
         return 2
@@ -224,7 +255,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     if args.json:
         record = {"model": result.model, "task": result.task, "n": result.n, "correct": result.correct,
                   "accuracy": result.accuracy, "ci95": list(result.ci95), "length_mean": result.length_mean,
-                  "samples": result.samples}
+                  "pass_at_k": result.passk, "samples": result.samples}
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(record, fh, indent=1, ensure_ascii=False)
         print(f"completions: {args.json}")

@@ -42,16 +42,19 @@ from lmpo.runs import RunLock, stop_on_sigint
 from lmpo.tasks import render_prompts
 from lmpo.trainer import build, stages
 from lmpo.trainer import checkpoint as ckpt
+from lmpo.trainer.completions import CompletionLog, completion_records
 from lmpo.trainer.config import TrainConfig, config_to_dict, validate_config
 from lmpo.trainer.evaluate import evaluate
 from lmpo.trainer.export import FINAL_MODEL_DIR
 from lmpo.trainer.metrics import MetricsLogger, to_host
 from lmpo.trainer.mismatch import mismatch_metrics
 from lmpo.trainer.optim import Schedule, build_optimizer
+from lmpo.trainer.passk import sampled_metrics
 from lmpo.trainer.ref_sync import sync_reference
 from lmpo.trainer.rundir import prepare_train_dir
 from lmpo.trainer.sampling import PromptOrder, ScoredRollout, dynamic_sample, mask_truncated, seed_for
 from lmpo.trainer.sft import supervised_warmup
+from lmpo.trainer.teacher import Teacher
 
 
 class NonFiniteError(RunError):
@@ -128,6 +131,11 @@ class Trainer:
         self.rollout_engine = rollout_engine
         self.ref_model = None
         self.kl_ctrl = build.build_kl_controller(config.objective)
+        self.teacher = None  # on-policy distillation (an objective `distill` part): lmpo.trainer.teacher
+        if self.driver.needs.teacher:
+            self.teacher = Teacher.load(config.teacher, self.model, self.tokenizer, policy_name=config.model.name,
+                                        device=self.device, top_k=self.driver.needs.teacher_top_k)
+        self.completion_log: CompletionLog | None = None  # logging.completions_every_steps (`lmpo show`)
         self.logprob_settings = build.logprob_settings(config)
         self._compiled_policy: stages.CompiledCalls | None = None  # loop.compile: the policy's log-prob forwards
 
@@ -204,6 +212,9 @@ class Trainer:
                                      progress_bar=lg.progress_bar, tensorboard=lg.tensorboard, wandb=lg.wandb,
                                      wandb_project=lg.wandb_project, config=config_to_dict(cfg),
                                      print_every_steps=lg.print_every_steps)
+        if lg.completions_every_steps > 0:
+            self.completion_log = CompletionLog(self.run_dir, lg.completions_every_steps, lg.completions_per_step,
+                                                start_step=start_step, metrics=self.metrics)
         # 4. the RL steps, with evaluations and checkpoints when due
         try:
             with stop_on_sigint(self.log) as self._stop:
@@ -232,6 +243,8 @@ class Trainer:
                     self.save_final_model(step)
         finally:
             self.metrics.close()
+            if self.completion_log is not None:
+                self.completion_log.close()
         if cfg.logging.plots:
             result.plots = plot_runs([self.run_dir])
         result.nonfinite_skipped = self.nonfinite_total
@@ -266,6 +279,9 @@ class Trainer:
                                          engine=self.rollout_engine, device=dev, autocast_enabled=cfg.loop.autocast)
         adv, adv_stats, zero_var, keep = stages.advantages(self.estimator, adv_rewards, group, inputs,
                                                            filter_zero_variance=cfg.objective.filter_zero_variance)
+        if self.completion_log is not None and self.completion_log.due(step):
+            self.completion_log.log(step, completion_records(step, scored.examples, ro, rewards, scored.per_fn,
+                                                             scored.correct, adv, cfg.logging.completions_per_step))
         t_score = time.perf_counter()
         stats = stages.rollout_stats(scored, adv, adv_stats, zero_var, keep, full.loss_mask,
                                      self.tokenizer.eos_token_id)
@@ -378,8 +394,15 @@ class Trainer:
         taken: list[torch.Tensor] = []
         for start in range(0, num_seqs, cfg.loop.seqs_per_microbatch):
             mu = rows[start:start + cfg.loop.seqs_per_microbatch]
-            fwd = stages.logprobs(self.policy(), batch, mu, settings=self.logprob_settings, with_grad=True,
-                                  with_entropy=needs.entropy, grad_norm_mode=needs.token_grad_norm)
+            distill = {}  # the policy's full logits and the teacher's, for a distillation part
+            if self.teacher is not None:
+                with stages.autocast(cfg.loop.autocast, self.device):
+                    fwd, distill = self.teacher.forward(self.model, batch.input_ids[mu], batch.attention_mask[mu],
+                                                        batch.completion_ids[mu], with_entropy=needs.entropy,
+                                                        temperature=cfg.rollout.temperature)
+            else:
+                fwd = stages.logprobs(self.policy(), batch, mu, settings=self.logprob_settings, with_grad=True,
+                                      with_entropy=needs.entropy, grad_norm_mode=needs.token_grad_norm)
             if keep_logp:
                 taken.append(fwd.logp.detach())
             loss = self.driver.loss(
@@ -387,7 +410,7 @@ class Trainer:
                 batch.advantages[mu], batch.loss_mask[mu], weight=mu.numel() / num_seqs,
                 ref_logp=batch.ref_logp[mu] if batch.ref_logp is not None else None, entropy=fwd.entropy,
                 token_grad_norm=fwd.token_grad_norm, rollout_logp=batch.rollout_logp[mu] if needs.rollout_logp else None,
-                num_tokens=num_tokens, num_seqs=num_seqs, generator=cov_gen)
+                num_tokens=num_tokens, num_seqs=num_seqs, generator=cov_gen, **distill)
             if self.loss_hook is not None:
                 loss = self.loss_hook(step, loss)
             loss.backward()
@@ -433,12 +456,21 @@ class Trainer:
     # ---------------------------------------------------------------- evaluation, checkpoints (lmpo.trainer.checkpoint)
     def evaluate(self, examples=None) -> dict[str, float]:
         """Greedy ``eval/...`` metrics of the policy on ``examples`` (default: the held-out examples)."""
-        ev = self.cfg.eval
+        ev, ro = self.cfg.eval, self.cfg.rollout
+        held_out = examples is None
         examples = self.eval_examples if examples is None else examples
-        return evaluate(self.model, self.tokenizer, examples, accuracy_fn=self.accuracy_fn,
-                        scorer=self.scorer, max_new_tokens=ev.max_new_tokens or self.cfg.rollout.max_new_tokens,
-                        seqs_per_batch=ev.seqs_per_batch, device=self.device,
-                        success_threshold=self.cfg.rewards.success_threshold)
+        out = evaluate(self.model, self.tokenizer, examples, accuracy_fn=self.accuracy_fn,
+                       scorer=self.scorer, max_new_tokens=ev.max_new_tokens or ro.max_new_tokens,
+                       seqs_per_batch=ev.seqs_per_batch, device=self.device,
+                       success_threshold=self.cfg.rewards.success_threshold)
+        if held_out and ev.samples_per_prompt > 0:  # pass@k / avg@n of sampled completions (lmpo.trainer.passk)
+            out.update(sampled_metrics(self.model, self.tokenizer, examples, self.accuracy_fn,
+                                       samples_per_prompt=ev.samples_per_prompt,
+                                       max_new_tokens=ev.max_new_tokens or ro.max_new_tokens,
+                                       temperature=ro.temperature, top_p=ro.top_p, seed=self.cfg.loop.seed,
+                                       prompts_per_batch=max(1, ev.seqs_per_batch // ev.samples_per_prompt),
+                                       success_threshold=self.cfg.rewards.success_threshold))
+        return out
 
     def state_dict(self, step: int) -> dict:
         """What a checkpoint after RL step ``step`` holds besides the weights (``ckpt.trainer_state``)."""

@@ -83,6 +83,11 @@ METRIC_DOCS: dict[str, str] = {
     "eval/accuracy": "greedy accuracy on the held-out split",
     "eval/reward_mean": "mean total reward of the greedy completions on the held-out split",
     "eval/length_mean": "mean greedy completion length on the held-out split",
+    "eval/pass@k": "unbiased pass@k (Chen et al. 2021) over the held-out split from `eval.samples_per_prompt` = n "
+                   "sampled completions per problem, for k = 1, 2, 4, … n; `_low` / `_high`: its 95% interval "
+                   "over problems",
+    "eval/avg@n": "mean accuracy of the n sampled completions per held-out problem; `_low` / `_high`: its 95% "
+                  "interval over problems",
 }
 
 
@@ -226,6 +231,16 @@ class MetricsLogger:
         elif self.print_every_steps and (step % self.print_every_steps == 0 or step == self.total_steps):
             per_step = (time.perf_counter() - self._t_start) / max(1, step - self.start_step)
             self.write(console_line(step, self.total_steps, metrics, seconds_per_step=per_step))
+
+    def log_table(self, tag: str, columns, rows, markdown: str, step: int) -> None:
+        """A table of one step: Markdown text to TensorBoard, a ``wandb.Table`` to W&B (the JSONL has the rows)."""
+        if self._tb is not None:
+            self._tb.add_text(tag, markdown, step)
+        if self._wandb is not None:
+            import wandb as _wandb
+
+            self._wandb.log({tag: _wandb.Table(columns=list(columns), data=[[str(x) for x in r] for r in rows])},
+                            step=step)
 
     def write(self, msg: str) -> None:
         if self._bar is not None:

@@ -13,7 +13,8 @@ from lmpo.trainer.config import TrainConfig, config_to_dict
 from lmpo.trainer.export import FINAL_MODEL_DIR
 
 #: what a trainer run directory holds (``--overwrite`` deletes these and nothing else)
-RUN_ENTRIES = (CONFIG_FILE, "metrics.jsonl", "checkpoints", FINAL_MODEL_DIR, TENSORBOARD_DIR, "wandb")
+RUN_ENTRIES = (CONFIG_FILE, "metrics.jsonl", "checkpoints", FINAL_MODEL_DIR, TENSORBOARD_DIR, "wandb",
+               "completions.jsonl")
 
 #: config keys ``--resume`` may change without ``--allow-config-change``
 RESUMABLE_KEYS = ("loop.steps", "logging.*", "eval.*", "checkpoint.*")

@@ -21,6 +21,7 @@ import torch
 
 from lmpo.errors import RunError
 from lmpo.generation import PolicyLogprobs, Rollout, RolloutBatch, policy_logprobs
+from lmpo.generation.packing import packed_policy_logprobs
 from lmpo.objectives.advantages import zero_variance_mask
 from lmpo.objectives.kl_reward import kl_penalised_rewards
 from lmpo.rewards.overlong import overlong_penalty
@@ -54,12 +55,14 @@ class LogprobSettings:
     group_size: G when rows ``i·G … i·G+G−1`` share a prompt and its forward is shared; None = plain forward.
     seqs_per_microbatch: rows per no-grad forward.
     autocast: run the forwards under bfloat16 autocast (parameters and optimizer stay as they are).
+    pack_sequences: run the forwards padding-free (``lmpo.generation.packing``; not with gradient norms).
     """
 
     temperature: float
     group_size: int | None
     seqs_per_microbatch: int
     autocast: bool = False
+    pack_sequences: bool = False
 
 
 def autocast(enabled: bool, device: torch.device | str) -> contextlib.AbstractContextManager:
@@ -76,6 +79,11 @@ def logprobs(model, batch: RolloutBatch, rows: torch.Tensor | None = None, *, se
     ids, attn, tokens = batch.input_ids, batch.attention_mask, batch.completion_ids
     if rows is not None:
         ids, attn, tokens = ids[rows], attn[rows], tokens[rows]
+    if settings.pack_sequences and grad_norm_mode is None:  # padding-free (lmpo.generation.packing)
+        with autocast(settings.autocast, ids.device):
+            return packed_policy_logprobs(model, ids, attn, tokens, temperature=settings.temperature,
+                                          with_entropy=with_entropy, with_grad=with_grad,
+                                          seqs_per_microbatch=settings.seqs_per_microbatch)
     with autocast(settings.autocast, ids.device):
         return policy_logprobs(model, ids, attn, tokens, temperature=settings.temperature,
                                with_entropy=with_entropy, grad_norm_mode=grad_norm_mode,

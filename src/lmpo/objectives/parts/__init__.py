@@ -10,6 +10,7 @@
 | entropy control | ``ENTROPY_CONTROLS`` | ``entropy.py`` |
 | covariance control | ``COV_CONTROLS`` | ``covariance.py`` |
 | reference-KL estimator | ``KL_ESTIMATORS`` | ``kl.py`` |
+| on-policy distillation | ``DISTILLATIONS`` | ``distill.py`` |
 | aggregation | ``AGGREGATIONS`` | ``aggregation.py`` |
 
 ``KINDS`` lists them in the order an objective applies them, each with the keyword that selects it.
@@ -22,6 +23,7 @@ from .base import INPUTS, Context, Part, Registry, param
 from .correction import CORRECTIONS
 from .covariance import COV_CONTROLS
 from .credit import CREDITS
+from .distill import DISTILLATIONS
 from .entropy import ENTROPY_CONTROLS, AdaptiveEntropyController
 from .kl import KL_ESTIMATORS
 from .levels import LEVELS
@@ -37,12 +39,13 @@ KINDS: dict[str, Registry] = {
     "entropy_control": ENTROPY_CONTROLS,
     "cov_control": COV_CONTROLS,
     "kl_estimator": KL_ESTIMATORS,
+    "distill": DISTILLATIONS,
     "aggregation": AGGREGATIONS,
 }
 """Kind → registry, in the order an objective applies the parts (the keyword selecting each is its kind,
 except ``entropy_control``, selected by ``adaptive_entropy``)."""
 
 __all__ = [
-    "AGGREGATIONS", "CORRECTIONS", "COV_CONTROLS", "CREDITS", "ENTROPY_CONTROLS", "INPUTS", "KINDS", "KL_ESTIMATORS",
-    "LEVELS", "REJECTIONS", "TRUST_REGIONS", "AdaptiveEntropyController", "Context", "Part", "Registry", "param",
+    "AGGREGATIONS", "CORRECTIONS", "COV_CONTROLS", "CREDITS", "DISTILLATIONS", "ENTROPY_CONTROLS", "INPUTS", "KINDS",
+    "KL_ESTIMATORS", "LEVELS", "REJECTIONS", "TRUST_REGIONS", "AdaptiveEntropyController", "Context", "Part", "Registry", "param",
 ]

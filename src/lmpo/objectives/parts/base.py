@@ -37,6 +37,11 @@ INPUTS: Mapping[str, str] = {
     "rollout_logp": "(B, T) log-probs the sampler (e.g. vLLM) gave the sampled tokens",
     "rollout_is_weights": "(B, T) rollout-correction weights the host computed itself (verl's rollout_is_weights)",
     "entropy_coef": "the adaptive controller's current coefficient (the driver passes it)",
+    "logits": "(B, T, V) the policy's next-token logits at the completion positions, divided by the sampling "
+              "temperature (with gradient)",
+    "teacher_logits": "(B, T, V) the teacher's logits at the same positions, or (B, T, K) its top-K log-probs "
+                      "(with teacher_ids) under distill_top_k = K",
+    "teacher_ids": "(B, T, K) vocabulary ids of the teacher's top-K log-probs (only with distill_top_k = K > 0)",
 }
 """Optional inputs a part may need, by the keyword the objective takes them under."""
 
