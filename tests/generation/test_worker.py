@@ -114,19 +114,24 @@ def test_sigkill_restart_gives_the_uninterrupted_output(versions):
 
 def test_timing_does_not_change_the_schedule(versions):
     """Every request submitted before the weights it needs exist (the worker waits for them), more requests
-    than slots (each push waits until the version it overwrites is no longer needed), and a generate() call
-    with a generator, which advances it as the in-process engine does."""
+    than slots (each push waits until the version it overwrites is no longer needed; the worker is SIGKILLed
+    just before such a push, so it is restarted inside it), and a generate() call with a generator, which
+    advances it as the in-process engine does."""
     states, expected = versions
     model, tok = load_model_and_tokenizer("tiny", seed=0)
     model.load_state_dict(states[0])
-    with AsyncRollout(FACTORY, model, staleness=1, queue_size=STEPS + 1, **OPTIONS) as engine:
+    messages = []
+    with AsyncRollout(FACTORY, model, staleness=1, queue_size=STEPS + 1, log=messages.append, **OPTIONS) as engine:
         assert isinstance(engine, RolloutEngine)
         for t in range(STEPS):
             engine.submit(t, _prompts(t), G, seed=_seed(t))
         for v in range(1, STEPS):
             model.load_state_dict(states[v])
+            if v == 2:  # overwrites version 0 in slot 0: waits for steps 0 and 1
+                os.kill(engine.pid, signal.SIGKILL)
             engine.push_weights(model)
             time.sleep(0.05 * v)
+        assert len(messages) == 1 and "from weights version 1 held in shared memory" in messages[0]
         for t in range(STEPS):
             _assert_same(engine.result(t), expected[max(0, t - 1), t])
         gen, gen_here = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
