@@ -55,7 +55,8 @@ def _assert_same(a: Rollout, b: Rollout) -> None:
 
 @pytest.fixture(scope="module")
 def versions():
-    """Weights versions 0 … STEPS (state dicts) and, per version, the in-process HFRollout output of every step."""
+    """Weights versions 0 … STEPS (state dicts) and the in-process HFRollout output of step t on version v, for
+    the (v, t) that staleness 0 and 1 use."""
     model, tok = load_model_and_tokenizer("tiny", seed=0)
     states = []
     for v in range(STEPS + 1):
@@ -66,30 +67,37 @@ def versions():
     engine = HFRollout(model, tok, **OPTIONS)
     for v, state in enumerate(states):
         model.load_state_dict(state)
-        for t in range(STEPS):
-            expected[v, t] = engine.generate(_prompts(t), G, seed=_seed(t))
+        for t in (v, v + 1):  # staleness 0 and 1: step t on version t or t − 1
+            if t < STEPS:
+                expected[v, t] = engine.generate(_prompts(t), G, seed=_seed(t))
     # the versions differ where it shows: the schedule below cannot pass with the wrong version
     assert not torch.equal(expected[0, 1].logprobs, expected[1, 1].logprobs)
     return states, expected
 
 
-def _run(staleness: int, versions, kill_at: tuple[int, ...] = (), log=None) -> list[Rollout]:
-    """The training loop's use of the engine: prefetch k + 1 steps, then result → 'step' → push → submit."""
+def _run(staleness: int, versions, kill_at: tuple[int, ...] = (), log=None, by_hand: bool = True) -> list[Rollout]:
+    """The training loop's use of the engine: prefetch k + 1 steps, then result → 'step' → push → submit
+    (``by_hand``), or ``rollout_for`` → 'step' → push."""
     states, _ = versions
     model, _ = load_model_and_tokenizer("tiny", seed=0)
     model.load_state_dict(states[0])
     out = []
     with AsyncRollout(FACTORY, model, staleness=staleness, log=log, timeout_s=120, **OPTIONS) as engine:
-        for t in range(min(staleness + 1, STEPS)):
-            engine.submit(t, _prompts(t), G, seed=_seed(t))
+        if by_hand:
+            for t in range(min(staleness + 1, STEPS)):
+                engine.submit(t, _prompts(t), G, seed=_seed(t))
         for t in range(STEPS):
             if t in kill_at:  # the worker may be anywhere: generating, waiting for weights, between requests
                 os.kill(engine.pid, signal.SIGKILL)
-            out.append(engine.result(t))
+            if by_hand:
+                out.append(engine.result(t))
+            else:
+                out.append(engine.rollout_for(t, lambda s: (_prompts(s), G, _seed(s)), last_step=STEPS - 1))
             model.load_state_dict(states[t + 1])
             assert engine.push_weights(model) == t + 1
-            if t + 1 + staleness < STEPS:
+            if by_hand and t + 1 + staleness < STEPS:
                 engine.submit(t + 1 + staleness, _prompts(t + 1 + staleness), G, seed=_seed(t + 1 + staleness))
+        assert not engine._step_rid  # every submitted step collected, none beyond the last
     return out
 
 
@@ -102,11 +110,11 @@ def test_staleness_0_equals_hfrollout_bit_for_bit(versions):
 
 
 def test_sigkill_restart_gives_the_uninterrupted_output(versions):
-    """Staleness 1 in the training loop's order, the worker SIGKILLed twice: every step equals the in-process
+    """Staleness 1 in the training loop's order (through ``rollout_for``), the worker SIGKILLed twice: every step equals the in-process
     generation with weights version t − 1, which an uninterrupted run also gives (test below, by timing)."""
     _, expected = versions
     messages = []
-    out = _run(1, versions, kill_at=(1, 3), log=messages.append)
+    out = _run(1, versions, kill_at=(1, 3), log=messages.append, by_hand=False)
     for t, ro in enumerate(out):
         _assert_same(ro, expected[max(0, t - 1), t])
     assert len(messages) == 2 and all("killed by signal 9" in m and "restarted as pid" in m for m in messages)

@@ -187,9 +187,9 @@ def _worker_main(model_factory, engine_options: dict, device: str, threads: int,
             generator = None
             if generator_state is not None:
                 generator = torch.Generator()
-                generator.set_state(generator_state)
+                generator.set_state(torch.from_numpy(generator_state))
             ro = engine.generate(prompts, completions_per_prompt, seed=seed, generator=generator, greedy=greedy)
-            reply = ("result", rid, _pack(ro), None if generator is None else generator.get_state())
+            reply = ("result", rid, _pack(ro), None if generator is None else generator.get_state().numpy())
         except _MainGone:
             return
         except Exception:
@@ -208,7 +208,7 @@ class _Request:
     prompts: list[str]
     completions_per_prompt: int
     seed: int | None
-    generator_state: torch.Tensor | None
+    generator_state: np.ndarray | None  # a CPU generator's state, by value
     greedy: bool
 
     def message(self) -> tuple:
@@ -253,6 +253,15 @@ class AsyncRollout:
                 train_step(model, ro)
                 engine.push_weights(model)            # version t + 1
                 engine.submit(t + 1 + k, prompts_of(t + 1 + k), G, seed=seed_of(t + 1 + k))
+
+    or, the same schedule with the submissions done for you::
+
+            for t in range(steps):
+                ro = engine.rollout_for(t, lambda s: (prompts_of(s), G, seed_of(s)), last_step=steps - 1)
+                train_step(model, ro)
+                engine.push_weights(model)
+
+    Not thread-safe: one thread drives an engine.
     """
 
     def __init__(self, model_factory: Callable[[], tuple[nn.Module, Any]], model: nn.Module, *, staleness: int = 0,
@@ -294,6 +303,7 @@ class AsyncRollout:
         self._received: dict[int, tuple] = {}  # result received, not collected yet
         self._step_rid: dict[int, int] = {}
         self._last_version_asked = 0
+        self._last_step_submitted = -1
         self._process = None
         self._closed = False
         self.push_weights(model)
@@ -496,7 +506,8 @@ class AsyncRollout:
                              "collect results with result(step) before submitting more")
         request = _Request(rid=self._next_rid, step=step, version=version, prompts=list(prompts),
                            completions_per_prompt=completions_per_prompt, seed=seed,
-                           generator_state=None if generator is None else generator.get_state(), greedy=greedy)
+                           generator_state=None if generator is None else generator.get_state().numpy(),
+                           greedy=greedy)
         self._next_rid += 1
         self._last_version_asked = version
         self._unfinished[request.rid] = request
@@ -516,6 +527,7 @@ class AsyncRollout:
             raise ValueError(f"step {step} is already submitted and not collected")
         self._step_rid[step] = self._enqueue(step, self.version_for(step), prompts, completions_per_prompt, seed,
                                              None, greedy)
+        self._last_step_submitted = max(self._last_step_submitted, step)
 
     def result(self, step: int) -> Rollout:
         """Step ``step``'s rollout (blocks until the worker has it; restarts a dead worker, raises on a hung one)."""
@@ -531,12 +543,28 @@ class AsyncRollout:
         del self._step_rid[step]
         return self._collect(rid, None)
 
+    def rollout_for(self, step: int, request_of: Callable[[int], tuple[Sequence[str], int, int | None]],
+                    last_step: int | None = None) -> Rollout:
+        """Step ``step``'s rollout in a loop that pushes once per step: first submits every step up to
+        ``step + staleness`` (at most ``last_step``) not submitted yet, asking ``request_of(s)`` for its
+        ``(prompts, completions_per_prompt, seed)`` in increasing ``s``, then waits for ``step``'s result.
+
+        Called at the start of each step, after the previous step's ``push_weights``, it keeps k steps generating
+        ahead of training: ``request_of(s)`` runs k steps before step s trains.
+        """
+        last = step + self.staleness if last_step is None else min(step + self.staleness, last_step)
+        first = max(step, self._last_step_submitted + 1)
+        for s in range(first, last + 1):
+            prompts, completions_per_prompt, seed = request_of(s)
+            self.submit(s, prompts, completions_per_prompt, seed=seed)
+        return self.result(step)
+
     def _collect(self, rid: int, generator: torch.Generator | None) -> Rollout:
         packed, generator_state = self._received.pop(rid)
         if isinstance(packed, Exception):
             raise packed
         if generator is not None:
-            generator.set_state(generator_state)
+            generator.set_state(torch.from_numpy(generator_state))
         return _unpack(packed)
 
     def generate(self, prompts: Sequence[str], completions_per_prompt: int = 1, seed: int | None = None,
