@@ -242,3 +242,48 @@ def test_push_carries_tied_weights_once():
     names = [n for n, _ in model_tensors(model)]
     assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names  # tied: one tensor
     assert len(names) == len({id(p) for p in model.parameters()})
+
+
+@pytest.mark.slow  # 20 worker restarts: ~2-5 min on 2 cores
+def test_twenty_seeded_kills_change_nothing():
+    """A thread SIGKILLs the worker 20 times at seeded random delays (so inside generation, inside a weight load,
+    while a push waits, during start-up: wherever it falls); every step still equals the in-process generation
+    on weights version t − 1."""
+    import random
+    import threading
+
+    model, tok = load_model_and_tokenizer("tiny", seed=0)
+    states = [{k: t.clone() for k, t in model.state_dict().items()}]
+    kills, rng, done = [], random.Random(0), threading.Event()
+    out = []
+    with AsyncRollout(FACTORY, model, staleness=1, max_restarts=100, log=lambda m: None, **OPTIONS) as engine:
+
+        def killer():
+            while len(kills) < 20 and not done.is_set():
+                time.sleep(rng.uniform(0.05, 2.0))
+                try:
+                    pid = engine.pid
+                except ValueError:  # between two workers
+                    continue
+                if pid is not None and pid not in kills:  # once per worker
+                    os.kill(pid, signal.SIGKILL)
+                    kills.append(pid)
+
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        t = 0
+        try:
+            while thread.is_alive() or t < 4:
+                out.append(engine.rollout_for(t, lambda s: (_prompts(s), G, _seed(s))))
+                _perturb(model, t + 1)
+                states.append({k: v.clone() for k, v in model.state_dict().items()})
+                engine.push_weights(model)
+                t += 1
+        finally:
+            done.set()
+            thread.join()
+        assert len(kills) == 20 and engine.restarts >= 19  # (the last kill may land after the last request)
+    engine_here = HFRollout(model, tok, **OPTIONS)
+    for step, ro in enumerate(out):
+        model.load_state_dict(states[max(0, step - 1)])
+        _assert_same(ro, engine_here.generate(_prompts(step), G, seed=_seed(step)))
