@@ -98,6 +98,8 @@ def _run(staleness: int, versions, kill_at: tuple[int, ...] = (), log=None, by_h
             if by_hand and t + 1 + staleness < STEPS:
                 engine.submit(t + 1 + staleness, _prompts(t + 1 + staleness), G, seed=_seed(t + 1 + staleness))
         assert not engine._step_rid  # every submitted step collected, none beyond the last
+        pid = engine.pid
+    assert _gone(pid, within_s=0.0)  # leaving the with block stopped and reaped the worker
     return out
 
 
