@@ -298,6 +298,9 @@ class AsyncRollout:
         self.version = -1
         #: how many times a dead worker was started again
         self.restarts = 0
+        #: seconds this process has spent waiting for the worker (results, and pushes that waited): the part of
+        #: generation that training did not hide
+        self.wait_s = 0.0
         self._next_rid = 0
         self._unfinished: OrderedDict[int, _Request] = OrderedDict()  # sent, no result received yet
         self._received: dict[int, tuple] = {}  # result received, not collected yet
@@ -439,10 +442,13 @@ class AsyncRollout:
         return True
 
     def _wait(self, done: Callable[[], bool]) -> None:
-        last = time.monotonic()
-        while not done():
-            if self._poll(last):
-                last = time.monotonic()
+        start = last = time.monotonic()
+        try:
+            while not done():
+                if self._poll(last):
+                    last = time.monotonic()
+        finally:
+            self.wait_s += time.monotonic() - start
 
     # ------------------------------------------------------------------ weights
     def push_weights(self, model: nn.Module) -> int:
