@@ -4,6 +4,8 @@
 - ``Rollout`` / ``RolloutEngine``: what an engine returns and the protocol the trainer drives it through;
   ``ENGINES`` maps ``rollout.engine`` names to engine classes (``hf``: ``HFRollout``, the default, any
   Hugging Face causal LM; ``vllm``: ``VLLMRollout``, needs the ``lmpo[vllm]`` extra and a GPU).
+- ``AsyncRollout``: ``HFRollout`` in a worker process, fed weights through shared memory, step t generated with
+  the weights of step t − k (docs/async.md).
 - ``policy_logprobs``: the training forward (log-probs, entropies, token-gradient norms on request);
   ``sequence_logprobs``, ``selective_log_softmax`` and friends: its chunked building blocks.
 """
@@ -30,12 +32,14 @@ from lmpo.generation.rollout import (
     select_rows,
 )
 from lmpo.generation.vllm import VLLMRollout
+from lmpo.generation.worker import AsyncRollout
 
 #: ``rollout.engine`` name -> engine class; each takes ``(model, tokenizer, max_new_tokens=, temperature=,
 #: top_p=, top_k=, ignore_eos=, record_logprobs=)``.
 ENGINES = {"hf": HFRollout, "vllm": VLLMRollout}
 
 __all__ = [
+    "AsyncRollout",
     "ENGINES",
     "GRAD_NORM_MODES",
     "HFRollout",

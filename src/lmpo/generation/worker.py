@@ -1,0 +1,582 @@
+"""``AsyncRollout``: generation in a worker process, overlapped with training, on weights at most k steps old.
+
+One worker process (``torch.multiprocessing``, spawn) builds its own copy of the policy from a picklable model
+factory, runs an ``HFRollout`` on it with its own torch threads, and answers generation requests in order::
+
+    main process                                    worker process
+      push_weights(model)  ── shared memory ──▶       weights of version v, copied in before a request needs them
+      submit(step, prompts) ── request pipe ──▶       waits for version max(0, step − k), generates
+      result(step)         ◀── result pipe ──         the Rollout (log-probs recorded by the worker)
+
+Weights travel through shared memory, never a file: ``slots`` copies of the model's tensors, one flat buffer
+per dtype each, written in place; version v goes to slot ``v % slots``. Each slot carries the version it holds
+(−1 while it is being written), so the worker reads a version only once it is complete and checks after the
+copy that it was not overwritten meanwhile. A push never overwrites a version that an unfinished request still
+needs: it first waits for those results.
+
+The schedule, not the timing, decides which weights a request sees: version v is the weights after v pushes
+(version 0: the model given to the constructor), and step t's request is generated with version
+``max(0, t − staleness)``, exactly. Whatever the two processes' speeds, the same seeds and pushes give the same
+rollouts; with staleness 0 a request is generated after the push of its step's weights and equals
+``HFRollout``'s in-process output bit for bit.
+
+Faults: a worker that dies is started again (with a message) on the versions held in shared memory, and the
+unfinished requests are sent to it again, so the results are those of an uninterrupted run; a worker that sends
+nothing for ``timeout_s`` is reported as hung (``RunError``). ``close()`` (also on leaving a ``with`` block, at
+interpreter exit and on Ctrl-C) stops the worker; the worker ignores SIGINT (the main process decides) and exits
+by itself when the main process goes away.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import time
+import traceback
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from lmpo.errors import RunError
+from lmpo.generation.rollout import Rollout
+
+# Seconds between two looks at the result pipe and at the worker's liveness while waiting.
+_POLL_S = 0.02
+# Seconds a stopping worker gets to leave by itself before it is terminated, then killed.
+_STOP_GRACE_S = 5.0
+
+
+def model_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The tensors a push carries: the parameters and persistent buffers of ``model``'s state dict, each once
+    (tied weights are one tensor), in state-dict order. Non-persistent buffers (rotary frequencies) are rebuilt by
+    the worker's own model."""
+    seen: set[int] = set()
+    out = []
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        out.append((name, tensor))
+    return out
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each pushed tensor lives in a slot: its dtype's flat buffer and an offset in it."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+    offsets: tuple[int, ...]
+    sizes: dict[torch.dtype, int]
+
+    @classmethod
+    def of(cls, tensors: Sequence[tuple[str, torch.Tensor]]) -> _Layout:
+        sizes: dict[torch.dtype, int] = {}
+        offsets = []
+        for _, t in tensors:
+            offsets.append(sizes.get(t.dtype, 0))
+            sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+        return cls(names=tuple(n for n, _ in tensors), shapes=tuple(tuple(t.shape) for _, t in tensors),
+                   dtypes=tuple(t.dtype for _, t in tensors), offsets=tuple(offsets), sizes=sizes)
+
+    def mismatch(self, other: _Layout, mine: str, theirs: str) -> str | None:
+        """A sentence naming the first difference between two layouts (this one of ``mine``, the other of
+        ``theirs``), or None when they agree."""
+        if self.names != other.names:
+            diff = sorted(set(self.names) ^ set(other.names))[:5] or "(same names, other order)"
+            return f"the tensors differ ({len(self.names)} vs {len(other.names)}; e.g. {diff})"
+        for name, a, b, da, db in zip(self.names, self.shapes, other.shapes, self.dtypes, other.dtypes):
+            if a != b or da != db:
+                return f"{name} is {list(a)} {da} in {mine} and {list(b)} {db} in {theirs}"
+        return None
+
+    def views(self, flat: dict[torch.dtype, torch.Tensor]) -> list[torch.Tensor]:
+        return [flat[d][o:o + int(np.prod(s, dtype=np.int64))].view(s)
+                for s, d, o in zip(self.shapes, self.dtypes, self.offsets)]
+
+
+def _pack(ro: Rollout) -> dict[str, Any]:
+    """A rollout as plain arrays and strings: pickled by value through the pipe (no shared-memory handles that
+    would die with a killed worker)."""
+    out: dict[str, Any] = {"prompts": list(ro.prompts), "completions": list(ro.completions)}
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group_ids", "truncated",
+                 "logprobs"):
+        value = getattr(ro, name)
+        out[name] = None if value is None else value.detach().cpu().numpy()
+    return out
+
+
+def _unpack(packed: dict[str, Any]) -> Rollout:
+    arrays = {k: None if v is None else torch.from_numpy(v) for k, v in packed.items()
+              if k not in ("prompts", "completions")}
+    return Rollout(prompts=packed["prompts"], completions=packed["completions"], **arrays)
+
+
+class _MainGone(Exception):
+    """The main process went away: the worker leaves."""
+
+
+def _worker_main(model_factory, engine_options: dict, device: str, threads: int, layout: _Layout,
+                 slots: list[dict[torch.dtype, torch.Tensor]], slot_versions, requests, results) -> None:
+    """The worker process: build the model, then answer requests in order until told to stop or orphaned."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the main decides
+    torch.set_num_threads(threads)
+    parent = mp.parent_process()
+    try:
+        from lmpo.generation.hf import HFRollout
+
+        built = model_factory()
+        model, tokenizer = built if isinstance(built, tuple) else (built, None)
+        if tokenizer is None:
+            raise TypeError(f"the model factory {model_factory!r} returned no tokenizer; it must return "
+                            "(model, tokenizer)")
+        model = model.to(device)
+        params = [t.data for _, t in model_tensors(model)]
+        mismatch = layout.mismatch(_Layout.of(model_tensors(model)), "the pushed model", "the worker's")
+        if mismatch is not None:
+            raise ValueError(f"the worker's model does not match the pushed one: {mismatch}; the model factory must "
+                             "build the same architecture and dtype as the training model")
+        engine = HFRollout(model, tokenizer, **engine_options)
+        views = [layout.views(slot) for slot in slots]
+        results.send(("ready", os.getpid()))
+    except Exception:
+        results.send(("failed", None, traceback.format_exc()))
+        return
+
+    def load(version: int) -> None:
+        slot = version % len(slots)
+        wait = 0.0005
+        while slot_versions[slot] < version:  # not pushed yet: the schedule, not the timing, decides
+            if parent is not None and not parent.is_alive():
+                raise _MainGone
+            time.sleep(wait)
+            wait = min(2 * wait, 0.01)
+        if slot_versions[slot] != version:
+            raise RuntimeError(f"weights version {version} was overwritten by {slot_versions[slot]} before the worker "
+                               "read it")
+        with torch.no_grad():
+            for p, v in zip(params, views[slot]):
+                p.copy_(v)
+        if slot_versions[slot] != version:
+            raise RuntimeError(f"weights version {version} was overwritten while the worker read it")
+
+    loaded = None
+    while True:
+        try:
+            message = requests.recv()
+        except (EOFError, OSError):  # the main process closed the pipe or died
+            return
+        if message[0] == "stop":
+            return
+        _, rid, version, prompts, completions_per_prompt, seed, generator_state, greedy = message
+        try:
+            if version != loaded:
+                loaded = None
+                load(version)
+                loaded = version
+            generator = None
+            if generator_state is not None:
+                generator = torch.Generator()
+                generator.set_state(torch.from_numpy(generator_state))
+            ro = engine.generate(prompts, completions_per_prompt, seed=seed, generator=generator, greedy=greedy)
+            reply = ("result", rid, _pack(ro), None if generator is None else generator.get_state().numpy())
+        except _MainGone:
+            return
+        except Exception:
+            reply = ("error", rid, traceback.format_exc())
+        try:
+            results.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+
+
+@dataclass
+class _Request:
+    rid: int
+    step: int | None
+    version: int
+    prompts: list[str]
+    completions_per_prompt: int
+    seed: int | None
+    generator_state: np.ndarray | None  # a CPU generator's state, by value
+    greedy: bool
+
+    def message(self) -> tuple:
+        return ("gen", self.rid, self.version, self.prompts, self.completions_per_prompt, self.seed,
+                self.generator_state, self.greedy)
+
+
+def _close_if_alive(ref: weakref.ref) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.close()
+
+
+class AsyncRollout:
+    """An ``HFRollout`` in a worker process, fed weights through shared memory, ``staleness`` steps behind.
+
+    Args:
+        model_factory: a picklable callable run in the worker that returns ``(model, tokenizer)`` with the
+            training model's architecture and dtype, e.g. ``functools.partial(load_model_and_tokenizer, "tiny")``.
+            Its weights are replaced by the pushed ones before any request, so it may initialise them at random.
+        model: the training model; its weights now are version 0 (pushed here).
+        staleness: k ≥ 0. Step t's request is generated with weights version ``max(0, t − k)``.
+        device: where the worker generates ("cpu", "cuda", ...).
+        threads: the worker's torch threads.
+        slots: weight versions held in shared memory (default k + 1: every version a k-step schedule still needs).
+        queue_size: requests submitted and not yet collected, at most (default k + 2: the prefetched steps and one
+            ``generate`` call).
+        timeout_s: seconds without any message from a busy worker after which it is reported hung.
+        start_timeout_s: seconds a (re)started worker may take to build its model.
+        max_restarts: worker deaths survived in all; one more is a ``RunError``.
+        log: where the restart messages go (default: standard error).
+        engine_options: ``HFRollout`` keywords (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``,
+            ``ignore_eos``, ``record_logprobs``, ``impl``, ...).
+
+    Use::
+
+        with AsyncRollout(factory, model, staleness=1, max_new_tokens=64, record_logprobs=True) as engine:
+            for t in range(k + 1):
+                engine.submit(t, prompts_of(t), G, seed=seed_of(t))
+            for t in range(steps):
+                ro = engine.result(t)                 # generated with weights version max(0, t − k)
+                train_step(model, ro)
+                engine.push_weights(model)            # version t + 1
+                engine.submit(t + 1 + k, prompts_of(t + 1 + k), G, seed=seed_of(t + 1 + k))
+
+    or, the same schedule with the submissions done for you::
+
+            for t in range(steps):
+                ro = engine.rollout_for(t, lambda s: (prompts_of(s), G, seed_of(s)), last_step=steps - 1)
+                train_step(model, ro)
+                engine.push_weights(model)
+
+    Not thread-safe: one thread drives an engine.
+    """
+
+    def __init__(self, model_factory: Callable[[], tuple[nn.Module, Any]], model: nn.Module, *, staleness: int = 0,
+                 device: str | torch.device = "cpu", threads: int = 1, slots: int | None = None,
+                 queue_size: int | None = None, timeout_s: float = 600.0, start_timeout_s: float = 600.0,
+                 max_restarts: int = 3, log: Callable[[str], None] | None = None, **engine_options: Any) -> None:
+        if staleness < 0:
+            raise ValueError(f"staleness={staleness} must be >= 0 (0 = synchronous)")
+        if threads < 1:
+            raise ValueError(f"threads={threads} must be >= 1")
+        slots = staleness + 1 if slots is None else slots
+        if slots < 1:
+            raise ValueError(f"slots={slots} must be >= 1")
+        queue_size = staleness + 2 if queue_size is None else queue_size
+        if queue_size < 1:
+            raise ValueError(f"queue_size={queue_size} must be >= 1")
+        if timeout_s <= 0 or start_timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s} and start_timeout_s={start_timeout_s} must be > 0")
+        self.staleness, self.queue_size, self.timeout_s, self.start_timeout_s = (staleness, queue_size, timeout_s,
+                                                                                 start_timeout_s)
+        self.max_restarts = max_restarts
+        self.device, self.threads = str(device), threads
+        self.engine_options = dict(engine_options)
+        self.record_logprobs = bool(engine_options.get("record_logprobs", False))
+        self.model_factory = model_factory
+        self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self._layout = _Layout.of(model_tensors(model))
+        self._ctx = mp.get_context("spawn")
+        self._slots = [{d: torch.zeros(n, dtype=d).share_memory_() for d, n in self._layout.sizes.items()}
+                       for _ in range(slots)]
+        self._slot_views = [self._layout.views(slot) for slot in self._slots]
+        self._slot_versions = self._ctx.RawArray("q", [-1] * slots)
+        #: the newest pushed weights version (the number of pushes after the constructor's)
+        self.version = -1
+        #: how many times a dead worker was started again
+        self.restarts = 0
+        #: seconds this process has spent waiting for the worker (results, and pushes that waited): the part of
+        #: generation that training did not hide
+        self.wait_s = 0.0
+        self._next_rid = 0
+        self._unfinished: OrderedDict[int, _Request] = OrderedDict()  # sent, no result received yet
+        self._received: dict[int, tuple] = {}  # result received, not collected yet
+        self._step_rid: dict[int, int] = {}
+        self._last_version_asked = 0
+        self._last_step_submitted = -1
+        self._process = None
+        self._closed = False
+        self.push_weights(model)
+        self._start()
+        self._atexit = lambda ref=weakref.ref(self): _close_if_alive(ref)
+        atexit.register(self._atexit)
+
+    # ------------------------------------------------------------------ process
+    @property
+    def pid(self) -> int | None:
+        """The current worker's process id."""
+        return None if self._process is None else self._process.pid
+
+    def _start(self) -> None:
+        requests_read, self._requests = self._ctx.Pipe(duplex=False)
+        self._results, results_write = self._ctx.Pipe(duplex=False)
+        self._process = self._ctx.Process(
+            target=_worker_main, name="lmpo-rollout-worker", daemon=True,
+            args=(self.model_factory, self.engine_options, self.device, self.threads, self._layout, self._slots,
+                  self._slot_versions, requests_read, results_write))
+        self._process.start()
+        # the worker holds the other ends now: a worker that dies closes them, and a read then ends in EOF
+        requests_read.close()
+        results_write.close()
+        self._ready = False
+        self._started_at = time.monotonic()
+        for request in self._unfinished.values():
+            self._send(request)
+
+    def _send(self, request: _Request) -> None:
+        try:
+            self._requests.send(request.message())
+        except (BrokenPipeError, OSError):
+            pass  # a dead worker: found by the next wait, which restarts it and sends the request again
+
+    def _stop_process(self) -> None:
+        proc = self._process
+        if proc is None:
+            return
+        if proc.is_alive():
+            try:
+                self._requests.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+            proc.join(_STOP_GRACE_S)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(_STOP_GRACE_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        for conn in (self._requests, self._results):
+            conn.close()
+        proc.close()
+        self._process = None
+
+    def _restart(self, why: str) -> None:
+        old = self.pid
+        self._stop_process()
+        if self.restarts >= self.max_restarts:
+            self._closed = True
+            raise RunError(f"the rollout worker (pid {old}) {why}, and it has already been restarted "
+                           f"{self.restarts} times (max_restarts={self.max_restarts}); see the messages above for "
+                           "the cause (out of memory kills show in `dmesg`)")
+        self.restarts += 1
+        self._start()
+        self._log(f"rollout worker (pid {old}) {why}; restarted as pid {self.pid} from weights version "
+                  f"{self.version} held in shared memory, {len(self._unfinished)} unfinished request(s) sent again "
+                  f"(restart {self.restarts} of at most {self.max_restarts})")
+
+    def close(self) -> None:
+        """Stop the worker (asked first, terminated after a few seconds); idempotent."""
+        if self._closed and self._process is None:
+            return
+        self._closed = True
+        atexit.unregister(self._atexit)
+        self._stop_process()
+
+    def __enter__(self) -> AsyncRollout:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RunError("this AsyncRollout is closed (its worker was stopped); create a new one")
+
+    # ------------------------------------------------------------------ messages
+    def _poll(self, deadline_from: float) -> bool:
+        """Handle the worker's next message if one comes within ``_POLL_S``; restart a dead worker; raise when it
+        has been silent past its timeout. Returns whether anything happened."""
+        try:
+            if self._results.poll(_POLL_S):
+                message = self._results.recv()
+            else:
+                message = None
+        except (EOFError, OSError):
+            message = None
+            if self._process.is_alive():  # the pipe closes with the worker: give the exit a moment to show
+                self._process.join(1.0)
+        if message is None:
+            if not self._process.is_alive():
+                code = self._process.exitcode
+                how = (f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}")
+                self._restart(how)
+                return True
+            if not self._ready:
+                silent, limit, what = time.monotonic() - self._started_at, self.start_timeout_s, "start_timeout_s"
+            else:
+                silent, limit, what = time.monotonic() - deadline_from, self.timeout_s, "timeout_s"
+            if silent > limit:
+                pid = self.pid
+                self.close()
+                raise RunError(f"the rollout worker (pid {pid}) is hung: no message for {silent:.1f} s (limit "
+                               f"{what}={limit:g} s) while {len(self._unfinished)} request(s) were waiting; it was "
+                               f"stopped. A slow but healthy generation needs a larger {what}.")
+            return False
+        kind = message[0]
+        if kind == "ready":
+            self._ready = True
+        elif kind == "failed":
+            self.close()
+            raise RunError(f"the rollout worker could not start:\n{message[2]}")
+        elif kind == "result":
+            _, rid, packed, generator_state = message
+            self._unfinished.pop(rid, None)
+            self._received[rid] = (packed, generator_state)
+        elif kind == "error":
+            _, rid, trace = message
+            self._unfinished.pop(rid, None)
+            self._received[rid] = (RunError(f"the rollout worker failed on a request:\n{trace}"), None)
+        return True
+
+    def _wait(self, done: Callable[[], bool]) -> None:
+        start = last = time.monotonic()
+        try:
+            while not done():
+                if self._poll(last):
+                    last = time.monotonic()
+        finally:
+            self.wait_s += time.monotonic() - start
+
+    # ------------------------------------------------------------------ weights
+    def push_weights(self, model: nn.Module) -> int:
+        """Write ``model``'s weights into shared memory as the next version; returns that version.
+
+        Call it once after each step's optimizer steps. It waits (taking the worker's results as they come) only
+        when the slot it writes still holds a version that an unfinished request needs.
+        """
+        self._check_open()
+        tensors = model_tensors(model)
+        layout = _Layout.of(tensors)
+        mismatch = self._layout.mismatch(layout, "the first pushed model", "this one")
+        if mismatch is not None:
+            raise ValueError(f"push_weights got another model than the one this AsyncRollout was built for: "
+                             f"{mismatch}")
+        version = self.version + 1
+        slot = version % len(self._slots)
+        evicted = version - len(self._slots)
+        if evicted >= 0:
+            self._wait(lambda: all(r.version > evicted for r in self._unfinished.values()))
+        self._slot_versions[slot] = -1  # being written: the worker waits
+        with torch.no_grad():
+            for dst, (_, src) in zip(self._slot_views[slot], tensors):
+                dst.copy_(src.detach())
+        self._slot_versions[slot] = version
+        self.version = version
+        return version
+
+    def sync_weights(self, model: nn.Module) -> None:
+        """``RolloutEngine``'s name for ``push_weights``."""
+        self.push_weights(model)
+
+    # ------------------------------------------------------------------ requests
+    def version_for(self, step: int) -> int:
+        """The weights version step ``step``'s request is generated with: ``max(0, step − staleness)``."""
+        return max(0, step - self.staleness)
+
+    def _enqueue(self, step: int | None, version: int, prompts: Sequence[str], completions_per_prompt: int,
+                 seed: int | None, generator: torch.Generator | None, greedy: bool) -> int:
+        self._check_open()
+        if completions_per_prompt < 1:
+            raise ValueError(f"completions_per_prompt={completions_per_prompt} must be >= 1")
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        if generator is not None and (generator.device.type != "cpu" or self.device != "cpu"):
+            raise ValueError(f"AsyncRollout takes a generator only for a CPU worker, as a CPU generator (its state "
+                             f"travels to the worker); got one on {generator.device} for a worker on {self.device}; "
+                             "pass seed= instead")
+        what = "a generate() call" if step is None else f"step {step}"
+        oldest = self.version - len(self._slots) + 1
+        if version < oldest:
+            raise ValueError(f"{what} needs weights version {version}, but versions before {oldest} are no "
+                             f"longer held (newest {self.version}, slots={len(self._slots)}); submit step t before "
+                             f"pushing version t - staleness + 1 (prefetch), or give more slots")
+        if version < self._last_version_asked:
+            raise ValueError(f"requests are served in order: {what} needs weights version {version}, older "
+                             f"than the version {self._last_version_asked} an earlier request waits for; submit "
+                             "steps in increasing order")
+        if len(self._unfinished) + len(self._received) >= self.queue_size:
+            raise ValueError(f"{self.queue_size} requests are already submitted and not collected (queue_size); "
+                             "collect results with result(step) before submitting more")
+        request = _Request(rid=self._next_rid, step=step, version=version, prompts=list(prompts),
+                           completions_per_prompt=completions_per_prompt, seed=seed,
+                           generator_state=None if generator is None else generator.get_state().numpy(),
+                           greedy=greedy)
+        self._next_rid += 1
+        self._last_version_asked = version
+        self._unfinished[request.rid] = request
+        self._send(request)
+        return request.rid
+
+    def submit(self, step: int, prompts: Sequence[str], completions_per_prompt: int = 1, seed: int | None = None,
+               greedy: bool = False) -> None:
+        """Ask for step ``step``'s rollout, generated with weights version ``max(0, step − staleness)``.
+
+        Returns at once; the worker generates as soon as that version is pushed. Steps are submitted in
+        increasing order, each once.
+        """
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        if step in self._step_rid:
+            raise ValueError(f"step {step} is already submitted and not collected")
+        self._step_rid[step] = self._enqueue(step, self.version_for(step), prompts, completions_per_prompt, seed,
+                                             None, greedy)
+        self._last_step_submitted = max(self._last_step_submitted, step)
+
+    def result(self, step: int) -> Rollout:
+        """Step ``step``'s rollout (blocks until the worker has it; restarts a dead worker, raises on a hung one)."""
+        self._check_open()
+        if step not in self._step_rid:
+            raise ValueError(f"step {step} was not submitted (submitted and not collected: {sorted(self._step_rid)})")
+        rid = self._step_rid[step]
+        request = self._unfinished.get(rid)
+        if request is not None and request.version > self.version:
+            raise ValueError(f"step {step} waits for weights version {request.version}, but the newest pushed is "
+                             f"{self.version}: push the weights of the steps before it first")
+        self._wait(lambda: rid in self._received)
+        del self._step_rid[step]
+        return self._collect(rid, None)
+
+    def rollout_for(self, step: int, request_of: Callable[[int], tuple[Sequence[str], int, int | None]],
+                    last_step: int | None = None) -> Rollout:
+        """Step ``step``'s rollout in a loop that pushes once per step: first submits every step up to
+        ``step + staleness`` (at most ``last_step``) not submitted yet, asking ``request_of(s)`` for its
+        ``(prompts, completions_per_prompt, seed)`` in increasing ``s``, then waits for ``step``'s result.
+
+        Called at the start of each step, after the previous step's ``push_weights``, it keeps k steps generating
+        ahead of training: ``request_of(s)`` runs k steps before step s trains.
+        """
+        last = step + self.staleness if last_step is None else min(step + self.staleness, last_step)
+        first = max(step, self._last_step_submitted + 1)
+        for s in range(first, last + 1):
+            prompts, completions_per_prompt, seed = request_of(s)
+            self.submit(s, prompts, completions_per_prompt, seed=seed)
+        return self.result(step)
+
+    def _collect(self, rid: int, generator: torch.Generator | None) -> Rollout:
+        packed, generator_state = self._received.pop(rid)
+        if isinstance(packed, Exception):
+            raise packed
+        if generator is not None:
+            generator.set_state(torch.from_numpy(generator_state))
+        return _unpack(packed)
+
+    def generate(self, prompts: Sequence[str], completions_per_prompt: int = 1, seed: int | None = None,
+                 generator: torch.Generator | None = None, greedy: bool = False) -> Rollout:
+        """``RolloutEngine.generate``: one request on the newest pushed weights, waited for. A CPU ``generator`` is
+        advanced as the in-process engine would advance it."""
+        rid = self._enqueue(None, self.version, prompts, completions_per_prompt, seed, generator, greedy)
+        self._wait(lambda: rid in self._received)
+        return self._collect(rid, generator)
