@@ -101,3 +101,97 @@ def test_sampler_logprobs_match_the_trainers_and_weights_sync(tiny_cuda):
         assert torch.equal(theirs.completion_ids[:, :n], ours.completion_ids)
     finally:
         model.load_state_dict(saved)
+
+
+# ---------------------------------------------------------------- LoRA: the adapter alone to vLLM (any machine)
+def _lora_policy(modules_to_save=None):
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = load_model_and_tokenizer("tiny", seed=0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
+                        modules_to_save=modules_to_save)
+    return get_peft_model(model, config), tok
+
+
+def test_adapter_snapshot_holds_the_adapter_alone_and_replaces_older_versions(tmp_path):
+    from safetensors.torch import load_file
+
+    from lmpo.generation.vllm import adapter_snapshot
+
+    model, _ = _lora_policy()
+    first = adapter_snapshot(model, tmp_path, 1)
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if "lora_B" in n).add_(1.0)
+    second = adapter_snapshot(model, tmp_path, 2)
+    assert not first.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["v2"]
+    tensors = load_file(second / "adapter_model.safetensors")
+    assert tensors and all("lora_" in name for name in tensors)  # no base weight travels
+    lora_b = [t for n, t in tensors.items() if "lora_B" in n]
+    assert any(bool((t == 1.0).all()) for t in lora_b)  # the new values, not the first snapshot's
+    assert (second / "adapter_config.json").exists()
+
+
+def test_adapter_sync_refuses_what_vllm_would_not_see():
+    from lmpo.generation.vllm import check_adapter_syncable
+
+    plain, _ = load_model_and_tokenizer("tiny")
+    with pytest.raises(InputError, match="needs a LoRA policy"):
+        check_adapter_syncable(plain)
+    extra, _ = _lora_policy(modules_to_save=["lm_head"])
+    with pytest.raises(InputError, match="outside its adapter"):
+        check_adapter_syncable(extra)
+    model, _ = _lora_policy()
+    assert check_adapter_syncable(model) == 4
+
+
+class _FakeLLM:
+    """Records what VLLMRollout asks of vLLM's ``LLM`` (construction, generate, prefix-cache resets)."""
+
+    instances: list = []
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls, self.resets = kwargs, [], 0
+        _FakeLLM.instances.append(self)
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+    def generate(self, prompts, sampling_params, use_tqdm, **kwargs):
+        self.calls.append(kwargs)
+        return [SimpleNamespace(outputs=[_completion([5, 6], [-0.5, -0.5], "length")] * p.n)
+                for p in sampling_params]
+
+
+def test_adapter_sync_wiring_with_a_recording_vllm(monkeypatch, tmp_path):
+    # the calls VLLMRollout makes to vLLM with lora_sync="adapter" (the engine itself runs only on a GPU)
+    import sys
+    from types import ModuleType
+
+    from safetensors.torch import load_file
+
+    fake = ModuleType("vllm")
+    fake.LLM = _FakeLLM
+    fake.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    request = ModuleType("vllm.lora.request")
+    request.LoRARequest = lambda name, int_id, path: SimpleNamespace(name=name, id=int_id, path=path)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.lora", ModuleType("vllm.lora"))
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    model, tok = _lora_policy()
+    engine = VLLMRollout(model, tok, max_new_tokens=2, lora_sync="adapter")
+    llm = _FakeLLM.instances[-1]
+    assert llm.kwargs["enable_lora"] and llm.kwargs["max_lora_rank"] == 4 and llm.kwargs["max_loras"] == 1
+    base = load_file(f"{llm.kwargs['model']}/model.safetensors")  # the base weights under the plain names
+    assert base and not any("lora_" in n or "base_layer" in n or n.startswith("base_model") for n in base)
+    assert "model.layers.0.self_attn.q_proj.weight" in base
+    first = engine._lora_request
+    engine.sync_weights(model)
+    second = engine._lora_request
+    assert (first.id, second.id) == (1, 2) and first.path != second.path and llm.resets == 2
+    engine.generate(["1+1="], 2, seed=0)
+    assert llm.calls[-1]["lora_request"] is second
+    fresh = VLLMRollout(_lora_policy()[0], tok, max_new_tokens=2, lora_sync="adapter")
+    assert fresh._lora_request.id == 1  # each engine numbers its own adapter versions
+    with pytest.raises(InputError, match="vllm_lora_sync"):
+        VLLMRollout(model, tok, lora_sync="both")

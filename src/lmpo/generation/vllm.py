@@ -7,7 +7,9 @@ TRL's colocate mode does) next to the training model on the same GPU, and keeps 
   (vLLM loads models from files; prompts are passed as token ids, so no tokenizer files are needed);
 - ``sync_weights(model)`` (called by the trainer after its optimizer steps, before the next generation)
   copies every parameter into vLLM's model with its ``load_weights``, LoRA adapters merged first, and resets
-  vLLM's prefix cache (it holds keys/values of the old weights);
+  vLLM's prefix cache (it holds keys/values of the old weights); with ``lora_sync="adapter"`` a LoRA policy's
+  adapter alone is handed over instead (vLLM serves it on top of the base weights it loaded once, as a new
+  ``LoRARequest`` per sync): megabytes per step instead of the whole model, and no merge/unmerge;
 - ``generate`` sends each prompt once with ``n = G`` and returns a ``Rollout`` whose ``logprobs`` are vLLM's
   sampler log-probs of the sampled tokens in ``processed_logprobs`` mode: ``log softmax(logits / τ)``, the
   distribution the trainer's log-probs use, when top-k / top-p are off (with them on, vLLM reports the
@@ -19,9 +21,11 @@ Needs the ``vllm`` package (``pip install 'lmpo[vllm]'``) and a CUDA GPU; the HF
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -44,6 +48,36 @@ def vllm_named_weights(model: nn.Module):
         if prefix and prefix in name or "original_module" in name:
             continue
         yield name.replace("modules_to_save.default.", ""), param.data
+
+
+def adapter_snapshot(model: nn.Module, root: str | os.PathLike, version: int) -> Path:
+    """Write a PEFT model's trainable adapter to ``root/v{version}`` (``adapter_config.json`` and
+    ``adapter_model.safetensors``, as ``save_pretrained`` writes them: the adapter tensors only, no base
+    weights) and delete the older versions under ``root``; returns the new directory."""
+    root = Path(root)
+    path = root / f"v{version}"
+    model.save_pretrained(str(path))
+    for old in root.iterdir():
+        if old != path and old.name.startswith("v"):
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def check_adapter_syncable(model: nn.Module) -> int:
+    """The LoRA rank of a PEFT policy whose adapter vLLM can serve alone; an InputError naming what is wrong
+    otherwise (not a PEFT model, several adapters, or parameters trained outside the adapter)."""
+    config = getattr(model, "peft_config", None)
+    if not config:
+        raise InputError("rollout.vllm_lora_sync = 'adapter' needs a LoRA policy (model.lora.enabled: true); "
+                         "this policy has no adapter. Use vllm_lora_sync: merged for a full model.")
+    if len(config) != 1:
+        raise InputError(f"rollout.vllm_lora_sync = 'adapter' serves one adapter; the policy has {len(config)} "
+                         f"({sorted(config)}). Keep one adapter or use vllm_lora_sync: merged.")
+    (adapter,) = config.values()
+    if getattr(adapter, "modules_to_save", None):
+        raise InputError(f"rollout.vllm_lora_sync = 'adapter': the policy also trains {adapter.modules_to_save} "
+                         "outside its adapter, which vLLM would not see; use vllm_lora_sync: merged.")
+    return int(adapter.r)
 
 
 def _free_port() -> int:
@@ -115,6 +149,9 @@ class VLLMRollout(SamplingEngine):
             to training).
         max_model_len: longest prompt + completion vLLM must hold (default: the model's context).
         seed: seed of vLLM's engine; each ``generate`` call also seeds its requests from its own seed.
+        lora_sync: ``"merged"`` (default: the adapters merged into the base weights, which are copied) or
+            ``"adapter"`` (a LoRA policy: vLLM loads the base weights once and receives only the adapter at
+            each ``sync_weights``, through a directory of its files; ``enable_lora`` with the adapter's rank).
     """
 
     def __init__(
@@ -130,8 +167,12 @@ class VLLMRollout(SamplingEngine):
         gpu_memory_utilization: float = 0.3,
         max_model_len: int | None = None,
         seed: int = 0,
+        lora_sync: str = "merged",
     ) -> None:
         super().__init__(model, tokenizer, max_new_tokens, temperature, top_p, top_k, ignore_eos, record_logprobs)
+        if lora_sync not in ("merged", "adapter"):
+            raise InputError(f"rollout.vllm_lora_sync = {lora_sync!r}: use 'merged' or 'adapter'.")
+        lora_rank = check_adapter_syncable(model) if lora_sync == "adapter" else None
         try:
             import vllm
         except ImportError as e:
@@ -141,9 +182,14 @@ class VLLMRollout(SamplingEngine):
             raise InputError("rollout.engine = 'vllm' needs a CUDA GPU and none is visible (torch.cuda.is_available() "
                              "is False); use rollout.engine: hf on this machine.")
         self._vllm = vllm
+        self.lora_sync = lora_sync
+        self._lora_version = 0
+        self._lora_request = None
         self._dir = tempfile.TemporaryDirectory(prefix="lmpo_vllm_")
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        base.save_pretrained(self._dir.name)  # config and weights (LoRA adapters are merged in by sync_weights)
+        # the config and the base weights under the plain model's names (a LoRA policy's adapter tensors left out:
+        # merged into the weights by sync_weights, or served on their own with lora_sync="adapter")
+        base.save_pretrained(self._dir.name, state_dict={n: t.contiguous() for n, t in vllm_named_weights(model)})
         # one process, one GPU: vLLM's worker runs here, set up as rank 0 of a world of one
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                            ("MASTER_PORT", str(_free_port()))):
@@ -156,12 +202,22 @@ class VLLMRollout(SamplingEngine):
             distributed_executor_backend="external_launcher",
             seed=seed,
             logprobs_mode="processed_logprobs",  # after temperature: the trainer's softmax(logits / τ)
+            **({"enable_lora": True, "max_lora_rank": lora_rank, "max_loras": 1} if lora_rank else {}),
         )
         self.sync_weights(model)
 
     def sync_weights(self, model: nn.Module) -> None:
-        """Copy the policy's current weights into vLLM (adapters merged) and drop its cached prefixes."""
+        """Copy the policy's current weights into vLLM (adapters merged; with ``lora_sync="adapter"`` the
+        adapter alone, as a new LoRA request) and drop its cached prefixes."""
         self.model = model
+        if self.lora_sync == "adapter":
+            from vllm.lora.request import LoRARequest  # vLLM is optional: imported only where it is used
+
+            self._lora_version += 1  # vLLM caches an adapter by its id: a new id for the new weights
+            path = adapter_snapshot(model, Path(self._dir.name) / "adapter", self._lora_version)
+            self._lora_request = LoRARequest(f"lmpo_policy_{self._lora_version}", self._lora_version, str(path))
+            self.llm.reset_prefix_cache()
+            return
         runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
         peft = hasattr(model, "merge_adapter")
         with torch.no_grad():
@@ -201,7 +257,8 @@ class VLLMRollout(SamplingEngine):
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], sampling_params=params,
-                                    use_tqdm=False)
+                                    use_tqdm=False,
+                                    **({"lora_request": self._lora_request} if self._lora_request else {}))
         device = next(self.model.parameters()).device
         ro = to_rollout(outputs, prompts, prompt_ids, completions_per_prompt, self.tokenizer, self.eos_token_ids,
                         self.ignore_eos, self.record_logprobs)

@@ -139,8 +139,8 @@ def build_rollout_engine(cfg: TrainConfig, model, tokenizer, *, record_logprobs:
     ``rollout.cuda_graphs`` when ``device`` (default: the model's) is a GPU."""
     ro = cfg.rollout
     device = device if device is not None else next(model.parameters()).device
-    options = {"gpu_memory_utilization": ro.vllm_gpu_memory_utilization, "seed": cfg.loop.seed} if (
-        ro.engine == "vllm") else {}
+    options = {"gpu_memory_utilization": ro.vllm_gpu_memory_utilization, "seed": cfg.loop.seed,
+               "lora_sync": ro.vllm_lora_sync} if ro.engine == "vllm" else {}
     if ro.engine == "hf" and cfg.loop.compile:
         options["compile_decode"] = True
     elif ro.engine == "hf" and ro.cuda_graphs and torch.device(device).type == "cuda":

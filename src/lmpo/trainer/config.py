@@ -126,6 +126,10 @@ class RolloutConfig:
                            "(static KV cache, one graph per 256-position bucket of the attended length, captured "
                            "at first use); ignored on other devices and under `loop.compile`. A model whose "
                            "forward cannot be captured decodes eagerly, with a warning.")
+    vllm_lora_sync: str = _f("merged", "How a LoRA policy's weights reach vLLM (`engine: vllm`) after each step: "
+                             "`merged` (adapters merged into the base weights, all of which are copied) or "
+                             "`adapter` (the adapter alone, served by vLLM on the base weights it loaded once; "
+                             "not tested on a GPU yet).", choices=("merged", "adapter"))
     vllm_gpu_memory_utilization: float = _f(0.3, "Fraction of the GPU's memory vLLM may take for its weights and KV "
                                             "cache (`engine: vllm`); the rest is left to training.", gt=0, lt=1,
                                             hint="e.g. 0.3 leaves most of the GPU to training.")
