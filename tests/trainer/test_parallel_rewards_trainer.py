@@ -21,8 +21,8 @@ def boom(prompts, completions, answer, **kwargs):
 
 def test_hanging_and_raising_rewards_are_counted_errors(tmp_path):
     rewards = {"functions": ["exact_match", "test_parallel_rewards_trainer:hang", "test_parallel_rewards_trainer:boom"],
-               "weights": [1.0, 1.0, 1.0], "kwargs": {}, "workers": 4, "timeout_s": 0.5, "seqs_per_call": 6,
-               "on_error": "skip"}
+               "weights": [1.0, 1.0, 1.0], "kwargs": {}, "workers": 4, "timeout_s": 0.5, "seqs_per_call": 6}
+    # on_error left at its default (`auto`): with a pool, a raising call is a counted error like a hanging one
     t0 = time.monotonic()
     result = make_trainer(tmp_path / "run", rewards=rewards, loop={"steps": 2}).train()
     assert time.monotonic() - t0 < 120
@@ -35,3 +35,11 @@ def test_hanging_and_raising_rewards_are_counted_errors(tmp_path):
 def test_pool_options_need_workers(tmp_path):
     with pytest.raises(ConfigError, match="`rewards.timeout_s` = 5.0 has no effect while `rewards.workers` = 0"):
         make_trainer(tmp_path / "run", rewards={"timeout_s": 5.0})
+
+
+def test_without_a_pool_a_raising_reward_still_stops_the_run_by_default(tmp_path):
+    from lmpo.errors import RunError
+
+    rewards = {"functions": ["exact_match", "test_parallel_rewards_trainer:boom"], "weights": [1.0, 1.0]}
+    with pytest.raises(RunError, match="boom"):
+        make_trainer(tmp_path / "run", rewards=rewards, loop={"steps": 1}).train()

@@ -123,10 +123,11 @@ def build_rewards(rw, task, examples, device: torch.device):
     else:
         specs = [{"name": n, "weight": w} for n, w in task.default_rewards]
     if rw.workers > 0:  # a pool with a timeout per call (lmpo.rewards.parallel)
-        scorer = ParallelRewardScorer(specs, on_error=rw.on_error, workers=rw.workers, pool=rw.pool,
-                                      timeout_s=rw.timeout_s, seqs_per_call=rw.seqs_per_call)
+        scorer = ParallelRewardScorer(specs, on_error="skip" if rw.on_error == "auto" else rw.on_error,
+                                      workers=rw.workers, pool=rw.pool, timeout_s=rw.timeout_s,
+                                      seqs_per_call=rw.seqs_per_call)
     else:
-        scorer = RewardScorer(specs, on_error=rw.on_error)
+        scorer = RewardScorer(specs, on_error="raise" if rw.on_error == "auto" else rw.on_error)
     accuracy_fn = get_reward_fn(getattr(task, "accuracy_reward", "exact_match"))
     return scorer, accuracy_fn
 
