@@ -13,7 +13,8 @@ function and runs the calls ``workers`` at a time:
 - ``async def`` reward functions are accepted in both: each call runs its coroutine to completion in its worker.
 
 A call that times out is always a counted error (``stats["reward/timeouts"]``, and ``reward/skipped``, which the
-trainer logs as ``reward/errors``); a call that raises follows ``on_error`` as in the serial scorer: ``skip``
+trainer logs as ``reward/errors``); a call that raises follows ``on_error`` (the trainer's ``auto`` gives ``skip``
+here) as in the serial scorer: ``skip``
 counts it and records NaN, ``raise`` stops with an error naming the function and the sample. Either way the run is
 never left waiting on a reward.
 """
