@@ -87,10 +87,36 @@ def _bound(fraction: float, numel: int) -> int:
     return max(1, min(numel, math.floor(fraction * numel)))
 
 
+def flat_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.reshape(-1).topk(k)`` (values and flat indices, sorted descending) through a partial selection.
+
+    A top-k over all N entries costs more than the rest of clip_cov's selection on CPU; this one reads them once.
+    The flat tensor is cut into blocks of S entries (plus a tail of fewer than S): each of the k largest entries
+    lies in a block whose maximum is at least the k-th largest value, and at most k blocks can have such a
+    maximum (each holds a different one of the k), so the k blocks with the largest maxima, and the tail, hold all
+    of them. One ``amax`` over the blocks, a top-k over the N/S maxima and one over the k·S gathered entries give
+    the same entries as the top-k over all N (under ties at the k-th value, which of the tied entries is returned
+    is unspecified either way).
+    """
+    flat = x.reshape(-1)
+    n = flat.numel()
+    size = 1 << max(3, round(math.log2(math.sqrt(n / k)))) if k > 0 else n  # about √(N/k): N/S ≈ k·S
+    blocks = n // size
+    if 4 * k * size > n:  # small tensors: the blocks would save nothing
+        return flat.topk(k)
+    body = flat[: blocks * size].view(blocks, size)
+    _, block_ids = body.amax(dim=1).topk(k)
+    index = (block_ids.unsqueeze(1) * size + torch.arange(size, device=x.device)).reshape(-1)
+    if blocks * size < n:  # the tail: always a candidate
+        index = torch.cat([index, torch.arange(blocks * size, n, device=x.device)])
+    values, pos = flat[index].topk(k)
+    return values, index[pos]
+
+
 def _ranked_pick(filled: torch.Tensor, threshold: float, count: torch.Tensor, bound: int):
     """Flat indices (bound,) of the highest entries of ``filled`` and which of them to keep: the first
     ``count`` that reach ``threshold``."""
-    values, index = filled.reshape(-1).topk(bound)  # sorted, descending
+    values, index = flat_topk(filled, bound)  # sorted, descending
     keep = (torch.arange(bound, device=filled.device) < count) & (values >= threshold)
     return index, keep, values
 
