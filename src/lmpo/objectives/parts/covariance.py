@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lmpo.config import ConfigError
+
 from .base import Context, Part, Registry, param
 
 COV_CONTROLS = Registry("cov_control", "Covariance control")
@@ -277,7 +279,7 @@ class ClipCov(CovControl):
 
     def check(self) -> None:
         if not self.clip_cov_ub > self.clip_cov_lb:
-            raise ValueError(f"clip_cov_ub={self.clip_cov_ub!r} must exceed clip_cov_lb={self.clip_cov_lb!r} "
+            raise ConfigError(f"clip_cov_ub={self.clip_cov_ub!r} must exceed clip_cov_lb={self.clip_cov_lb!r} "
                              f"(defaults 1 and 5).")
 
     def apply(self, ctx, term, per_token, policy_m, stats):
