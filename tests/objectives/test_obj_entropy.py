@@ -192,3 +192,36 @@ def test_clip_cov_and_kl_cov_select_the_tokens_a_full_topk_selects(seed, monkeyp
     assert clip.any() and torch.equal(clip, clip_ref)
     assert kl.sum() == max(1, int(2e-3 * n.item())) and torch.equal(kl, kl_ref)
     assert torch.equal(top, top_ref)
+
+
+def _clip_cov_pick_before(cov, num_valid, trust_free, *, ratio, lb, ub, generator):
+    """clip_cov's pick as it was written before the partial selection (sign arithmetic, keys·trust_free, a topk
+    over all entries): the reference the faster pick must reproduce token for token."""
+    candidates = torch.sign(cov - lb).clamp_(min=0.0).mul_(torch.sign(ub - cov).clamp_(min=0.0))
+    keys = torch.rand(cov.shape, generator=generator, dtype=cov.dtype).add_(candidates).mul_(trust_free)
+    count = torch.clamp(torch.floor(num_valid.double() * ratio), min=1.0)
+    bound = max(1, min(cov.numel(), int(ratio * cov.numel())))
+    values, index = keys.reshape(-1).topk(bound)
+    keep = (torch.arange(bound) < count) & (values >= 1.0)
+    picked = torch.zeros(cov.numel(), dtype=torch.bool)
+    picked[index[keep]] = True
+    return picked.view(cov.shape)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_clip_cov_pick_zeroes_the_tokens_it_zeroed_before(seed):
+    g = torch.Generator().manual_seed(seed)
+    B, T = 32, 2048
+    cov = torch.randn(B, T, generator=g) * 3.0
+    m = (torch.rand(B, T, generator=g) < 0.7).float()
+    cov.add_(m - 1.0, alpha=-torch.finfo(cov.dtype).min)  # invalid positions at the lowest float, as in apply
+    cov.view(-1)[:6] = torch.tensor([1.0, 5.0, 1.0000001, 4.9999995, 0.9999999, 5.0000005])  # the open bounds
+    trust_free = (torch.rand(B, T, generator=g) < 0.9).float()
+    ratio = (2e-4, 2e-3, 0.05)[seed % 3]  # 0.05: fewer candidates than picks, the rest below the threshold
+    index, keep = covariance.clip_cov_pick(cov, None, None, m.sum(), ratio=ratio, lb=1.0, ub=5.0,
+                                           generator=torch.Generator().manual_seed(seed), trust_free=trust_free)
+    picked = torch.zeros(cov.numel(), dtype=torch.bool)
+    picked[index[keep]] = True
+    before = _clip_cov_pick_before(cov, m.sum(), trust_free, ratio=ratio, lb=1.0, ub=5.0,
+                                   generator=torch.Generator().manual_seed(seed))
+    assert before.any() and torch.equal(picked.view(cov.shape), before)

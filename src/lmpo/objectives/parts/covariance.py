@@ -146,19 +146,21 @@ def clip_cov_pick(
     ``trust_free`` (float 0/1, 1 where the trust region did not clip) may replace ``trust_clipped``.
     """
     with torch.no_grad():
-        # float 0/1 candidates lb < cov < ub by sign arithmetic (bool comparisons and their conversion cost far
-        # more on CPU); −inf or the lowest float (invalid, when so filled) is never a candidate
-        candidates = torch.sign(cov - lb).clamp_(min=0.0).mul_(torch.sign(ub - cov).clamp_(min=0.0))
+        # float 0/1 candidates lb < cov < ub: (cov − lb)·(ub − cov) > 0, compared in place so the result stays
+        # float (bool comparisons and their conversion cost far more on CPU). A rounded difference keeps its
+        # sign, and both factors cannot be negative as lb < ub; −inf or the lowest float (invalid, when so
+        # filled) gives −inf, never a candidate
+        candidates = (cov - lb).mul_(ub - cov).gt_(0.0)
         if valid is not None:
             candidates.mul_(valid)
         if trust_clipped is not None:
             candidates.mul_(~trust_clipped)
-        # keys: uniform in [1, 2) for candidates, in [0, 1) or 0 for everything else (no ties among the
-        # candidates, so topk stays fast)
+        # keys: uniform in [1, 2) for candidates, in [0, 1) for everything else; only keys >= 1 are kept
         keys = torch.rand(cov.shape, generator=generator, device=cov.device, dtype=cov.dtype)
-        keys.add_(candidates)
-        if trust_free is not None:
-            keys.mul_(trust_free)  # clipped by the trust region → 0
+        if trust_free is not None:  # clipped by the trust region → no candidate (its key stays below 1)
+            keys.addcmul_(candidates, trust_free)
+        else:
+            keys.add_(candidates)
         index, keep, _ = _ranked_pick(keys, 1.0, _count(ratio, num_valid), _bound(ratio, cov.numel()))
         return index, keep
 
