@@ -20,8 +20,15 @@ From that metadata alone this module
   between two of them (:func:`changed_keys`, used by ``--resume``);
 * renders the reference tables of the docs (:func:`render_reference`).
 
-Checks that relate several fields (a divisor, a registry name, a file that must exist) stay in small
-``validate`` functions next to each config. Every error is a :class:`ConfigError` — an
+The field schema (:func:`option`, :func:`check_value`, :class:`ConfigError`) is shared with the objective
+parts (``lmpo.objectives.parts.base.param`` is :func:`option` with the bounds spelled ``low``/``high``), so a
+section's field and a part's parameter are declared, checked and reported the same way. A value of the wrong
+type is a :class:`FieldTypeError`, a ``ConfigError`` that is also a ``TypeError``. The message names the field
+in the spelling its user wrote: a config key (```rollout.top_p` = 1.5 must be in (0, 1] (…).``) or, with an
+``owner``, a keyword argument (``eps_low=0.0 is out of range; it must lie in (0, 1] (trust_region 'ppo').``).
+
+Checks that relate several fields (a divisor, a registry name, a file that
+must exist) stay in a ``validate`` method of each section. Every error is a :class:`ConfigError` — an
 :class:`lmpo.errors.InputError` whose one-paragraph message names the key, the value and the fix.
 """
 
@@ -45,13 +52,28 @@ from lmpo._hints import type_hints
 from lmpo.errors import InputError
 from lmpo.overrides import parse_overrides as _parse_overrides
 
+__all__ = ["BOUND_KEYS", "ConfigError", "FieldTypeError", "bounds", "changed_keys", "check_fields", "check_value",
+           "coerce", "deep_merge", "fields_of", "from_dict", "generated_block", "interval_text", "is_config_class", "load",
+           "number_type", "option", "parse_overrides", "range_text", "read_yaml", "render_reference", "save_yaml",
+           "to_dict", "unknown_key_error"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The field schema: one declaration helper, one check, one error type
+# ----------------------------------------------------------------------------------------------------
+
 
 class ConfigError(InputError):
     """A configuration value is invalid. The message names the field, the value and the fix."""
 
 
-#: metadata keys :func:`option` understands (a range bound, a list of choices, a hint for the fix)
-_CHECK_KEYS = ("gt", "ge", "lt", "le", "choices", "finite", "hint")
+class FieldTypeError(ConfigError, TypeError):
+    """A field's value has the wrong type (a string for a number, a number for a flag), or a keyword names no field
+    (a ``TypeError`` as Python's own for an unexpected keyword argument)."""
+
+
+#: metadata keys of a range bound
+BOUND_KEYS = ("gt", "ge", "lt", "le")
 
 
 def option(default: Any, help: str, *, gt: float | None = None, ge: float | None = None,
@@ -74,6 +96,104 @@ def option(default: Any, help: str, *, gt: float | None = None, ge: float | None
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def bounds(low: float | None = None, high: float | None = None, *, low_inclusive: bool = False,
+           high_inclusive: bool = True) -> dict[str, float]:
+    """``low``/``high`` with inclusiveness flags → the ``gt``/``ge``/``lt``/``le`` keys of :func:`option`."""
+    out: dict[str, float] = {}
+    if low is not None:
+        out["ge" if low_inclusive else "gt"] = low
+    if high is not None:
+        out["le" if high_inclusive else "lt"] = high
+    return out
+
+
+def range_text(meta: Mapping[str, Any]) -> str:
+    """``{"gt": 0, "le": 1}`` → ``"in (0, 1]"``; ``{"ge": 0}`` → ``">= 0"``; ``""`` when unbounded."""
+    low = ("(", meta["gt"]) if "gt" in meta else ("[", meta["ge"]) if "ge" in meta else None
+    high = (")", meta["lt"]) if "lt" in meta else ("]", meta["le"]) if "le" in meta else None
+    if low and high:
+        return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    if low:
+        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
+    if high:
+        return f"{'<' if high[0] == ')' else '<='} {high[1]}"
+    return ""
+
+
+def interval_text(meta: Mapping[str, Any]) -> str:
+    """The bounds as an interval: ``{"gt": 0, "le": 1}`` → ``"(0, 1]"``, ``{"ge": 0}`` → ``"[0, inf)"``."""
+    lo = f"[{meta['ge']:g}" if "ge" in meta else f"({meta['gt']:g}" if "gt" in meta else "(-inf"
+    hi = f"{meta['le']:g}]" if "le" in meta else f"{meta['lt']:g})" if "lt" in meta else "inf)"
+    return f"{lo}, {hi}"
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    cut = text.find(". ")
+    return text if cut < 0 else text[: cut + 1]
+
+
+def number_type(tp: Any) -> type | None:
+    """float / int for a (possibly optional) numeric annotation, else None."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_args(tp) else [tp]
+    for a in args:
+        if a in (float, int):
+            return a
+    return None
+
+
+def check_value(value: Any, meta: Mapping[str, Any], where: str, *, tp: Any = None, owner: str | None = None) -> None:
+    """Check one value against its field's metadata (choices, type, finiteness, range); raise ConfigError.
+
+    ``where``: the config key (``"rollout.top_p"``) or, with ``owner`` given (or ``tp``, for a value that was
+    not coerced from YAML), the keyword (``"eps_low"``) and what reads it (``"trust_region 'ppo'"``). ``tp``:
+    the field's annotation; when given, the value's type is checked too (:class:`FieldTypeError`).
+    """
+    keyword = owner is not None or tp is not None
+    if value is None and (tp is None or "None" in str(tp)):
+        return
+    hint = f" {meta['hint']}" if meta.get("hint") else ""
+    of = f" ({owner})" if owner else ""
+    choices = meta.get("choices")
+    if choices is not None:
+        if value in choices:
+            return
+        names = [str(c) for c in choices]
+        if keyword:
+            close = difflib.get_close_matches(str(value), names, n=1)
+            did = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}={value!r}{of} is not a known choice; use one of "
+                              f"{', '.join(map(repr, choices))}.{did}")
+        close = difflib.get_close_matches(str(value), names, n=2, cutoff=0.5)
+        did = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise ConfigError(f"`{where}` = {value!r} is not one of {', '.join(names)}.{did}{hint}")
+    if tp is not None:
+        if tp is bool or str(tp) == "bool":
+            if not isinstance(value, bool):
+                raise FieldTypeError(f"{where}={value!r}{of} must be true or false.")
+            return
+        if number_type(tp) is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise FieldTypeError(f"{where}{of} must be a number, got {value!r} ({type(value).__name__}).")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    finite = math.isfinite(value)
+    ok = ((finite or not meta.get("finite", True))
+          and ("gt" not in meta or value > meta["gt"]) and ("ge" not in meta or value >= meta["ge"])
+          and ("lt" not in meta or value < meta["lt"]) and ("le" not in meta or value <= meta["le"]))
+    if ok:
+        return
+    if keyword:
+        raise ConfigError(f"{where}={value!r} is out of range; it must lie in {interval_text(meta)}{of}.{hint}")
+    if not finite and meta.get("finite", True):
+        raise ConfigError(f"`{where}` = {value!r} must be a finite number"
+                          f"{' ' + range_text(meta) if range_text(meta) else ''}.{hint}")
+    what = _first_sentence(meta.get("help", ""))
+    raise ConfigError(f"`{where}` = {value!r} must be {range_text(meta)}"
+                      f"{f' ({what.rstrip(chr(46))})' if what else ''}.{hint}")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -167,49 +287,6 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             return None
         raise ConfigError(f"`{where}` = {value!r} must be null.")
     return value
-
-
-def range_text(meta: Mapping[str, Any]) -> str:
-    """``{"gt": 0, "le": 1}`` → ``"in (0, 1]"``; ``{"ge": 0}`` → ``">= 0"``; ``""`` when unbounded."""
-    low = ("(", meta["gt"]) if "gt" in meta else ("[", meta["ge"]) if "ge" in meta else None
-    high = (")", meta["lt"]) if "lt" in meta else ("]", meta["le"]) if "le" in meta else None
-    if low and high:
-        return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
-    if low:
-        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
-    if high:
-        return f"{'<' if high[0] == ')' else '<='} {high[1]}"
-    return ""
-
-
-def _first_sentence(text: str) -> str:
-    text = " ".join(text.split())
-    cut = text.find(". ")
-    return text if cut < 0 else text[: cut + 1]
-
-
-def check_value(value: Any, meta: Mapping[str, Any], where: str) -> None:
-    """Check one value against its field's ``choices``, range and finiteness; raise ConfigError."""
-    if value is None:
-        return
-    hint = f" {meta['hint']}" if meta.get("hint") else ""
-    choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        names = [str(c) for c in choices]
-        close = difflib.get_close_matches(str(value), names, n=2, cutoff=0.5)
-        did = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise ConfigError(f"`{where}` = {value!r} is not one of {', '.join(names)}.{did}{hint}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
-    if isinstance(value, float) and meta.get("finite", True) and not math.isfinite(value):
-        raise ConfigError(f"`{where}` = {value!r} must be a finite number"
-                          f"{' ' + range_text(meta) if range_text(meta) else ''}.{hint}")
-    ok = (("gt" not in meta or value > meta["gt"]) and ("ge" not in meta or value >= meta["ge"])
-          and ("lt" not in meta or value < meta["lt"]) and ("le" not in meta or value <= meta["le"]))
-    if not ok:
-        what = _first_sentence(meta.get("help", ""))
-        raise ConfigError(f"`{where}` = {value!r} must be {range_text(meta)}"
-                          f"{f' ({what.rstrip(chr(46))})' if what else ''}.{hint}")
 
 
 def fields_of(cfg_or_cls: Any) -> Iterator[tuple[dataclasses.Field, Any]]:

@@ -5,7 +5,8 @@ import torch
 from obj_helpers import aggregate_loop, make_batch
 
 from lmpo.objectives import AdaptiveEntropyController, Objective
-from lmpo.objectives.parts.covariance import clip_cov_selection, kl_cov_selection, token_covariance
+from lmpo.objectives.parts import covariance
+from lmpo.objectives.parts.covariance import clip_cov_selection, flat_topk, kl_cov_selection, token_covariance
 
 
 def test_controller_follows_skywork_rule_step_by_step():
@@ -147,3 +148,80 @@ def test_cov_statistics():
     torch.testing.assert_close(stats["cov/mean"], cov.sum() / n)
     k = max(1, int(2e-4 * n.item()))
     torch.testing.assert_close(stats["cov/top_mean"], cov[mask].topk(k).values.mean())
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_flat_topk_selects_what_a_topk_over_all_entries_selects(seed):
+    """The block partial selection returns the top-k entries of a plain ``topk`` over the flat tensor: the same
+    values in the same order and the same set of indices (ties may come in another order), on shapes where the
+    blocks apply (a tail included), where they do not, and with fill values repeated many times."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = int(torch.randint(1, 70, (1,), generator=g)), int(torch.randint(1, 5000, (1,), generator=g))
+    x = torch.rand(B, T, generator=g, dtype=torch.float64 if seed % 2 else torch.float32)
+    if seed % 4 == 3:  # invalid positions at the dtype's lowest value, as clip_cov's covariances hold them
+        x[torch.rand(B, T, generator=g) < 0.4] = torch.finfo(x.dtype).min
+    k = max(1, int(B * T * (2e-4, 2e-3, 0.01)[seed % 3]))
+    values, index = x.reshape(-1).topk(k)
+    got_values, got_index = flat_topk(x, k)
+    assert torch.equal(got_values, values)
+    assert set(got_index.tolist()) == set(index.tolist())
+    assert torch.equal(x.reshape(-1)[got_index], got_values)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_clip_cov_and_kl_cov_select_the_tokens_a_full_topk_selects(seed, monkeypatch):
+    """clip_cov's and kl_cov's picks and ``cov/top_mean`` are those of one ``topk`` over all B·T entries, the
+    selection before the partial selection replaced it (a benchmark-sized batch: the blocks apply)."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = 16, 2048
+    logp = -torch.rand(B, T, generator=g) * 4.0
+    mask = torch.arange(T)[None, :] < torch.randint(T // 4, T + 1, (B, 1), generator=g)
+    adv = torch.randn(B, 1, generator=g) * 2.0 * mask
+    m, n = mask.float(), mask.float().sum()
+    cov = token_covariance(logp * m, adv, m, n)
+    cov = cov.add_(m - 1.0, alpha=-torch.finfo(cov.dtype).min)
+
+    def picks():
+        clip = clip_cov_selection(cov, None, None, n, ratio=2e-4, lb=1.0, ub=5.0,
+                                  generator=torch.Generator().manual_seed(seed))
+        return (clip, kl_cov_selection(cov, mask, n, fraction=2e-3)), covariance.top_fraction_mean(cov, n)
+
+    (clip, kl), top = picks()
+    monkeypatch.setattr(covariance, "flat_topk", lambda x, k: x.reshape(-1).topk(k))
+    (clip_ref, kl_ref), top_ref = picks()
+    assert clip.any() and torch.equal(clip, clip_ref)
+    assert kl.sum() == max(1, int(2e-3 * n.item())) and torch.equal(kl, kl_ref)
+    assert torch.equal(top, top_ref)
+
+
+def _clip_cov_pick_before(cov, num_valid, trust_free, *, ratio, lb, ub, generator):
+    """clip_cov's pick as it was written before the partial selection (sign arithmetic, keys·trust_free, a topk
+    over all entries): the reference the faster pick must reproduce token for token."""
+    candidates = torch.sign(cov - lb).clamp_(min=0.0).mul_(torch.sign(ub - cov).clamp_(min=0.0))
+    keys = torch.rand(cov.shape, generator=generator, dtype=cov.dtype).add_(candidates).mul_(trust_free)
+    count = torch.clamp(torch.floor(num_valid.double() * ratio), min=1.0)
+    bound = max(1, min(cov.numel(), int(ratio * cov.numel())))
+    values, index = keys.reshape(-1).topk(bound)
+    keep = (torch.arange(bound) < count) & (values >= 1.0)
+    picked = torch.zeros(cov.numel(), dtype=torch.bool)
+    picked[index[keep]] = True
+    return picked.view(cov.shape)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_clip_cov_pick_zeroes_the_tokens_it_zeroed_before(seed):
+    g = torch.Generator().manual_seed(seed)
+    B, T = 32, 2048
+    cov = torch.randn(B, T, generator=g) * 3.0
+    m = (torch.rand(B, T, generator=g) < 0.7).float()
+    cov.add_(m - 1.0, alpha=-torch.finfo(cov.dtype).min)  # invalid positions at the lowest float, as in apply
+    cov.view(-1)[:6] = torch.tensor([1.0, 5.0, 1.0000001, 4.9999995, 0.9999999, 5.0000005])  # the open bounds
+    trust_free = (torch.rand(B, T, generator=g) < 0.9).float()
+    ratio = (2e-4, 2e-3, 0.05)[seed % 3]  # 0.05: fewer candidates than picks, the rest below the threshold
+    index, keep = covariance.clip_cov_pick(cov, None, None, m.sum(), ratio=ratio, lb=1.0, ub=5.0,
+                                           generator=torch.Generator().manual_seed(seed), trust_free=trust_free)
+    picked = torch.zeros(cov.numel(), dtype=torch.bool)
+    picked[index[keep]] = True
+    before = _clip_cov_pick_before(cov, m.sum(), trust_free, ratio=ratio, lb=1.0, ub=5.0,
+                                   generator=torch.Generator().manual_seed(seed))
+    assert before.any() and torch.equal(picked.view(cov.shape), before)

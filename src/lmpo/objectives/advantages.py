@@ -39,6 +39,7 @@ from typing import ClassVar
 
 import torch
 
+from lmpo.config import ConfigError
 from lmpo.errors import InputError
 
 from .objective import ADVANTAGE_SCALES
@@ -498,18 +499,18 @@ class GDPOAdvantage(AdvantageEstimator):
 def make_estimator(name: str, *, default_scale: str | None = None, **params: object) -> AdvantageEstimator:
     """``ADVANTAGE_ESTIMATORS[name](**params)``; ``default_scale`` (the objective's ``advantage_scale``) fills the
     estimator's own ``scale`` when it has one and ``params`` does not set it, and is ignored otherwise.
-    Unknown names and parameters raise ValueError naming them; numbers written as strings become numbers."""
+    Unknown names and parameters raise ConfigError (a ValueError) naming them; numbers written as strings become numbers."""
     if name not in ADVANTAGE_ESTIMATORS:
         close = difflib.get_close_matches(str(name), list(ADVANTAGE_ESTIMATORS), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown advantage estimator {name!r}; use one of {', '.join(ADVANTAGE_ESTIMATORS)}.{hint}")
+        raise ConfigError(f"unknown advantage estimator {name!r}; use one of {', '.join(ADVANTAGE_ESTIMATORS)}.{hint}")
     cls = ADVANTAGE_ESTIMATORS[name]
     fields = cls.params()
     unknown = [k for k in params if k not in fields]
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(fields), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"advantage estimator {name!r} has no option {unknown[0]!r}; its options are "
+        raise ConfigError(f"advantage estimator {name!r} has no option {unknown[0]!r}; its options are "
                          f"{', '.join(fields) or '(none)'}.{hint}")
     if default_scale is not None and "scale" in fields:
         params = {"scale": default_scale, **params}

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpo._hints import type_hints
+from lmpo.config import ConfigError, FieldTypeError, check_value
 
 from .parts import KINDS, Part
-from .parts.base import check_value, coerce_param, param
+from .parts.base import coerce_param, param
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
 """How the advantages fed to the objective are scaled (see ``lmpo.objectives.advantages``)."""
@@ -120,17 +121,17 @@ def resolve(spec: dict[str, Any]) -> tuple[General, dict[str, Part]]:
         key = unknown[0]
         close = difflib.get_close_matches(key, all_keywords(), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise TypeError(f"unknown Objective field {key!r}.{hint} Valid fields: "
+        raise FieldTypeError(f"unknown Objective field {key!r}.{hint} Valid fields: "
                         f"{', '.join(k for k in all_keywords() if k != 'name')}.")
     hints = type_hints(General)
     general_kw = {}
     for f in dataclasses.fields(General):
         if f.name in spec:
             value = coerce_param("Objective", f.name, spec[f.name], hints[f.name])
-            check_value("Objective", f.name, value, f.metadata, hints[f.name])
+            check_value(value, f.metadata, f.name, tp=hints[f.name], owner="Objective")
             general_kw[f.name] = value
     if "adaptive_entropy" in spec:
-        check_value("Objective", "adaptive_entropy", spec["adaptive_entropy"], {}, bool)
+        check_value(spec["adaptive_entropy"], {}, "adaptive_entropy", tp=bool, owner="Objective")
     general = General(**general_kw)
 
     parts: dict[str, Part] = {}
@@ -157,7 +158,8 @@ def _refuse_unselected(key: str, spec: Mapping[str, Any], owners: list[tuple[str
     cls = KINDS[kind][names[0]]
     field = next(f for f in dataclasses.fields(cls) if f.name == key)
     hint_type = type_hints(cls)[key]
-    check_value(f"{kind} {names[0]!r}", key, coerce_param(kind, key, spec[key], hint_type), field.metadata, hint_type)
+    check_value(coerce_param(kind, key, spec[key], hint_type), field.metadata, key, tp=hint_type,
+                owner=f"{kind} {names[0]!r}")
     selector = "adaptive_entropy" if kind == "entropy_control" else kind
     if kind == "entropy_control":
         wanted, where = "True", "adaptive_entropy=True"
@@ -167,7 +169,7 @@ def _refuse_unselected(key: str, spec: Mapping[str, Any], owners: list[tuple[str
     else:
         wanted, where = repr(names[0]), f"{kind}={names[0]!r}"
     verb = "needs" if len(names) > 1 else "only applies with"
-    raise ValueError(f"{key}={spec[key]!r} {verb} {where}, but {selector}={_value_for(spec, kind)!r}; drop {key} "
+    raise ConfigError(f"{key}={spec[key]!r} {verb} {where}, but {selector}={_value_for(spec, kind)!r}; drop {key} "
                      f"or set {selector}={wanted}.")
 
 
@@ -180,11 +182,11 @@ def _value_for(spec: Mapping[str, Any], kind: str) -> Any:
 def _check_combinations(general: General, parts: dict[str, Part]) -> None:
     """Choices that are valid one by one but not together."""
     if parts["entropy_control"].name == "adaptive" and general.entropy_coef != 0.0:
-        raise ValueError(f"entropy_coef={general.entropy_coef!r} and adaptive_entropy=True: the adaptive controller "
+        raise ConfigError(f"entropy_coef={general.entropy_coef!r} and adaptive_entropy=True: the adaptive controller "
                          f"sets the entropy coefficient itself; drop entropy_coef or set adaptive_entropy=False.")
     trust_region, level = parts["trust_region"], parts["level"]
     if trust_region.levels is not None and level.name not in trust_region.levels:
         wanted = " or ".join(repr(name) for name in trust_region.levels)
-        raise ValueError(f"trust_region={trust_region.name!r} builds its own weight from the token log-ratios and "
+        raise ConfigError(f"trust_region={trust_region.name!r} builds its own weight from the token log-ratios and "
                          f"ignores the level's, so level={level.name!r} has no effect; set level={wanted} or pick "
                          f"another trust region.")

@@ -8,17 +8,16 @@ shape/dtype comparisons (free) plus one fused finiteness test (a single host syn
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import torch
 
+from lmpo.config import bounds, check_value
+
 
 def check_choice(name: str, value: str, allowed: Iterable[str]) -> None:
-    """Raise unless ``value`` is one of ``allowed`` (names the valid choices)."""
-    allowed = tuple(allowed)
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not a known choice; use one of {', '.join(map(repr, allowed))}.")
+    """Raise :class:`lmpo.config.ConfigError` unless ``value`` is one of ``allowed`` (names the valid choices)."""
+    check_value(value, {"choices": tuple(allowed)}, name, owner="")
 
 
 def check_range(
@@ -31,20 +30,10 @@ def check_range(
     high_inclusive: bool = True,
     hint: str = "",
 ) -> None:
-    """Raise unless ``value`` is a finite number inside the interval described by the bounds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__}).")
-    ok = math.isfinite(value)
-    if ok and low is not None:
-        ok = value >= low if low_inclusive else value > low
-    if ok and high is not None:
-        ok = value <= high if high_inclusive else value < high
-    if not ok:
-        lo = "-inf" if low is None else f"{low:g}"
-        hi = "inf" if high is None else f"{high:g}"
-        interval = f"{'[' if low_inclusive else '('}{lo}, {hi}{']' if high_inclusive else ')'}"
-        fix = f" {hint}" if hint else ""
-        raise ValueError(f"{name}={value!r} is out of range; it must lie in {interval}.{fix}")
+    """Raise :class:`lmpo.config.ConfigError` unless ``value`` is a finite number inside the interval described by the bounds
+    (a bound that depends on another argument, which a field's metadata cannot hold)."""
+    meta = {**bounds(low, high, low_inclusive=low_inclusive, high_inclusive=high_inclusive), "hint": hint}
+    check_value(value, meta, name, tp=float, owner="")
 
 
 def check_mask_dtype(mask: torch.Tensor, name: str = "mask") -> None:

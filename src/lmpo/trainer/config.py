@@ -7,8 +7,10 @@ A run is described by :class:`TrainConfig`, built from a YAML file plus dotted o
 
     cfg = load_config("configs/demo.yaml", overrides=["--objective.preset", "dapo", "--optim.lr", "1e-4"])
 
-:func:`validate_config` runs before any model is built and raises :class:`ConfigError` whose message names
-the field, the offending value and how to fix it.
+:meth:`TrainConfig.validate` (:func:`validate_config`) runs before any model is built and raises
+:class:`ConfigError` whose message names the field, the offending value and how to fix it: ranges and choices
+come from the fields' metadata, each section's ``validate`` checks what needs code (a registry name, a file,
+a package), and the checks that relate sections follow.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from lmpo.config import (
     ConfigError,
     check_fields,
+    check_value,
     deep_merge,
     from_dict,
     parse_overrides,
@@ -58,6 +60,13 @@ class LoraConfig:
         ("q_proj", "k_proj", "v_proj", "o_proj"), "Module names (suffixes) that get adapters."
     )
 
+    def validate(self) -> None:
+        """Ranges, and the `peft` package when the adapters are on."""
+        check_fields(self, "model.lora")
+        if self.enabled:
+            _require_package("peft", "`model.lora.enabled` = true needs the `peft` package; install lmpo[peft] or "
+                             "set model.lora.enabled: false.")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -70,6 +79,14 @@ class ModelConfig:
     ref_path: str | None = _f(None, "Reference model for the KL term; default: a frozen copy of the initial "
                               "policy (after the supervised warm-up). Only loaded when the objective needs it.")
     lora: LoraConfig = _f(LoraConfig(), "LoRA adapters (section `model.lora`).")
+
+    def validate(self) -> None:
+        """Ranges, where the policy (and the reference) come from, the LoRA section."""
+        check_fields(self, "model")
+        _check_model_source("model.name", self.name)
+        if self.ref_path:
+            _check_model_source("model.ref_path", self.ref_path)
+        self.lora.validate()
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,31 @@ class TaskConfig:
                             "too, as one user message; `text`: never (conversational data are an error).")
     chat_template: str | None = _f(None, "Jinja chat template (the template text or a file path) used instead of "
                                    "the tokenizer's own; needed for conversational data when the tokenizer has none.")
+
+    def validate(self) -> None:
+        """Ranges, the task's name, its data file or dataset, the prompt format and the chat template."""
+        from lmpo.tasks import PROMPT_FORMATS, TASKS
+
+        check_fields(self, "task")
+        check_value(self.name, {"choices": (*sorted(TASKS), "file", "hf")}, "task.name")
+        if self.name == "file":
+            if not self.path:
+                raise ConfigError("`task.path` is empty but `task.name` is 'file'; set task.path to a local "
+                                  ".json / .jsonl / .parquet file.")
+            if not os.path.exists(self.path):
+                raise ConfigError(f"`task.path` = {self.path!r} does not exist; give the path of a local "
+                                  ".json / .jsonl / .parquet file (relative paths are relative to the working "
+                                  "directory).")
+            if os.path.isdir(self.path):
+                raise ConfigError(f"`task.path` = {self.path!r} is a directory; give the path of one .json / "
+                                  ".jsonl / .parquet file inside it.")
+        check_value(self.prompt_format, {"choices": tuple(PROMPT_FORMATS)}, "task.prompt_format")
+        template = self.chat_template
+        if template and "{{" not in template and "{%" not in template and not os.path.isfile(template):
+            raise ConfigError(f"`task.chat_template` = {template!r} is neither a Jinja template nor an "
+                              "existing file; give the template text or the path of a .jinja file.")
+        if self.name == "hf" and not self.hf_name:
+            raise ConfigError("`task.hf_name` is empty but `task.name` is 'hf'; set it to a `datasets` name.")
 
 
 @dataclass(frozen=True)
@@ -134,6 +176,13 @@ class RolloutConfig:
                                             "cache (`engine: vllm`); the rest is left to training.", gt=0, lt=1,
                                             hint="e.g. 0.3 leaves most of the GPU to training.")
 
+    def validate(self) -> None:
+        """Ranges and the generation engine's name."""
+        from lmpo.generation import ENGINES
+
+        check_fields(self, "rollout")
+        check_value(self.engine, {"choices": tuple(sorted(ENGINES))}, "rollout.engine")
+
 
 @dataclass(frozen=True)
 class RewardModelConfig:
@@ -151,6 +200,25 @@ class RewardModelConfig:
     @property
     def metric_name(self) -> str:
         return self.name or os.path.basename(os.path.normpath(self.model)) or self.model
+
+    def validate(self, where: str = "rewards.functions[]") -> None:
+        """Ranges, and a model directory (or hub id) that holds a sequence-classification model."""
+        from lmpo.models.loading import looks_like_hub_id
+
+        check_fields(self, where)
+        if not self.model:
+            raise ConfigError(f"`{where}.model` is empty; give the directory (or Hugging Face name) of an "
+                              "AutoModelForSequenceClassification.")
+        if not os.path.isdir(self.model) and not looks_like_hub_id(self.model):
+            raise ConfigError(f"`{where}.model` = {self.model!r} is not a directory nor a Hugging Face 'org/name'; "
+                              "give the directory of a sequence-classification model (config.json, weights, "
+                              "tokenizer).")
+        if os.path.isdir(self.model) and not os.path.isfile(os.path.join(self.model, "config.json")):
+            raise ConfigError(f"`{where}.model` = {self.model!r} has no config.json; give a directory written by "
+                              "`save_pretrained` of an AutoModelForSequenceClassification.")
+        if "/" in self.metric_name:
+            raise ConfigError(f"`{where}.name` = {self.metric_name!r} contains '/', which would nest metric keys; "
+                              "give a name without one.")
 
 
 @dataclass(frozen=True)
@@ -185,6 +253,37 @@ class RewardsConfig:
                           "its completions and counts in `reward/errors` (0 = no limit).", ge=0)
     seqs_per_call: int = _f(0, "Completions per reward call with `workers` > 0, so that one function's batch "
                             "runs in parallel too (0 = the whole batch in one call per function).", ge=0)
+
+    def validate(self) -> None:
+        """Ranges, each function (built-in, importable or a reward model), names, weights and the pool fields."""
+        from lmpo.rewards import REWARDS
+
+        check_fields(self, "rewards")
+        for i, spec in enumerate(self.functions):
+            if isinstance(spec, RewardModelConfig):
+                spec.validate(f"rewards.functions[{i}]")
+            elif spec not in REWARDS:
+                if ":" not in spec:
+                    close = difflib.get_close_matches(spec, sorted(REWARDS), n=2, cutoff=0.5)
+                    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+                    raise ConfigError(f"`rewards.functions[{i}]` = {spec!r} is not a built-in reward "
+                                      f"({', '.join(sorted(REWARDS))}) nor an import path `package.module:function`."
+                                      f"{hint}")
+                _check_import_path(f"rewards.functions[{i}]", spec)
+        names = [f.metric_name if isinstance(f, RewardModelConfig) else f for f in self.functions]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            raise ConfigError(f"`rewards.functions` lists {name!r} twice; merge their weights, or give the reward "
+                              "models distinct `name`s.")
+        if self.workers == 0:
+            idle = [k for k, default in (("pool", "thread"), ("timeout_s", 0.0), ("seqs_per_call", 0))
+                    if getattr(self, k) != default]
+            if idle:
+                raise ConfigError(f"`rewards.{idle[0]}` = {getattr(self, idle[0])!r} has no effect while "
+                                  "`rewards.workers` = 0 (the rewards run one after the other, without a pool). Set "
+                                  "rewards.workers to the pool size (e.g. 4), or leave it at its default.")
+        if self.weights and len(self.weights) != len(self.functions):
+            raise ConfigError(f"`rewards.weights` has {len(self.weights)} values for {len(self.functions)} "
+                              "functions; give one weight per function or none.")
 
 
 @dataclass(frozen=True)
@@ -225,6 +324,71 @@ class ObjectiveConfig:
                              "α·π + (1 − α)·ref (TR-DPO; TRL `ref_model_sync_steps`); 0 = never.", ge=0)
     ref_sync_alpha: float = _f(0.6, "α of the reference sync (TRL `ref_model_mixup_alpha`); 1 copies the policy.",
                                ge=0, le=1)
+
+    def validate(self) -> Any:
+        """Ranges, the preset and its overrides, the advantage estimator and its options, the KL-in-reward fields
+        among themselves. Returns the :class:`lmpo.objectives.Objective` it built (the checks across sections read
+        its needs)."""
+        from lmpo.objectives import PRESETS, Objective
+
+        check_fields(self, "objective")
+        check_value(self.preset, {"choices": tuple(sorted(PRESETS))}, "objective.preset")
+        try:
+            objective = Objective.preset(self.preset, **self.overrides)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"`objective.overrides` = {self.overrides!r} is not valid for preset {self.preset!r}: "
+                              f"{e}. Use field names and values of lmpo.objectives.Objective.") from e
+        self._check_advantage_estimator(objective.advantage_scale)
+        self._check_kl_in_reward()
+        return objective
+
+    def _check_advantage_estimator(self, scale: str) -> None:
+        """The estimator name and each of its options (the error names the option)."""
+        from lmpo.objectives.advantages import ADVANTAGE_ESTIMATORS, make_estimator
+
+        name = self.advantage_estimator
+        check_value(name, {"choices": tuple(sorted(ADVANTAGE_ESTIMATORS))}, "objective.advantage_estimator")
+        fields = ADVANTAGE_ESTIMATORS[name].params()
+        for key, value in self.advantage_options.items():
+            where = f"objective.advantage_options.{key}"
+            if key not in fields:
+                close = difflib.get_close_matches(str(key), list(fields), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"`{where}`: advantage estimator {name!r} has no option {key!r}; its options are "
+                                  f"{', '.join(fields) or '(none)'} (table in docs/objectives.md).{hint}")
+            try:
+                make_estimator(name, **{key: value})
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"`{where}` = {value!r} is not valid for advantage estimator {name!r}: {e}") \
+                    from None
+        try:
+            make_estimator(name, default_scale=scale, **self.advantage_options)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"`objective.advantage_options` = {self.advantage_options!r} is not valid for "
+                              f"advantage estimator {name!r}: {e}") from None
+
+    def _check_kl_in_reward(self) -> None:
+        """The KL-in-reward and β-controller fields: each needs the others it acts through."""
+        if not self.kl_in_reward:
+            changed = [k for k, v in _KL_REWARD_DEFAULTS.items() if getattr(self, k) != v]
+            if changed:
+                more = f" (and {', '.join('objective.' + k for k in changed[1:])})" if changed[1:] else ""
+                raise ConfigError(f"`objective.{changed[0]}` = {getattr(self, changed[0])!r}{more} has no effect "
+                                  "while `objective.kl_in_reward` is false: it shapes the KL penalty in the reward. "
+                                  "Set objective.kl_in_reward: true, or leave it at its default.")
+        elif self.kl_ctrl_type == "adaptive":
+            if not self.kl_ctrl_target > 0:
+                raise ConfigError(f"`objective.kl_ctrl_target` = {self.kl_ctrl_target}: the adaptive KL controller "
+                                  "divides by the target KL; set it > 0 (verl's default 0.1) or use "
+                                  "objective.kl_ctrl_type: fixed.")
+            if not self.kl_ctrl_horizon > 0:
+                raise ConfigError(f"`objective.kl_ctrl_horizon` = {self.kl_ctrl_horizon}: the adaptive KL "
+                                  "controller divides by its horizon; set it > 0 (verl's default 10000) or use "
+                                  "objective.kl_ctrl_type: fixed.")
+            if self.kl_reward_coef == 0:
+                raise ConfigError("`objective.kl_reward_coef` = 0 with objective.kl_ctrl_type: adaptive: the "
+                                  "controller multiplies β, so it would stay 0. Start it > 0 (verl's default "
+                                  "0.001).")
 
 
 @dataclass(frozen=True)
@@ -273,6 +437,11 @@ class LoopConfig:
                                   "gradient (each is skipped and counted).", ge=1)
     device: str = _f("auto", "auto | cpu | cuda | mps.", choices=("auto", "cpu", "cuda", "mps"))
     num_threads: int = _f(0, "torch CPU threads (0 = torch's default).", ge=0, le=1024)
+
+    def validate(self) -> None:
+        """Ranges, and a device that this machine has."""
+        check_fields(self, "loop")
+        _check_device("loop.device", self.device)
 
 
 @dataclass(frozen=True)
@@ -336,6 +505,13 @@ class LoggingConfig:
     completions_per_step: int = _f(8, "Completions logged per logged step (the first rows of the rollout: whole "
                                    "groups of a prompt first).", ge=1)
 
+    def validate(self) -> None:
+        """Ranges, and the `wandb` package when W&B logging is on."""
+        check_fields(self, "logging")
+        if self.wandb:
+            _require_package("wandb", "`logging.wandb` = true needs the `wandb` package; install it or set "
+                             "logging.wandb: false.")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -354,6 +530,30 @@ class TrainConfig:
     logging: LoggingConfig = _f(LoggingConfig(), "Logging section.")
     rlvcr: RLVCRConfig = _f(RLVCRConfig(), "RLVCR thinking-level expansion section (docs/rlvcr.md).")
     teacher: TeacherConfig = _f(TeacherConfig(), "Teacher of on-policy distillation (objective `distill` parts).")
+
+    def validate(self) -> None:
+        """Check every field that can be checked without building a model; raise ConfigError.
+
+        Ranges, choices and finiteness of every section first (:func:`lmpo.config.check_fields`), then each
+        section's own ``validate`` (registries, files, packages) and the checks that relate sections.
+        """
+        check_fields(self)
+        objective = self.objective.validate()
+        _check_across_sections(self, objective)
+        validate_teacher(self, objective)
+        if self.teacher.name:
+            _check_model_source("teacher.name", self.teacher.name)
+        self.rollout.validate()
+        if self.seqs_per_step % self.loop.minibatches_per_step:
+            raise ConfigError(
+                f"`loop.minibatches_per_step` = {self.loop.minibatches_per_step} does not divide the "
+                f"{self.seqs_per_step} sequences per step (prompts_per_step × completions_per_prompt); choose a "
+                "divisor.")
+        self.loop.validate()
+        self.model.validate()
+        self.task.validate()
+        self.rewards.validate()
+        self.logging.validate()
 
     # ---- derived totals (units in the names) ------------------------------------------------------
     @property
@@ -440,43 +640,50 @@ def save_config(cfg: TrainConfig, path: str | os.PathLike) -> None:
 # Validation (before any model is built)
 # ----------------------------------------------------------------------------------------------------
 
-def _check_advantage_estimator(ob: ObjectiveConfig, scale: str, G: int) -> None:
-    """The estimator name, each of its options (the error names the option), and G >= 2 for group estimators."""
-    from lmpo.objectives.advantages import ADVANTAGE_ESTIMATORS, make_estimator
+def validate_config(cfg: TrainConfig) -> None:
+    """Check every field that can be checked without building a model (:meth:`TrainConfig.validate`)."""
+    cfg.validate()
 
-    name = ob.advantage_estimator
-    _check_choice("objective.advantage_estimator", name, sorted(ADVANTAGE_ESTIMATORS))
-    cls = ADVANTAGE_ESTIMATORS[name]
-    fields = cls.params()
-    for key, value in ob.advantage_options.items():
-        where = f"objective.advantage_options.{key}"
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"`{where}`: advantage estimator {name!r} has no option {key!r}; its options are "
-                              f"{', '.join(fields) or '(none)'} (table in docs/objectives.md).{hint}")
-        try:
-            make_estimator(name, **{key: value})
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"`{where}` = {value!r} is not valid for advantage estimator {name!r}: {e}") from None
-    try:
-        make_estimator(name, default_scale=scale, **ob.advantage_options)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"`objective.advantage_options` = {ob.advantage_options!r} is not valid for advantage "
-                          f"estimator {name!r}: {e}") from None
-    if cls.grouped and G < 2:
+
+def _check_across_sections(cfg: TrainConfig, objective: Any) -> None:
+    """What relates sections: the group size an estimator needs, the KL in the reward and the reference sync
+    against RLVCR and LoRA, dynamic sampling, overlong shaping, truncation masking and rollout log-probs."""
+    from lmpo.objectives.advantages import ADVANTAGE_ESTIMATORS
+
+    ob, ro, rw = cfg.objective, cfg.rollout, cfg.rewards
+    G = ro.completions_per_prompt
+    if ADVANTAGE_ESTIMATORS[ob.advantage_estimator].grouped and G < 2:
         raise ConfigError(
-            f"`rollout.completions_per_prompt` = {G}: {name!r} advantages are computed "
+            f"`rollout.completions_per_prompt` = {G}: {ob.advantage_estimator!r} advantages are computed "
             "within each prompt's group of completions and are all 0 for a group of one. Set "
             "rollout.completions_per_prompt >= 2 (e.g. 8).")
-
-
-def _check_choice(where: str, value: Any, choices: typing.Iterable[str]) -> None:
-    choices = list(choices)
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=2, cutoff=0.5)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise ConfigError(f"`{where}` = {value!r} is not one of {', '.join(choices)}.{hint}")
+    if ob.kl_in_reward and cfg.rlvcr.enabled:
+        raise ConfigError("`objective.kl_in_reward` = true with `rlvcr.enabled` = true: RLVCR judges successes "
+                          "on the rewards, which the KL penalty would shift; the two are not supported "
+                          "together. Use the KL in the loss instead (objective.overrides.kl_coef) or disable "
+                          "one of them.")
+    if ob.ref_sync_steps > 0:
+        if not (ob.kl_in_reward or objective.requires_ref_logp):
+            raise ConfigError(f"`objective.ref_sync_steps` = {ob.ref_sync_steps} but the run has no reference "
+                              "model to sync: nothing uses a KL to the reference. Set objective.kl_in_reward: true "
+                              "or objective.overrides.kl_coef > 0, or set objective.ref_sync_steps: 0.")
+        if cfg.model.lora.enabled:
+            raise ConfigError(f"`objective.ref_sync_steps` = {ob.ref_sync_steps} with `model.lora.enabled` = true: "
+                              "the reference is the merged base model and the LoRA policy has other parameters, so "
+                              "the two cannot be mixed (TRL refuses this too). Set objective.ref_sync_steps: 0 or "
+                              "train without LoRA.")
+    if rw.overlong_buffer_len > ro.max_new_tokens:
+        raise ConfigError(f"`rewards.overlong_buffer_len` = {rw.overlong_buffer_len} exceeds "
+                          f"`rollout.max_new_tokens` = {ro.max_new_tokens}: the buffer is the last part of the "
+                          "completion budget. Set it to at most max_new_tokens (DAPO: 4096 of 20480), or 0 "
+                          "for no overlong shaping.")
+    if ob.mask_truncated_completions and ro.ignore_eos:
+        raise ConfigError("`objective.mask_truncated_completions` = true with `rollout.ignore_eos` = true would "
+                          "mask every completion (none ends with EOS). Switch one of them off.")
+    if cfg.rlvcr.enabled and "rollout_logp" in objective.needs:
+        raise ConfigError(f"`objective.overrides` = {ob.overrides!r} needs the sampler's log-probs "
+                          "(a correction or rejection), but `rlvcr.enabled` re-generates completions the sampler "
+                          "never scored. Use correction: none and rejection: none with RLVCR.")
 
 
 def _check_import_path(where: str, spec: str) -> None:
@@ -492,23 +699,6 @@ def _check_import_path(where: str, spec: str) -> None:
     if not callable(getattr(module, attr, None)):
         raise ConfigError(f"`{where}` = {spec!r}: module {module_name!r} has no callable {attr!r}. Fix the "
                           "function name after the colon.")
-
-
-def _check_reward_model(where: str, rm: RewardModelConfig) -> None:
-    if not rm.model:
-        raise ConfigError(f"`{where}.model` is empty; give the directory (or Hugging Face name) of an "
-                          "AutoModelForSequenceClassification.")
-    from lmpo.models.loading import looks_like_hub_id
-
-    if not os.path.isdir(rm.model) and not looks_like_hub_id(rm.model):
-        raise ConfigError(f"`{where}.model` = {rm.model!r} is not a directory nor a Hugging Face 'org/name'; give "
-                          "the directory of a sequence-classification model (config.json, weights, tokenizer).")
-    if os.path.isdir(rm.model) and not os.path.isfile(os.path.join(rm.model, "config.json")):
-        raise ConfigError(f"`{where}.model` = {rm.model!r} has no config.json; give a directory written by "
-                          "`save_pretrained` of an AutoModelForSequenceClassification.")
-    if "/" in rm.metric_name:
-        raise ConfigError(f"`{where}.name` = {rm.metric_name!r} contains '/', which would nest metric keys; "
-                          "give a name without one.")
 
 
 def _check_model_source(where: str, name: str) -> None:
@@ -537,6 +727,14 @@ def _check_model_source(where: str, name: str) -> None:
                       "use a hub id such as `Qwen/Qwen2.5-0.5B-Instruct`.")
 
 
+def _require_package(module: str, message: str) -> None:
+    """An optional package a field switches on; ``message`` names the field and the fix."""
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(message) from e
+
+
 def _check_device(where: str, device: str) -> None:
     import torch
 
@@ -547,171 +745,6 @@ def _check_device(where: str, device: str) -> None:
                                 and torch.backends.mps.is_available()):
         raise ConfigError(f"`{where}` = 'mps' but the Apple MPS backend is not available here; use `cpu` or "
                           "`auto`.")
-
-
-def _check_dapo(cfg: TrainConfig, objective) -> None:
-    """Dynamic sampling, overlong shaping, truncation masking and rollout log-probs against the rest."""
-    ro, rw = cfg.rollout, cfg.rewards
-    if rw.overlong_buffer_len > ro.max_new_tokens:
-        raise ConfigError(f"`rewards.overlong_buffer_len` = {rw.overlong_buffer_len} exceeds "
-                          f"`rollout.max_new_tokens` = {ro.max_new_tokens}: the buffer is the last part of the "
-                          "completion budget. Set it to at most max_new_tokens (DAPO: 4096 of 20480), or 0 "
-                          "for no overlong shaping.")
-    if cfg.objective.mask_truncated_completions and ro.ignore_eos:
-        raise ConfigError("`objective.mask_truncated_completions` = true with `rollout.ignore_eos` = true would "
-                          "mask every completion (none ends with EOS). Switch one of them off.")
-    if cfg.rlvcr.enabled and "rollout_logp" in objective.needs:
-        raise ConfigError(f"`objective.overrides` = {cfg.objective.overrides!r} needs the sampler's log-probs "
-                          "(a correction or rejection), but `rlvcr.enabled` re-generates completions the sampler "
-                          "never scored. Use correction: none and rejection: none with RLVCR.")
-
-
-def validate_config(cfg: TrainConfig) -> None:
-    """Check every field that can be checked without building a model. Raises ConfigError.
-
-    Ranges, choices and finiteness come from the fields' metadata (:func:`lmpo.config.check_fields`);
-    what follows are the checks that need several fields, a registry or the file system.
-    """
-    from lmpo.objectives import PRESETS, Objective
-
-    check_fields(cfg)
-    ob = cfg.objective
-    _check_choice("objective.preset", ob.preset, sorted(PRESETS))
-    try:
-        objective = Objective.preset(ob.preset, **ob.overrides)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"`objective.overrides` = {ob.overrides!r} is not valid for preset {ob.preset!r}: {e}. "
-                          "Use field names and values of lmpo.objectives.Objective.") from e
-    _check_advantage_estimator(ob, objective.advantage_scale, cfg.rollout.completions_per_prompt)
-    _check_kl_fields(cfg, objective)
-    _check_dapo(cfg, objective)
-    validate_teacher(cfg, objective)
-    if cfg.teacher.name:
-        _check_model_source("teacher.name", cfg.teacher.name)
-
-    from lmpo.generation import ENGINES
-
-    _check_choice("rollout.engine", cfg.rollout.engine, sorted(ENGINES))
-    lp = cfg.loop
-    if cfg.seqs_per_step % lp.minibatches_per_step:
-        raise ConfigError(
-            f"`loop.minibatches_per_step` = {lp.minibatches_per_step} does not divide the "
-            f"{cfg.seqs_per_step} sequences per step (prompts_per_step × completions_per_prompt); choose a "
-            "divisor.")
-    _check_device("loop.device", lp.device)
-    _check_model_source("model.name", cfg.model.name)
-    if cfg.model.ref_path:
-        _check_model_source("model.ref_path", cfg.model.ref_path)
-
-    # task / data
-    from lmpo.tasks import TASKS
-
-    tk = cfg.task
-    _check_choice("task.name", tk.name, sorted(TASKS) + ["file", "hf"])
-    if tk.name == "file":
-        if not tk.path:
-            raise ConfigError("`task.path` is empty but `task.name` is 'file'; set task.path to a local "
-                              ".json / .jsonl / .parquet file.")
-        if not os.path.exists(tk.path):
-            raise ConfigError(f"`task.path` = {tk.path!r} does not exist; give the path of a local "
-                              ".json / .jsonl / .parquet file (relative paths are relative to the working "
-                              "directory).")
-        if os.path.isdir(tk.path):
-            raise ConfigError(f"`task.path` = {tk.path!r} is a directory; give the path of one .json / .jsonl / "
-                              ".parquet file inside it.")
-    from lmpo.tasks import PROMPT_FORMATS
-
-    _check_choice("task.prompt_format", tk.prompt_format, PROMPT_FORMATS)
-    if tk.chat_template and "{{" not in tk.chat_template and "{%" not in tk.chat_template \
-            and not os.path.isfile(tk.chat_template):
-        raise ConfigError(f"`task.chat_template` = {tk.chat_template!r} is neither a Jinja template nor an "
-                          "existing file; give the template text or the path of a .jinja file.")
-    if tk.name == "hf" and not tk.hf_name:
-        raise ConfigError("`task.hf_name` is empty but `task.name` is 'hf'; set it to a `datasets` name.")
-
-    # rewards
-    from lmpo.rewards import REWARDS
-
-    rw = cfg.rewards
-    for i, spec in enumerate(rw.functions):
-        if isinstance(spec, RewardModelConfig):
-            _check_reward_model(f"rewards.functions[{i}]", spec)
-        elif spec not in REWARDS:
-            if ":" not in spec:
-                close = difflib.get_close_matches(spec, sorted(REWARDS), n=2, cutoff=0.5)
-                hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-                raise ConfigError(f"`rewards.functions[{i}]` = {spec!r} is not a built-in reward "
-                                  f"({', '.join(sorted(REWARDS))}) nor an import path `package.module:function`."
-                                  f"{hint}")
-            _check_import_path(f"rewards.functions[{i}]", spec)
-    names = [f.metric_name if isinstance(f, RewardModelConfig) else f for f in rw.functions]
-    for name in sorted({n for n in names if names.count(n) > 1}):
-        raise ConfigError(f"`rewards.functions` lists {name!r} twice; merge their weights, or give the reward "
-                          "models distinct `name`s.")
-    if rw.workers == 0:
-        idle = [f"rewards.{k}" for k, default in (("pool", "thread"), ("timeout_s", 0.0), ("seqs_per_call", 0))
-                if getattr(rw, k) != default]
-        if idle:
-            raise ConfigError(f"`{idle[0]}` = {getattr(rw, idle[0].split('.')[1])!r} has no effect while "
-                              "`rewards.workers` = 0 (the rewards run one after the other, without a pool). Set "
-                              "rewards.workers to the pool size (e.g. 4), or leave it at its default.")
-    if rw.weights and len(rw.weights) != len(rw.functions):
-        raise ConfigError(f"`rewards.weights` has {len(rw.weights)} values for {len(rw.functions)} functions; "
-                          "give one weight per function or none.")
-
-    if cfg.model.lora.enabled:
-        try:
-            import peft  # noqa: F401
-        except ImportError as e:
-            raise ConfigError("`model.lora.enabled` = true needs the `peft` package; install lmpo[peft] or "
-                              "set model.lora.enabled: false.") from e
-    if cfg.logging.wandb:
-        try:
-            import wandb  # noqa: F401
-        except ImportError as e:
-            raise ConfigError("`logging.wandb` = true needs the `wandb` package; install it or set "
-                              "logging.wandb: false.") from e
-
-
-def _check_kl_fields(cfg: TrainConfig, objective) -> None:
-    """The KL-in-reward, β-controller and reference-sync fields: each needs the others it acts through."""
-    ob = cfg.objective
-    if not ob.kl_in_reward:
-        changed = [k for k, v in _KL_REWARD_DEFAULTS.items() if getattr(ob, k) != v]
-        if changed:
-            more = f" (and {', '.join('objective.' + k for k in changed[1:])})" if changed[1:] else ""
-            raise ConfigError(f"`objective.{changed[0]}` = {getattr(ob, changed[0])!r}{more} has no effect while "
-                              "`objective.kl_in_reward` is false: it shapes the KL penalty in the reward. Set "
-                              "objective.kl_in_reward: true, or leave it at its default.")
-    else:
-        if ob.kl_ctrl_type == "adaptive":
-            if not ob.kl_ctrl_target > 0:
-                raise ConfigError(f"`objective.kl_ctrl_target` = {ob.kl_ctrl_target}: the adaptive KL controller "
-                                  "divides by the target KL; set it > 0 (verl's default 0.1) or use "
-                                  "objective.kl_ctrl_type: fixed.")
-            if not ob.kl_ctrl_horizon > 0:
-                raise ConfigError(f"`objective.kl_ctrl_horizon` = {ob.kl_ctrl_horizon}: the adaptive KL controller "
-                                  "divides by its horizon; set it > 0 (verl's default 10000) or use "
-                                  "objective.kl_ctrl_type: fixed.")
-            if ob.kl_reward_coef == 0:
-                raise ConfigError("`objective.kl_reward_coef` = 0 with objective.kl_ctrl_type: adaptive: the "
-                                  "controller multiplies β, so it would stay 0. Start it > 0 (verl's default "
-                                  "0.001).")
-        if cfg.rlvcr.enabled:
-            raise ConfigError("`objective.kl_in_reward` = true with `rlvcr.enabled` = true: RLVCR judges successes "
-                              "on the rewards, which the KL penalty would shift; the two are not supported "
-                              "together. Use the KL in the loss instead (objective.overrides.kl_coef) or disable "
-                              "one of them.")
-    if ob.ref_sync_steps > 0:
-        if not (ob.kl_in_reward or objective.requires_ref_logp):
-            raise ConfigError(f"`objective.ref_sync_steps` = {ob.ref_sync_steps} but the run has no reference "
-                              "model to sync: nothing uses a KL to the reference. Set objective.kl_in_reward: true "
-                              "or objective.overrides.kl_coef > 0, or set objective.ref_sync_steps: 0.")
-        if cfg.model.lora.enabled:
-            raise ConfigError(f"`objective.ref_sync_steps` = {ob.ref_sync_steps} with `model.lora.enabled` = true: "
-                              "the reference is the merged base model and the LoRA policy has other parameters, so "
-                              "the two cannot be mixed (TRL refuses this too). Set objective.ref_sync_steps: 0 or "
-                              "train without LoRA.")
 
 
 #: the fields that only act through the KL in the reward, at their defaults

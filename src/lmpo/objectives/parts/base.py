@@ -8,8 +8,10 @@ A part is a frozen dataclass of its own parameters. Its class declares
 - ``stats``: the statistic keys it adds to an objective's stats, with their meaning;
 - ``formula`` and ``source``: one line each for the generated tables; the class docstring is the reference.
 
-Parameters are dataclass fields made with :func:`param`, which records the help text and the allowed range
-or choices; :meth:`Part.__post_init__` checks them, so a part is valid once built and never written again
+Parameters are dataclass fields made with :func:`param` (:func:`lmpo.config.option`, the one field schema of
+lmpo, with the range spelled ``low``/``high``), which records the help text and the allowed range or choices;
+:meth:`Part.__post_init__` checks them with :func:`lmpo.config.check_value` (errors are
+:class:`lmpo.config.ConfigError`, a ``ValueError``; a wrong type is also a ``TypeError``), so a part is valid once built and never written again
 (defaults that depend on another parameter are resolved on read, by :meth:`Part.value`).
 
 Adding a part is one new class decorated with its registry's ``register`` (plus its tests); the name lists,
@@ -20,15 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import typing
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from lmpo._hints import type_hints
+from lmpo.config import ConfigError, FieldTypeError, bounds, check_value, number_type, option
 
 INPUTS: Mapping[str, str] = {
     "ref_logp": "(B, T) log-probs of the sampled tokens under the reference policy",
@@ -49,68 +50,22 @@ INPUTS: Mapping[str, str] = {
 def param(default: Any, help: str, *, low: float | None = None, high: float | None = None,
           low_inclusive: bool = False, high_inclusive: bool = True, choices: tuple | None = None,
           hint: str = "") -> Any:
-    """A part parameter: its default, one line of help, and the range (``low``/``high``) or ``choices``."""
-    meta = {"help": help, "low": low, "high": high, "low_inclusive": low_inclusive,
-            "high_inclusive": high_inclusive, "choices": choices, "hint": hint}
-    return field(default=default, metadata=meta)
-
-
-def _interval(meta: Mapping[str, Any]) -> str:
-    lo = "-inf" if meta["low"] is None else f"{meta['low']:g}"
-    hi = "inf" if meta["high"] is None else f"{meta['high']:g}"
-    return f"{'[' if meta['low_inclusive'] else '('}{lo}, {hi}{']' if meta['high_inclusive'] else ')'}"
-
-
-def _number_type(tp: Any) -> type | None:
-    """float / int for a (possibly optional) numeric annotation, else None."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_args(tp) else [tp]
-    for a in args:
-        if a in (float, int):
-            return a
-    return None
+    """A part parameter: :func:`lmpo.config.option` with the range spelled ``low``/``high`` (exclusive below and
+    inclusive above unless ``low_inclusive``/``high_inclusive`` say otherwise) or ``choices``."""
+    return option(default, help, choices=choices, hint=hint,
+                  **bounds(low, high, low_inclusive=low_inclusive, high_inclusive=high_inclusive))
 
 
 def coerce_param(owner: str, name: str, value: Any, tp: Any) -> Any:
     """A YAML / command-line value for a parameter annotated ``tp``: numbers written as strings
     (YAML 1.1 reads ``1e-4`` as a string) become numbers; anything else is returned unchanged."""
-    number = _number_type(tp)
+    number = number_type(tp)
     if number is not None and isinstance(value, str):
         try:
             return float(value) if number is float else int(value)
         except ValueError:
-            raise TypeError(f"{name}={value!r} ({owner}) must be a number.") from None
+            raise FieldTypeError(f"{name}={value!r} ({owner}) must be a number.") from None
     return value
-
-
-def check_value(owner: str, name: str, value: Any, meta: Mapping[str, Any], tp: Any) -> None:
-    """Raise TypeError / ValueError unless ``value`` fits the parameter's type, range or choices."""
-    if value is None and "None" in str(tp):
-        return
-    if meta.get("choices") is not None:
-        if value not in meta["choices"]:
-            close = difflib.get_close_matches(str(value), [str(c) for c in meta["choices"]], n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"{name}={value!r} ({owner}) is not a known choice; use one of "
-                             f"{', '.join(map(repr, meta['choices']))}.{hint}")
-        return
-    number = _number_type(tp)
-    if tp is bool or str(tp) == "bool":
-        if not isinstance(value, bool):
-            raise TypeError(f"{name}={value!r} ({owner}) must be true or false.")
-        return
-    if number is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} ({owner}) must be a number, got {value!r} ({type(value).__name__}).")
-    ok = math.isfinite(value)
-    if ok and meta.get("low") is not None:
-        ok = value >= meta["low"] if meta["low_inclusive"] else value > meta["low"]
-    if ok and meta.get("high") is not None:
-        ok = value <= meta["high"] if meta["high_inclusive"] else value < meta["high"]
-    if not ok:
-        fix = f" {meta['hint']}" if meta.get("hint") else ""
-        raise ValueError(f"{name}={value!r} is out of range; it must lie in {_interval(meta)} ({owner}).{fix}")
-
 
 
 @dataclass(frozen=True)
@@ -130,7 +85,7 @@ class Part:
         hints = type_hints(type(self))
         owner = f"{self.kind} {self.name!r}"
         for f in dataclasses.fields(self):
-            check_value(owner, f.name, getattr(self, f.name), f.metadata, hints[f.name])
+            check_value(getattr(self, f.name), f.metadata, f.name, tp=hints[f.name], owner=owner)
         self.check()
 
     def check(self) -> None:
@@ -174,7 +129,7 @@ class Registry(Mapping[str, type]):
         except (KeyError, TypeError):
             close = difflib.get_close_matches(str(name), list(self._entries), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"{self.kind}={name!r} is not a known choice; use one of "
+            raise ConfigError(f"{self.kind}={name!r} is not a known choice; use one of "
                              f"{', '.join(map(repr, self._entries))}.{hint}") from None
 
     def __contains__(self, name: object) -> bool:

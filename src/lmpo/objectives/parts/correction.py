@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lmpo.config import ConfigError
+
 from .base import Context, Part, Registry, param
 
 CORRECTIONS = Registry("correction", "Rollout correction")
@@ -113,7 +115,7 @@ class _Thresholded(Correction):
     def check(self) -> None:
         low, high = self.is_min, self.is_max
         if low is not None and high is not None and not low <= high:
-            raise ValueError(f"is_min={low!r} must not exceed is_max={high!r} ({self.kind} {self.name!r}).")
+            raise ConfigError(f"is_min={low!r} must not exceed is_max={high!r} ({self.kind} {self.name!r}).")
 
     def finish(self, weight: torch.Tensor, ctx: Context, stats: dict[str, torch.Tensor]) -> torch.Tensor:
         stats["rollout/kl_k3"] = mismatch_kl(ctx)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lmpo.config import ConfigError
+
 from .base import Context, Part, Registry, param
 
 COV_CONTROLS = Registry("cov_control", "Covariance control")
@@ -87,10 +89,36 @@ def _bound(fraction: float, numel: int) -> int:
     return max(1, min(numel, math.floor(fraction * numel)))
 
 
+def flat_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.reshape(-1).topk(k)`` (values and flat indices, sorted descending) through a partial selection.
+
+    A top-k over all N entries costs more than the rest of clip_cov's selection on CPU; this one reads them once.
+    The flat tensor is cut into blocks of S entries (plus a tail of fewer than S): each of the k largest entries
+    lies in a block whose maximum is at least the k-th largest value, and at most k blocks can have such a
+    maximum (each holds a different one of the k), so the k blocks with the largest maxima, and the tail, hold all
+    of them. One ``amax`` over the blocks, a top-k over the N/S maxima and one over the k·S gathered entries give
+    the same entries as the top-k over all N (under ties at the k-th value, which of the tied entries is returned
+    is unspecified either way).
+    """
+    flat = x.reshape(-1)
+    n = flat.numel()
+    size = 1 << max(3, round(math.log2(math.sqrt(n / k)))) if k > 0 else n  # about √(N/k): N/S ≈ k·S
+    blocks = n // size
+    if 4 * k * size > n:  # small tensors: the blocks would save nothing
+        return flat.topk(k)
+    body = flat[: blocks * size].view(blocks, size)
+    _, block_ids = body.amax(dim=1).topk(k)
+    index = (block_ids.unsqueeze(1) * size + torch.arange(size, device=x.device)).reshape(-1)
+    if blocks * size < n:  # the tail: always a candidate
+        index = torch.cat([index, torch.arange(blocks * size, n, device=x.device)])
+    values, pos = flat[index].topk(k)
+    return values, index[pos]
+
+
 def _ranked_pick(filled: torch.Tensor, threshold: float, count: torch.Tensor, bound: int):
     """Flat indices (bound,) of the highest entries of ``filled`` and which of them to keep: the first
     ``count`` that reach ``threshold``."""
-    values, index = filled.reshape(-1).topk(bound)  # sorted, descending
+    values, index = flat_topk(filled, bound)  # sorted, descending
     keep = (torch.arange(bound, device=filled.device) < count) & (values >= threshold)
     return index, keep, values
 
@@ -118,19 +146,21 @@ def clip_cov_pick(
     ``trust_free`` (float 0/1, 1 where the trust region did not clip) may replace ``trust_clipped``.
     """
     with torch.no_grad():
-        # float 0/1 candidates lb < cov < ub by sign arithmetic (bool comparisons and their conversion cost far
-        # more on CPU); −inf or the lowest float (invalid, when so filled) is never a candidate
-        candidates = torch.sign(cov - lb).clamp_(min=0.0).mul_(torch.sign(ub - cov).clamp_(min=0.0))
+        # float 0/1 candidates lb < cov < ub: (cov − lb)·(ub − cov) > 0, compared in place so the result stays
+        # float (bool comparisons and their conversion cost far more on CPU). A rounded difference keeps its
+        # sign, and both factors cannot be negative as lb < ub; −inf or the lowest float (invalid, when so
+        # filled) gives −inf, never a candidate
+        candidates = (cov - lb).mul_(ub - cov).gt_(0.0)
         if valid is not None:
             candidates.mul_(valid)
         if trust_clipped is not None:
             candidates.mul_(~trust_clipped)
-        # keys: uniform in [1, 2) for candidates, in [0, 1) or 0 for everything else (no ties among the
-        # candidates, so topk stays fast)
+        # keys: uniform in [1, 2) for candidates, in [0, 1) for everything else; only keys >= 1 are kept
         keys = torch.rand(cov.shape, generator=generator, device=cov.device, dtype=cov.dtype)
-        keys.add_(candidates)
-        if trust_free is not None:
-            keys.mul_(trust_free)  # clipped by the trust region → 0
+        if trust_free is not None:  # clipped by the trust region → no candidate (its key stays below 1)
+            keys.addcmul_(candidates, trust_free)
+        else:
+            keys.add_(candidates)
         index, keep, _ = _ranked_pick(keys, 1.0, _count(ratio, num_valid), _bound(ratio, cov.numel()))
         return index, keep
 
@@ -251,7 +281,7 @@ class ClipCov(CovControl):
 
     def check(self) -> None:
         if not self.clip_cov_ub > self.clip_cov_lb:
-            raise ValueError(f"clip_cov_ub={self.clip_cov_ub!r} must exceed clip_cov_lb={self.clip_cov_lb!r} "
+            raise ConfigError(f"clip_cov_ub={self.clip_cov_ub!r} must exceed clip_cov_lb={self.clip_cov_lb!r} "
                              f"(defaults 1 and 5).")
 
     def apply(self, ctx, term, per_token, policy_m, stats):

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lmpo.config import ConfigError
+
 from .base import Context, Part, Registry, param
 
 REJECTIONS = Registry("rejection", "Rejection")
@@ -82,13 +84,13 @@ class Divergence(Rejection):
 
     def check(self) -> None:
         if self.rs_estimator == "k1" and self.rs_level == "seq_max":
-            raise ValueError("rs_level='seq_max' takes rs_estimator='k2' or 'k3' (verl has no seq_max_k1); set "
+            raise ConfigError("rs_level='seq_max' takes rs_estimator='k2' or 'k3' (verl has no seq_max_k1); set "
                              "rs_estimator='k3' or rs_level='seq_mean'.")
         if self.rs_min is not None and self.rs_estimator != "k1":
-            raise ValueError(f"rs_min={self.rs_min!r} applies to rs_estimator='k1' only (k2 and k3 are bounded "
+            raise ConfigError(f"rs_min={self.rs_min!r} applies to rs_estimator='k1' only (k2 and k3 are bounded "
                              f"above by rs_max); drop rs_min or set rs_estimator='k1'.")
         if self.rs_min is not None and not self.rs_min <= self.rs_max:
-            raise ValueError(f"rs_min={self.rs_min!r} must not exceed rs_max={self.rs_max!r}.")
+            raise ConfigError(f"rs_min={self.rs_min!r} must not exceed rs_max={self.rs_max!r}.")
 
     def keep(self, ctx, stats):
         with torch.no_grad():
