@@ -34,6 +34,7 @@ from lmpo.config import (
 )
 from lmpo.config import option as _f
 from lmpo.rlvcr.config import RLVCRConfig
+from lmpo.trainer.episodes import EnvConfig, validate_env
 from lmpo.trainer.teacher import TeacherConfig, validate_teacher
 
 __all__ = ["ConfigError", "TrainConfig", "config_from_dict", "config_to_dict", "load_config", "parse_overrides",
@@ -348,6 +349,8 @@ class TrainConfig:
     logging: LoggingConfig = _f(LoggingConfig(), "Logging section.")
     rlvcr: RLVCRConfig = _f(RLVCRConfig(), "RLVCR thinking-level expansion section (docs/rlvcr.md).")
     teacher: TeacherConfig = _f(TeacherConfig(), "Teacher of on-policy distillation (objective `distill` parts).")
+    env: EnvConfig = _f(EnvConfig(), "Multi-turn environment section (docs/multiturn.md): episodes instead of "
+                        "single-turn completions.")
 
     # ---- derived totals (units in the names) ------------------------------------------------------
     @property
@@ -580,6 +583,7 @@ def validate_config(cfg: TrainConfig) -> None:
     _check_kl_fields(cfg, objective)
     _check_dapo(cfg, objective)
     validate_teacher(cfg, objective)
+    validate_env(cfg, objective)
     if cfg.teacher.name:
         _check_model_source("teacher.name", cfg.teacher.name)
 
