@@ -199,3 +199,45 @@ def test_env_fields_without_an_env_are_refused(tmp_path):
 def test_estimator_needing_a_greedy_baseline_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="remax"):
         env_trainer(tmp_path / "run", objective={"advantage_estimator": "remax"})
+
+
+def test_resume_equals_uninterrupted_multiturn_run(tmp_path):
+    """Episodes are seeded by (loop.seed, step): a run killed after step 2 and resumed ends where the
+    uninterrupted one does, bit for bit (weights and logged metrics)."""
+    import lmpo.trainer.loop as loop_mod
+    from lmpo.trainer.checkpoint import list_checkpoints
+    from lmpo.trainer.metrics import read_jsonl
+
+    sections = {"loop": {"steps": 4, "prompts_per_step": 4}, "rollout": {"completions_per_prompt": 4},
+                "checkpoint": {"every_steps": 2, "keep_last": 0}, "eval": {"every_steps": 2}}
+    full = env_trainer(tmp_path / "full", "GuessNumber-v0", **sections)
+    initial = {k: v.clone() for k, v in full.model.state_dict().items()}
+    full.train()
+    assert any(not torch.equal(initial[k], v) for k, v in full.model.state_dict().items())  # it learned something
+    part = env_trainer(tmp_path / "part", "GuessNumber-v0", **sections)
+    real_step = loop_mod.Trainer.rl_step
+
+    def crash_in_step_three(self, step):
+        if step == 3:
+            raise KeyboardInterrupt("simulated kill during step 3")
+        return real_step(self, step)
+
+    loop_mod.Trainer.rl_step = crash_in_step_three
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            part.train()
+    finally:
+        loop_mod.Trainer.rl_step = real_step
+    assert [p.name for p in list_checkpoints(tmp_path / "part")] == ["step_00000002"]
+    model, tok = chat_model(seed=123)  # other initial weights: the checkpoint's must win
+    resumed = Trainer(config_from_dict(env_config(tmp_path / "part", "GuessNumber-v0", **sections)), model=model,
+                      tokenizer=tok, log=lambda msg: None)
+    resumed.train(resume="auto")
+    for k, v in full.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[k], v), k
+
+    def rows(run):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))}
+                for r in read_jsonl(tmp_path / run / "metrics.jsonl")]
+
+    assert rows("part") == rows("full")
