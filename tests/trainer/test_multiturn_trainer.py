@@ -241,3 +241,60 @@ def test_resume_equals_uninterrupted_multiturn_run(tmp_path):
                 for r in read_jsonl(tmp_path / run / "metrics.jsonl")]
 
     assert rows("part") == rows("full")
+
+
+def test_turn_advantages_by_hand():
+    from lmpo.objectives.advantages import make_estimator
+    from lmpo.trainer.episodes import turn_advantages
+
+    # group 0: ep0 rewards [0, 1], ep1 [0.5, 0]; group 1: ep2 [1] (one turn), ep3 [0, 0]; γ = 0.5
+    # returns-to-go: ep0 [0.5, 1], ep1 [0.5, 0], ep2 [1], ep3 [0, 0]
+    # RLOO (no scale), turn 0: ep0 0.5 − 0.5 = 0, ep1 0, ep2 1 − 0 = 1, ep3 −1
+    #                  turn 1: ep0 1 − 0 = 1, ep1 −1, ep3 alone in its group: 0
+    rewards = torch.tensor([[0.0, 1.0], [0.5, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 1]])
+    turn_ids = torch.tensor([[0, 0, -1, 1, 1], [0, -1, 1, -1, -1], [0, 0, 0, -1, -1], [0, -1, -1, 1, 1]])
+    groups = torch.tensor([0, 0, 1, 1])
+    adv = turn_advantages(make_estimator("rloo"), rewards, mask, turn_ids, groups, gamma=0.5)
+    expected = torch.tensor([[0.0, 0.0, 0.0, 1.0, 1.0], [0.0, 0.0, -1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0],
+                             [-1.0, 0.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(adv, expected, rtol=0, atol=1e-6)
+
+
+def test_turn_advantages_reduce_to_episode_advantages():
+    """γ = 1, rewards only at the last turn, equal turn counts: every token gets the episode-return advantage."""
+    from lmpo.objectives.advantages import make_estimator
+    from lmpo.trainer.episodes import turn_advantages
+
+    gen = torch.Generator().manual_seed(0)
+    B, K = 8, 3
+    final = torch.randint(0, 2, (B,), generator=gen).float()
+    rewards = torch.zeros(B, K)
+    rewards[:, -1] = final
+    groups = torch.arange(B) // 4
+    turn_ids = torch.tensor([[0, 0, -1, 1, -1, 2, 2]] * B)
+    estimator = make_estimator("grpo")
+    adv = turn_advantages(estimator, rewards, torch.ones(B, K, dtype=torch.long), turn_ids, groups, gamma=1.0)
+    episode = estimator(final, groups)[0]
+    torch.testing.assert_close(adv, episode[:, None].expand(B, 7) * (turn_ids >= 0), rtol=0, atol=0)
+
+
+def test_trainer_with_turn_discount(tmp_path):
+    """Per-turn credit in the trainer: (B, T) advantages, zero on the environment's tokens; turn penalties make
+    earlier turns' returns differ from the episode's."""
+    trainer = env_trainer(tmp_path / "run", "GuessNumber-v0", env={"turn_discount": 0.9,
+                                                                   "options": {"turn_penalty": 0.1}},
+                          loop={"steps": 2, "prompts_per_step": 4}, rollout={"completions_per_prompt": 4})
+    batches = capture_batches(trainer)
+    result = trainer.train()
+    assert len(batches) == 2 and all(math.isfinite(r["loss/total"]) for r in result.history)
+    for b in batches:
+        assert b.advantages.shape == b.completion_ids.shape
+        assert not b.advantages[~b.loss_mask & b.attention_mask[:, -b.completion_ids.shape[1]:].bool()].any()
+    assert any(b.advantages[b.loss_mask].abs().sum() > 0 for b in batches)
+
+
+def test_turn_discount_refuses_estimators_with_inputs(tmp_path):
+    with pytest.raises(ConfigError, match="turn_discount"):
+        env_trainer(tmp_path / "run", env={"turn_discount": 0.9},
+                    objective={"advantage_estimator": "reinforce_plus_plus"})

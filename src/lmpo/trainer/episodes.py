@@ -26,14 +26,18 @@ import torch
 from lmpo.config import ConfigError
 from lmpo.config import option as _f
 from lmpo.envs import ENVS, EpisodeBudget, make_env
+from lmpo.errors import InputError
 from lmpo.generation import Rollout, RolloutBatch
 from lmpo.generation.episodes import (
     ON_ENV_ERROR,
     Episode,
+    EpisodeBatch,
     EpisodeRunner,
     HFTurnSampler,
     collate_episodes,
     episode_metrics,
+    per_turn_to_tokens,
+    turn_returns,
 )
 from lmpo.trainer.sampling import ScoredRollout
 
@@ -57,6 +61,10 @@ class EnvConfig:
     step_timeout_s: float | None = _f(None, "Wall-clock limit of one `reset`/`step` call (unset: none).", gt=0)
     chat_template: str | None = _f(None, "Jinja chat template used instead of the tokenizer's own to render "
                                    "openings and observations.")
+    turn_discount: float | None = _f(None, "Per-turn credit: with γ set, each turn's tokens get the advantage "
+                                     "estimator applied to that turn's discounted return-to-go `G_k = Σ_{j≥k} "
+                                     "γ^(j−k) r_j` over the group's episodes that reached turn k; unset: every "
+                                     "token of an episode gets the advantage of its return.", ge=0, le=1)
 
 
 def validate_env(cfg, objective) -> None:
@@ -64,7 +72,8 @@ def validate_env(cfg, objective) -> None:
     env = cfg.env
     if env.id is None:
         changed = [k for k, d in (("options", {}), ("budget", EpisodeBudget()), ("on_env_error", "raise"),
-                                  ("step_timeout_s", None), ("chat_template", None)) if getattr(env, k) != d]
+                                  ("step_timeout_s", None), ("chat_template", None), ("turn_discount", None))
+                   if getattr(env, k) != d]
         if changed:
             raise ConfigError(f"`env.{changed[0]}` is set but `env.id` is not: it only acts on multi-turn runs. Set "
                               "env.id to an environment (e.g. ToolArithmetic-v0) or remove it.")
@@ -99,20 +108,35 @@ def validate_env(cfg, objective) -> None:
          "pass@k samples single completions; set it to 0 (evaluation plays greedy episodes)"),
         ("teacher" in objective.needs or bool(cfg.teacher.name), "a distillation teacher",
          "on-policy distillation over episodes is not supported; remove the distill part and teacher.name"),
+        (env.turn_discount is not None and cfg.objective.kl_in_reward, "`objective.kl_in_reward` = true with "
+         f"`env.turn_discount` = {env.turn_discount}", "the KL penalty shapes episode returns, not turn rewards; "
+         "use the KL in the loss (objective.overrides.kl_coef) or unset env.turn_discount"),
     ]
     for bad, what, fix in refused:
         if bad:
             raise ConfigError(f"{what} is not supported with `env.id` = {env.id!r} (multi-turn training): {fix}.")
 
 
-def check_estimator(estimator, env_id: str, name: str) -> None:
+def check_estimator(estimator, env_id: str, name: str, turn_discount: float | None = None) -> None:
     """The advantage estimator must need nothing the episode stage cannot give (ReMax's greedy baseline,
-    per-function reward components)."""
-    missing = set(estimator.required_inputs()) - EPISODE_ADVANTAGE_INPUTS
+    per-function reward components; with per-turn credit, anything beyond the returns)."""
+    missing = set(estimator.required_inputs()) - (EPISODE_ADVANTAGE_INPUTS if turn_discount is None else set())
+    if missing and turn_discount is not None:
+        raise ConfigError(f"`objective.advantage_estimator` = {name!r} needs {', '.join(sorted(missing))}, which "
+                          f"per-turn credit (`env.turn_discount` = {turn_discount}) does not provide; use grpo, "
+                          "rloo or gpg, or unset env.turn_discount.")
     if missing:
         raise ConfigError(f"`objective.advantage_estimator` = {name!r} needs {', '.join(sorted(missing))}, which "
                           f"multi-turn episodes (`env.id` = {env_id!r}) do not provide; use grpo, rloo, "
                           "reinforce_plus_plus or another estimator of episode returns.")
+
+
+def check_chat_template(tokenizer, env, model_name: str) -> None:
+    """Episodes are rendered with a chat template: the tokenizer's or ``env.chat_template``."""
+    if env.chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise InputError(f"`env.id` = {env.id!r}: multi-turn episodes are rendered with a chat template, and the "
+                         f"tokenizer of model {model_name!r} has none. Use a chat model, or give the Jinja template "
+                         "as env.chat_template.")
 
 
 def make_runner(model, tokenizer, env, *, temperature: float, top_p: float = 1.0, top_k: int = 0) -> EpisodeRunner:
@@ -128,8 +152,8 @@ def env_factory(env):
 
 
 def episodes_to_rollout(episodes: Sequence[Episode], tokenizer, device: torch.device
-                        ) -> tuple[Rollout, RolloutBatch, torch.Tensor]:
-    """Episodes as ``(rollout, batch, returns (B,))``.
+                        ) -> tuple[Rollout, RolloutBatch, EpisodeBatch]:
+    """Episodes as ``(rollout, batch, collated)``: ``collated`` is ``collate_episodes``' batch (CPU).
 
     The rollout carries what the step's metrics, advantage inputs and completion log read: its
     ``completion_mask`` is the *policy* mask (so ``completion_lengths`` counts the tokens the policy sampled,
@@ -146,17 +170,38 @@ def episodes_to_rollout(episodes: Sequence[Episode], tokenizer, device: torch.de
     batch = RolloutBatch(input_ids=eb.input_ids.to(device), attention_mask=eb.full_attention_mask.to(device),
                          completion_ids=eb.completion_ids.to(device), loss_mask=eb.loss_mask.to(device).bool(),
                          rollout_logp=eb.logprobs.to(device))
-    return rollout, batch, eb.returns.to(device)
+    return rollout, batch, eb
+
+
+def turn_advantages(estimator, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
+                    group_ids: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Per-token advantages of per-turn credit: (B, T), 0 on the environment's tokens and padding.
+
+    ``G = turn_returns(turn_rewards, turn_mask, γ)`` (B, K); for each turn index k the estimator runs on
+    ``G[:, k]`` of the episodes that reached turn k, grouped by ``group_ids``; ``per_turn_to_tokens`` spreads
+    the (B, K) result over each turn's tokens. Naive equivalent (GRPO, scale ``group``):
+    ``A[b, k] = (G[b, k] − mean_{g: same group, has turn k} G[g, k]) / (std + ε)``. With γ = 1, rewards only at
+    the last turn and every episode of a group as long, every token gets the episode-return advantage.
+    """
+    G = turn_returns(turn_rewards, turn_mask, gamma)
+    A = torch.zeros_like(G)
+    for k in range(G.shape[1]):
+        rows = turn_mask[:, k].bool()
+        if rows.any():
+            A[rows, k] = estimator(G[rows, k], group_ids[rows])[0].to(A.dtype)
+    return per_turn_to_tokens(A, turn_ids)
 
 
 @dataclass
 class PlayedStep:
-    """One RL step's episodes: scored like a single-turn draw, the batch to train on, the ``episodes/*`` metrics."""
+    """One RL step's episodes: scored like a single-turn draw, the batch to train on, the ``episodes/*`` metrics
+    and the collated episodes (their per-turn rewards, for per-turn credit)."""
 
     scored: ScoredRollout
     batch: RolloutBatch
     metrics: dict[str, float]
     episodes: list[Episode]
+    episode_batch: EpisodeBatch
 
 
 def play_step(runner: EpisodeRunner, env, examples: Sequence, completions_per_example: int, *, seed: int,
@@ -164,14 +209,14 @@ def play_step(runner: EpisodeRunner, env, examples: Sequence, completions_per_ex
     """Play G episodes of each example and score them: reward = episode return, correct = an
     ``info["correct"]`` turn (or a positive return where the environment judges no answer)."""
     episodes = runner.run(env_factory(env), list(examples), completions_per_example, seed=seed, generator=generator)
-    rollout, batch, returns = episodes_to_rollout(episodes, tokenizer, device)
+    rollout, batch, eb = episodes_to_rollout(episodes, tokenizer, device)
     judged = any("correct" in i for e in episodes for i in e.infos)
     correct = torch.tensor([float(any(i.get("correct") for i in e.infos)) if judged else float(e.episode_return > 0)
                             for e in episodes])
-    scored = ScoredRollout(list(examples), rollout, returns, {}, correct)
+    scored = ScoredRollout(list(examples), rollout, eb.returns.to(device), {}, correct)
     metrics = episode_metrics(episodes)
     metrics.setdefault("episodes/success_rate", float(correct.mean()))
-    return PlayedStep(scored, batch, metrics, episodes)
+    return PlayedStep(scored, batch, metrics, episodes, eb)
 
 
 def evaluate_episodes(model, tokenizer, env, examples: Sequence, *, seed: int) -> dict[str, float]:

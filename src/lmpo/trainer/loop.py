@@ -106,7 +106,8 @@ class Trainer:
         self.objective, self.driver, self.estimator = build.build_objective(config.objective)
         self.episode_runner = None  # env.id: multi-turn episodes (lmpo.trainer.episodes), built at the first step
         if config.env.id is not None:
-            episodes.check_estimator(self.estimator, config.env.id, config.objective.advantage_estimator)
+            episodes.check_estimator(self.estimator, config.env.id, config.objective.advantage_estimator,
+                                     config.env.turn_discount)
         try:
             self.task = task if task is not None else build.build_task(config.task, config.env)
         except build.TASK_ERRORS as e:
@@ -127,6 +128,7 @@ class Trainer:
             self.eval_examples = render_prompts(eval_examples, tokenizer, tk.prompt_format, tk.chat_template, **names)
         else:  # the episode runner renders each environment's opening itself
             self.train_examples, self.eval_examples = list(train_examples), list(eval_examples)
+            episodes.check_chat_template(tokenizer, config.env, config.model.name)
         self.scorer, self.accuracy_fn = build.build_rewards(config.rewards, self.task,
                                                             self.train_examples + self.eval_examples, self.device)
         if config.loop.gradient_checkpointing:
@@ -303,6 +305,10 @@ class Trainer:
             ro, adv, keep, full = rl.rollout, rl.advantages, rl.keep, RolloutBatch.from_rollout(rl.rollout, dev)
             stats.update(rl.metrics)
 
+        if cfg.env.id is not None and cfg.env.turn_discount is not None:  # per-turn credit: (B, T) advantages
+            eb = self._episode_turns
+            adv = episodes.turn_advantages(self.estimator, eb.turn_rewards.to(dev), eb.turn_mask.to(dev),
+                                           eb.turn_ids.to(dev), group, cfg.env.turn_discount)
         # the sequences trained on; the reference log-probs of the KL in the reward are reused when needed
         idx = torch.nonzero(keep).squeeze(-1)
         batch = full.with_(advantages=adv, ref_logp=kl_ref_logp if self.driver.needs.ref_logp else None).select(idx)
@@ -367,7 +373,7 @@ class Trainer:
                                         seed=seed % 2**31, generator=torch.Generator(self.device).manual_seed(seed),
                                         tokenizer=self.tokenizer, device=self.device)
         self._generate_s += time.perf_counter() - t
-        self._episode_batch = played.batch
+        self._episode_batch, self._episode_turns = played.batch, played.episode_batch
         return played.scored, played.metrics
 
     # ---------------------------------------------------------------- the update
