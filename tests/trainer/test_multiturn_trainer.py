@@ -298,3 +298,12 @@ def test_turn_discount_refuses_estimators_with_inputs(tmp_path):
     with pytest.raises(ConfigError, match="turn_discount"):
         env_trainer(tmp_path / "run", env={"turn_discount": 0.9},
                     objective={"advantage_estimator": "reinforce_plus_plus"})
+
+
+def test_lmpo_eval_refuses_a_multiturn_run(tmp_path):
+    """`lmpo eval RUN` plays no episodes: a multi-turn run's own task would silently be the single-turn default."""
+    from lmpo.errors import InputError
+    from lmpo.trainer.eval_cli import _run_task_examples
+
+    with pytest.raises(InputError, match="multi-turn episodes"):
+        _run_task_examples(config_from_dict(env_config(tmp_path)))
