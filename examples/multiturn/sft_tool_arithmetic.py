@@ -7,6 +7,9 @@ mean number of turns are measured with greedy episodes before and after. This is
 learning: it shows that the task is within the tiny model's reach and gives RL a policy that uses the tool.
 
     PYTHONPATH=src python examples/multiturn/sft_tool_arithmetic.py      # the defaults are the run in docs/multiturn.md
+
+``--save DIR`` writes the warmed-up model and its tokenizer (chat template included) as a Hugging Face model
+directory, which ``model.name: DIR`` loads as the starting policy of an RL run (docs/multiturn.md, "Training").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from lmpo.envs import EpisodeBudget, make_env_task
 from lmpo.generation.episodes import HFTurnSampler, collate_episodes, episode_metrics, run_episodes
 from lmpo.models import build_chat_tokenizer, build_tiny_model
+from lmpo.models.saving import write_hf_files
 
 ENV = "ToolArithmetic-v0"
 
@@ -44,6 +48,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--show", type=int, default=3, help="held-out conversations printed after training")
+    parser.add_argument("--save", default=None, help="write the trained model and tokenizer to this directory")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -85,6 +90,8 @@ def main() -> None:
         if len(losses) % 25 == 0:
             print(f"[{time.monotonic() - start:.0f}s] step {len(losses)}: loss {sum(losses[-25:]) / 25:.4f}", flush=True)
     model.eval()
+    if args.save:
+        write_hf_files(args.save, model, tokenizer)
     after = evaluate(model, tokenizer, held_out, budget, show=args.show)
     print(json.dumps({
         "demonstrations": len(demos), "demo_tokens_per_episode": round(batch.attention_mask.sum().item() / len(demos), 1),

@@ -63,6 +63,11 @@ def _file_task_base(d: Path) -> None:
     (d / "base.yaml").write_text(yaml.safe_dump({**BASE, "task": task}))
 
 
+def _env_base(d: Path) -> None:
+    """The base config without the addition task's options (a multi-turn run's examples come from its env)."""
+    (d / "base.yaml").write_text(yaml.safe_dump({**BASE, "task": {"eval_examples": 4}}))
+
+
 def _stored_run(d: Path) -> None:
     """A trainer run directory with its config and metrics but no checkpoint yet."""
     from lmpo.trainer.config import config_from_dict, save_config
@@ -183,6 +188,16 @@ CASES: list[Case] = [
     Case("task-missing-field", (*T, "--task.path", "rows.jsonl"), "rows without an answer field",
          setup=_all(_file_task_base, _write("rows.jsonl", '{"prompt": "1+1=", "solution": "2"}\n'))),
     Case("task-bad-option", (*T, "--task.options.max_digits", "0"), "a task option out of range", setup=_base),
+    # ---- lmpo train: multi-turn environments (env section)
+    Case("env-typo", (*T, "--env.id", "ToolArithmetc-v0"), "an environment id with a typo", setup=_base),
+    Case("env-without-id", (*T, "--env.budget.max_turns", "2"), "an episode budget without an environment",
+         setup=_base),
+    Case("env-dynamic-sampling", (*T, "--env.id", "GuessNumber-v0", "--rollout.dynamic_sampling", "true"),
+         "DAPO dynamic sampling with an environment", setup=_env_base),
+    Case("env-remax", (*T, "--env.id", "GuessNumber-v0", "--objective.advantage_estimator", "remax"),
+         "an estimator that needs a greedy single-turn baseline, with an environment", setup=_env_base),
+    Case("env-no-chat-template", (*T, "--env.id", "GuessNumber-v0"),
+         "an environment with a model whose tokenizer has no chat template", setup=_env_base),
     # ---- lmpo train: objective and rewards
     Case("preset-typo", (*T, "--objective.preset", "grpoo"), "an objective preset with a typo", setup=_base),
     Case("objective-override", (*T, "--objective.overrides.eps_hihg", "0.3"), "an objective field with a typo",

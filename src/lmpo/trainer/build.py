@@ -60,9 +60,15 @@ def build_objective(ob) -> tuple[Objective, ObjectiveDriver, object]:
     return objective, ObjectiveDriver(objective), estimator
 
 
-def build_task(tk):
+def build_task(tk, env=None):
     """The task of a run's ``task`` section through the one loader, ``lmpo.tasks.load_task`` (``task.name`` is a
-    built-in task, ``file`` or ``hf``). Raises one of ``TASK_ERRORS``; ``task_error`` words it for the user."""
+    built-in task, ``file`` or ``hf``); with an ``env`` section whose ``id`` is set, the environment's task
+    (``lmpo.envs.make_env_task``, with ``task.options``). Raises one of ``TASK_ERRORS``; ``task_error`` words it
+    for the user."""
+    if env is not None and env.id is not None:
+        from lmpo.envs import make_env_task
+
+        return make_env_task(env.id, **tk.options)
     if tk.name in ("file", "hf"):
         source = tk.path if tk.name == "file" else tk.hf_name
         return load_task(source, kind=tk.name, prompt_field=tk.prompt_field, answer_field=tk.answer_field,
@@ -70,8 +76,13 @@ def build_task(tk):
     return load_task(tk.name, kind="builtin", **tk.options)
 
 
-def task_error(tk, e: Exception) -> InputError:
+def task_error(tk, e: Exception, env=None) -> InputError:
     """A task that cannot be built, as one message naming the config keys to fix."""
+    if env is not None and env.id is not None:
+        detail = " ".join(str(e).split())
+        return InputError(f"the task of `env.id` = {env.id!r} cannot be built with `task.options` = {tk.options!r} "
+                          f"({type(e).__name__}: {detail}). Give options of the environment's task "
+                          "(lmpo.envs.ENVS[id].task) or none.")
     what = {"file": f"`task.path` = {tk.path!r}", "hf": f"`task.hf_name` = {tk.hf_name!r}"}.get(
         tk.name, f"`task.name` = {tk.name!r} with `task.options` = {tk.options!r}")
     detail = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())

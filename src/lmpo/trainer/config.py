@@ -36,6 +36,7 @@ from lmpo.config import (
 )
 from lmpo.config import option as _f
 from lmpo.rlvcr.config import RLVCRConfig
+from lmpo.trainer.episodes import EnvConfig, validate_env
 from lmpo.trainer.teacher import TeacherConfig, validate_teacher
 
 __all__ = ["ConfigError", "TrainConfig", "config_from_dict", "config_to_dict", "load_config", "parse_overrides",
@@ -530,6 +531,8 @@ class TrainConfig:
     logging: LoggingConfig = _f(LoggingConfig(), "Logging section.")
     rlvcr: RLVCRConfig = _f(RLVCRConfig(), "RLVCR thinking-level expansion section (docs/rlvcr.md).")
     teacher: TeacherConfig = _f(TeacherConfig(), "Teacher of on-policy distillation (objective `distill` parts).")
+    env: EnvConfig = _f(EnvConfig(), "Multi-turn environment section (docs/multiturn.md): episodes instead of "
+                        "single-turn completions.")
 
     def validate(self) -> None:
         """Check every field that can be checked without building a model; raise ConfigError.
@@ -541,6 +544,7 @@ class TrainConfig:
         objective = self.objective.validate()
         _check_across_sections(self, objective)
         validate_teacher(self, objective)
+        validate_env(self, objective)
         if self.teacher.name:
             _check_model_source("teacher.name", self.teacher.name)
         self.rollout.validate()

@@ -185,6 +185,10 @@ def _run_task_examples(cfg):
     """The held-out examples a run evaluated (its ``task`` section), its accuracy reward and a description."""
     from lmpo.trainer.build import TASK_ERRORS, build_task
 
+    if cfg.env.id is not None:  # its own task would be the single-turn default, not what the run trained on
+        raise InputError(f"the run trained on multi-turn episodes of `env.id` = {cfg.env.id!r}, which `lmpo eval` "
+                         "does not play (it evaluates single-turn completions); the run's held-out episode success "
+                         "is its `eval/accuracy` in metrics.jsonl, or give --task to evaluate single-turn anyway.")
     try:
         task = build_task(cfg.task)
     except TASK_ERRORS as e:

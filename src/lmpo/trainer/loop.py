@@ -40,7 +40,7 @@ from lmpo.plots import plot_runs
 from lmpo.rlvcr.expansion import rlvcr_stage
 from lmpo.runs import RunLock, stop_on_sigint
 from lmpo.tasks import render_prompts
-from lmpo.trainer import build, stages
+from lmpo.trainer import build, episodes, stages
 from lmpo.trainer import checkpoint as ckpt
 from lmpo.trainer.completions import CompletionLog, completion_records
 from lmpo.trainer.config import TrainConfig, config_to_dict, validate_config
@@ -104,10 +104,14 @@ class Trainer:
         self.loss_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None
         #: the estimator's extra inputs come from ``stages.advantage_inputs``
         self.objective, self.driver, self.estimator = build.build_objective(config.objective)
+        self.episode_runner = None  # env.id: multi-turn episodes (lmpo.trainer.episodes), built at the first step
+        if config.env.id is not None:
+            episodes.check_estimator(self.estimator, config.env.id, config.objective.advantage_estimator,
+                                     config.env.turn_discount)
         try:
-            self.task = task if task is not None else build.build_task(config.task)
+            self.task = task if task is not None else build.build_task(config.task, config.env)
         except build.TASK_ERRORS as e:
-            raise build.task_error(config.task, e) from None
+            raise build.task_error(config.task, e, config.env) from None
         train_examples = self.task.train_examples(seed=config.loop.seed)
         eval_examples = self.task.eval_examples()[: config.task.eval_examples]
         if model is None:
@@ -119,8 +123,12 @@ class Trainer:
         self.tokenizer = tokenizer
         # conversational prompts become text through the policy's chat template (lmpo.tasks.chat)
         tk, names = config.task, {"model_name": f"model {config.model.name!r}", "source": f"task {self.task.name!r}"}
-        self.train_examples = render_prompts(train_examples, tokenizer, tk.prompt_format, tk.chat_template, **names)
-        self.eval_examples = render_prompts(eval_examples, tokenizer, tk.prompt_format, tk.chat_template, **names)
+        if config.env.id is None:
+            self.train_examples = render_prompts(train_examples, tokenizer, tk.prompt_format, tk.chat_template, **names)
+            self.eval_examples = render_prompts(eval_examples, tokenizer, tk.prompt_format, tk.chat_template, **names)
+        else:  # the episode runner renders each environment's opening itself
+            self.train_examples, self.eval_examples = list(train_examples), list(eval_examples)
+            episodes.check_chat_template(tokenizer, config.env, config.model.name)
         self.scorer, self.accuracy_fn = build.build_rewards(config.rewards, self.task,
                                                             self.train_examples + self.eval_examples, self.device)
         if config.loop.gradient_checkpointing:
@@ -269,7 +277,8 @@ class Trainer:
         ro, rewards = scored.rollout, scored.rewards
         group = ro.group_ids.to(dev)
         t_gen = t0 + self._generate_s
-        full = RolloutBatch.from_rollout(ro, dev)
+        # multi-turn episodes come with their own batch: attention on every token, loss on the policy's only
+        full = self._episode_batch if self.cfg.env.id is not None else RolloutBatch.from_rollout(ro, dev)
         # KL in the reward (objective.kl_in_reward): the advantages see r − β·Σ KL, the reward metrics r
         adv_rewards, kl_stats, kl_ref_logp = stages.kl_in_reward(
             self.policy(), self.ref_model, full, rewards, self.kl_ctrl, settings=self.logprob_settings,
@@ -287,6 +296,8 @@ class Trainer:
                                      self.tokenizer.eos_token_id)
         stats.update(sampling_stats)
         stats.update(kl_stats)
+        if cfg.env.id is not None:  # a truncated episode is one cut by a budget, whether or not it sampled a stop
+            stats["completion/truncated_frac"] = ro.truncated.float().mean()
         if cfg.rlvcr.enabled:  # RLVCR (docs/rlvcr.md, lmpo.rlvcr): expand successes per thinking level, mix advantages
             rl = rlvcr_stage(self.model, self.tokenizer, ro, rewards, cfg.rlvcr, keep=keep, scale=obj.advantage_scale,
                              temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
@@ -294,6 +305,10 @@ class Trainer:
             ro, adv, keep, full = rl.rollout, rl.advantages, rl.keep, RolloutBatch.from_rollout(rl.rollout, dev)
             stats.update(rl.metrics)
 
+        if cfg.env.id is not None and cfg.env.turn_discount is not None:  # per-turn credit: (B, T) advantages
+            eb = self._episode_turns
+            adv = episodes.turn_advantages(self.estimator, eb.turn_rewards.to(dev), eb.turn_mask.to(dev),
+                                           eb.turn_ids.to(dev), group, cfg.env.turn_discount)
         # the sequences trained on; the reference log-probs of the KL in the reward are reused when needed
         idx = torch.nonzero(keep).squeeze(-1)
         batch = full.with_(advantages=adv, ref_logp=kl_ref_logp if self.driver.needs.ref_logp else None).select(idx)
@@ -318,6 +333,8 @@ class Trainer:
     def _sample_and_score(self, step: int) -> tuple[ScoredRollout, dict[str, float]]:
         """This step's scored rollout: one draw, or DAPO dynamic sampling's draws (``rollout.dynamic_sampling``)."""
         ro = self.cfg.rollout
+        if self.cfg.env.id is not None:
+            return self._play_episodes(step)
         if not ro.dynamic_sampling:
             return self._draw(step, 0), {}
         return dynamic_sample(lambda k: self._draw(step, k), self.cfg.loop.prompts_per_step,
@@ -339,6 +356,25 @@ class Trainer:
         return stages.score(self.scorer, self.accuracy_fn, examples, ro, success_threshold=rw.success_threshold,
                             device=self.device, max_new_tokens=cfg.rollout.max_new_tokens,
                             overlong_buffer_len=rw.overlong_buffer_len, overlong_penalty_factor=rw.overlong_penalty_factor)
+
+    def _play_episodes(self, step: int) -> tuple[ScoredRollout, dict[str, float]]:
+        """Multi-turn (``env.id``): G episodes of each of the next ``prompts_per_step`` examples, scored by their
+        returns; the batch to train on is kept in ``self._episode_batch`` (``lmpo.trainer.episodes``)."""
+        cfg = self.cfg
+        examples = self.prompts.take(cfg.loop.prompts_per_step)
+        seed = seed_for(cfg.loop.seed, step, 1)
+        if self.episode_runner is None:  # here, not in __init__: it samples from the (possibly LoRA-wrapped) policy
+            ro = cfg.rollout
+            self.episode_runner = episodes.make_runner(self.model, self.tokenizer, cfg.env, temperature=ro.temperature,
+                                                       top_p=ro.top_p, top_k=ro.top_k)
+        t = time.perf_counter()
+        with stages.autocast(cfg.loop.autocast, self.device):
+            played = episodes.play_step(self.episode_runner, cfg.env, examples, cfg.rollout.completions_per_prompt,
+                                        seed=seed % 2**31, generator=torch.Generator(self.device).manual_seed(seed),
+                                        tokenizer=self.tokenizer, device=self.device)
+        self._generate_s += time.perf_counter() - t
+        self._episode_batch, self._episode_turns = played.batch, played.episode_batch
+        return played.scored, played.metrics
 
     # ---------------------------------------------------------------- the update
     def _update(self, step: int, batch: RolloutBatch) -> dict[str, float]:
@@ -459,6 +495,8 @@ class Trainer:
         ev, ro = self.cfg.eval, self.cfg.rollout
         held_out = examples is None
         examples = self.eval_examples if examples is None else examples
+        if self.cfg.env.id is not None:  # greedy episodes: eval/accuracy is the success rate
+            return episodes.evaluate_episodes(self.model, self.tokenizer, self.cfg.env, examples, seed=self.cfg.loop.seed)
         out = evaluate(self.model, self.tokenizer, examples, accuracy_fn=self.accuracy_fn,
                        scorer=self.scorer, max_new_tokens=ev.max_new_tokens or ro.max_new_tokens,
                        seqs_per_batch=ev.seqs_per_batch, device=self.device,

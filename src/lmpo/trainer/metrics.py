@@ -80,7 +80,23 @@ METRIC_DOCS: dict[str, str] = {
     "time/generate_s": "seconds spent generating completions",
     "time/score_s": "seconds spent scoring rewards and computing advantages",
     "time/train_s": "seconds spent in forward/backward/optimizer (incl. behaviour/reference log-probs)",
-    "eval/accuracy": "greedy accuracy on the held-out split",
+    "episodes/return_mean": "multi-turn (`env.id`): mean episode return (the sum of the turn rewards), the "
+                            "sequences' reward",
+    "episodes/turns_mean": "multi-turn: mean policy turns per episode (a turn cut by a budget counts)",
+    "episodes/policy_tokens_mean": "multi-turn: mean tokens the policy sampled per episode (loss mask 1)",
+    "episodes/env_tokens_mean": "multi-turn: mean observation / tool-output tokens per episode (loss mask 0)",
+    "episodes/truncated_fraction": "multi-turn: fraction of episodes cut by a budget, `max_turns`, the environment "
+                                   "or an environment error",
+    "episodes/end_<reason>": "multi-turn: fraction of episodes ending for each reason (`terminated`, "
+                             "`env_truncated`, `max_turns`, `max_total_tokens`, `max_new_tokens_per_turn`, "
+                             "`env_error`)",
+    "episodes/tool_calls_mean": "multi-turn: tool calls per episode",
+    "episodes/tool_call_valid_rate": "multi-turn: fraction of tool calls that ran without error (present when "
+                                     "there were calls)",
+    "episodes/success_rate": "multi-turn: fraction of episodes with a turn the environment judged correct "
+                             "(`info[\"correct\"]`; else a positive return)",
+    "eval/accuracy": "greedy accuracy on the held-out split (multi-turn: the greedy episodes' success rate, with "
+                     "`eval/episodes/*` as above)",
     "eval/reward_mean": "mean total reward of the greedy completions on the held-out split",
     "eval/length_mean": "mean greedy completion length on the held-out split",
     "eval/pass@k": "unbiased pass@k (Chen et al. 2021) over the held-out split from `eval.samples_per_prompt` = n "
