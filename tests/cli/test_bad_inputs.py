@@ -237,6 +237,10 @@ CASES: list[Case] = [
          setup=_base),
     Case("teacher-tokenizer", (*T, "--objective.overrides.distill", "reverse_kl", "--teacher.name", "teacher"),
          "a teacher with another tokenizer than the policy", setup=_other_tokenizer_teacher),
+    Case("async-dynamic-sampling", (*T, "--rollout.async_staleness", "1", "--rollout.dynamic_sampling", "true"),
+         "a stale rollout worker with dynamic sampling", setup=_base),
+    Case("async-threads-idle", (*T, "--rollout.async_threads", "2"),
+         "worker threads without a rollout worker", setup=_base),
     Case("rlvcr-levels", (*T, "--rlvcr.levels", "1"), "one thinking level", setup=_base),
     Case("rlvcr-budgets", (*T, "--rlvcr.budgets", "[8, 4, 16, 32]"), "thinking budgets not increasing", setup=_base),
     # ---- lmpo train: run directories and --resume

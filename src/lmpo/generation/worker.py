@@ -37,7 +37,7 @@ import time
 import traceback
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,6 +240,8 @@ class AsyncRollout:
         start_timeout_s: seconds a (re)started worker may take to build its model.
         max_restarts: worker deaths survived in all; one more is a ``RunError``.
         log: where the restart messages go (default: standard error).
+        initial_weights: version 0's tensors (name → tensor, ``model_tensors`` names) instead of ``model``'s own,
+            e.g. an older version kept by a checkpoint, so that a resumed schedule goes on where it stopped.
         engine_options: ``HFRollout`` keywords (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``,
             ``ignore_eos``, ``record_logprobs``, ``impl``, ...).
 
@@ -267,7 +269,8 @@ class AsyncRollout:
     def __init__(self, model_factory: Callable[[], tuple[nn.Module, Any]], model: nn.Module, *, staleness: int = 0,
                  device: str | torch.device = "cpu", threads: int = 1, slots: int | None = None,
                  queue_size: int | None = None, timeout_s: float = 600.0, start_timeout_s: float = 600.0,
-                 max_restarts: int = 3, log: Callable[[str], None] | None = None, **engine_options: Any) -> None:
+                 max_restarts: int = 3, log: Callable[[str], None] | None = None,
+                 initial_weights: Mapping[str, torch.Tensor] | None = None, **engine_options: Any) -> None:
         if staleness < 0:
             raise ValueError(f"staleness={staleness} must be >= 0 (0 = synchronous)")
         if threads < 1:
@@ -309,7 +312,7 @@ class AsyncRollout:
         self._last_step_submitted = -1
         self._process = None
         self._closed = False
-        self.push_weights(model)
+        self.push_weights(model if initial_weights is None else initial_weights)
         self._start()
         self._atexit = lambda ref=weakref.ref(self): _close_if_alive(ref)
         atexit.register(self._atexit)
@@ -451,14 +454,21 @@ class AsyncRollout:
             self.wait_s += time.monotonic() - start
 
     # ------------------------------------------------------------------ weights
-    def push_weights(self, model: nn.Module) -> int:
-        """Write ``model``'s weights into shared memory as the next version; returns that version.
+    def push_weights(self, model: nn.Module | Mapping[str, torch.Tensor]) -> int:
+        """Write ``model``'s weights (or a mapping name → tensor with ``model_tensors``' names, such as
+        ``held_weights`` returned) into shared memory as the next version; returns that version.
 
         Call it once after each step's optimizer steps. It waits (taking the worker's results as they come) only
         when the slot it writes still holds a version that an unfinished request needs.
         """
         self._check_open()
-        tensors = model_tensors(model)
+        if isinstance(model, nn.Module):
+            tensors = model_tensors(model)
+        else:
+            missing = sorted(set(self._layout.names) ^ set(model))[:5]
+            if missing:
+                raise ValueError(f"push_weights got a mapping whose names differ from the model's (e.g. {missing})")
+            tensors = [(name, model[name]) for name in self._layout.names]
         layout = _Layout.of(tensors)
         mismatch = self._layout.mismatch(layout, "the first pushed model", "this one")
         if mismatch is not None:
@@ -476,6 +486,16 @@ class AsyncRollout:
         self._slot_versions[slot] = version
         self.version = version
         return version
+
+    def held_weights(self, version: int) -> dict[str, torch.Tensor]:
+        """A copy of weights version ``version`` as held in shared memory (name → CPU tensor); one of the last
+        ``slots`` versions pushed. A checkpoint keeps these to resume a schedule that still needs them."""
+        self._check_open()
+        slot = version % len(self._slots)
+        if version < 0 or version > self.version or self._slot_versions[slot] != version:
+            raise ValueError(f"weights version {version} is not held (newest {self.version}, "
+                             f"slots={len(self._slots)})")
+        return {name: view.clone() for name, view in zip(self._layout.names, self._slot_views[slot])}
 
     def sync_weights(self, model: nn.Module) -> None:
         """``RolloutEngine``'s name for ``push_weights``."""

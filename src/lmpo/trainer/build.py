@@ -17,11 +17,13 @@ reference model and KL controller everywhere::
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 
 from lmpo.errors import InputError
 from lmpo.generation import ENGINES
+from lmpo.generation.worker import AsyncRollout, model_tensors
 from lmpo.models import load_model_and_tokenizer
 from lmpo.objectives import Objective, ObjectiveDriver
 from lmpo.objectives.advantages import make_estimator
@@ -149,17 +151,52 @@ def build_rollout_engine(cfg: TrainConfig, model, tokenizer, *, record_logprobs:
     sampler's log-probs when ``rollout.record_logprobs`` or ``record_logprobs`` (the objective needs them) says
     so, compiles the HF engine's decode step under ``loop.compile``, or else replays it as CUDA graphs under
     ``rollout.cuda_graphs`` when ``device`` (default: the model's) is a GPU."""
-    ro = cfg.rollout
     device = device if device is not None else next(model.parameters()).device
+    return ENGINES[cfg.rollout.engine](model, tokenizer, **_engine_options(cfg, device, record_logprobs))
+
+
+def _engine_options(cfg: TrainConfig, device, record_logprobs: bool) -> dict:
+    ro = cfg.rollout
     options = {"gpu_memory_utilization": ro.vllm_gpu_memory_utilization, "seed": cfg.loop.seed,
                "lora_sync": ro.vllm_lora_sync} if ro.engine == "vllm" else {}
     if ro.engine == "hf" and cfg.loop.compile:
         options["compile_decode"] = True
     elif ro.engine == "hf" and ro.cuda_graphs and torch.device(device).type == "cuda":
         options["cuda_graphs"] = True
-    return ENGINES[ro.engine](model, tokenizer, max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
-                              top_p=ro.top_p, top_k=ro.top_k, ignore_eos=ro.ignore_eos,
-                              record_logprobs=ro.record_logprobs or record_logprobs, **options)
+    return dict(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
+                ignore_eos=ro.ignore_eos, record_logprobs=ro.record_logprobs or record_logprobs, **options)
+
+
+def policy_factory(mc):
+    """A picklable ``() -> (model, tokenizer)`` that builds ``model.name``'s architecture and dtype on the CPU: what
+    the rollout worker runs (its initial weights do not matter, the pushed ones replace them)."""
+    return functools.partial(load_model_and_tokenizer, mc.name, dtype=mc.dtype, seed=mc.init_seed)
+
+
+def build_async_rollout(cfg: TrainConfig, model, model_factory, *, device: torch.device,
+                        held: list | None = None, log=None) -> AsyncRollout:
+    """The rollout worker of ``rollout.async_staleness`` = k >= 1, its schedule where a checkpoint left it.
+
+    ``held``: the k weight versions before ``model``'s (oldest first, name → tensor; a checkpoint's), or None for a
+    new run, whose first k + 1 steps all sample with the initial weights. Version 0 is ``held[0]``, versions
+    1 … k − 1 the rest, version k ``model``'s weights: a step that trains after that sees ``held[0]``.
+    The engine records the sampler's log-probs: they are the behaviour log-probs of a stale rollout.
+    """
+    ro = cfg.rollout
+    k = ro.async_staleness
+    if held is None:
+        held = [dict(model_tensors(model))] * k
+    engine = AsyncRollout(model_factory, model, staleness=k, device=device, threads=ro.async_threads,
+                          timeout_s=ro.async_timeout_s, log=log, initial_weights=held[0],
+                          **_engine_options(cfg, device, record_logprobs=True))
+    try:
+        for weights in held[1:]:
+            engine.push_weights(weights)
+        engine.push_weights(model)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
 
 
 def build_reference(cfg: TrainConfig, model, device: torch.device):

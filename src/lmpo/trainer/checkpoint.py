@@ -167,6 +167,7 @@ def trainer_state(trainer, step: int) -> dict:
     """What a checkpoint holds besides the weights, from a ``lmpo.trainer.Trainer`` after RL step ``step``:
     optimizer, schedule, the controllers, prompt order, non-finite counters, random states, metrics rows."""
     metrics = getattr(trainer, "metrics", None)
+    pipeline = getattr(trainer, "_pipeline", None)
     return {
         "step": step,
         "optimizer": trainer.optimizer.state_dict(),
@@ -174,7 +175,10 @@ def trainer_state(trainer, step: int) -> dict:
         "controller": trainer.driver.state_dict()["controller"],
         # β of the KL in the reward; absent otherwise, so default checkpoints hold what they always did
         **({"kl_controller": trainer.kl_ctrl.state_dict()} if trainer.kl_ctrl is not None else {}),
-        "data": trainer.prompts.state_dict(),
+        # with a rollout worker, the position before the next step's draw (prompts are drawn k steps early)
+        "data": trainer.prompts.state_dict() if pipeline is None else pipeline.data_state(step),
+        # rollout.async_staleness = k: the k weight versions before this one, which steps step+1 … step+k sample with
+        **({"async": pipeline.state_dict()} if pipeline is not None else {}),
         "nonfinite": {"total": trainer.nonfinite_total, "in_row": trainer.nonfinite_in_row},
         "rng": rng_state(),
         # the metrics rows written up to this checkpoint: a resumed run cuts metrics.jsonl back to them
@@ -199,6 +203,8 @@ def restore_trainer_state(trainer, path: Path) -> tuple[int, int]:
         trainer.nonfinite_in_row = int(state["nonfinite"]["in_row"])
         restore_rng_state(state["rng"])
         trainer.final_eval_done = bool(state.get("final_eval_done", False))
+        held = state.get("async")
+        trainer._async_held = None if held is None else [dict(w) for w in held["weights"]]
         return int(state["step"]), int(state.get("metrics_rows", 0))
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {path}: its state does not fit this run ({type(e).__name__}: "

@@ -173,6 +173,16 @@ class RolloutConfig:
                              "`merged` (adapters merged into the base weights, all of which are copied) or "
                              "`adapter` (the adapter alone, served by vLLM on the base weights it loaded once; "
                              "not tested on a GPU yet).", choices=("merged", "adapter"))
+    async_staleness: int = _f(0, "Generate in a separate worker process (`lmpo.generation.worker.AsyncRollout`) "
+                              "overlapped with training: step t trains on completions sampled with the weights of "
+                              "step t - 1 - k (k = this value), the worker's log-probs are the behaviour log-probs "
+                              "of the objective's corrections (`record_logprobs` is on), and the schedule, not "
+                              "the timing, decides everything (docs/async.md). 0 = generate in the training "
+                              "process, before each update (the synchronous loop).", ge=0)
+    async_threads: int = _f(1, "Torch threads of the rollout worker (`async_staleness` >= 1); the training process "
+                            "keeps `loop.num_threads`.", ge=1)
+    async_timeout_s: float = _f(600.0, "Seconds without any message from a busy rollout worker after which it is "
+                                "reported hung and the run stops (`async_staleness` >= 1).", gt=0)
     vllm_gpu_memory_utilization: float = _f(0.3, "Fraction of the GPU's memory vLLM may take for its weights and KV "
                                             "cache (`engine: vllm`); the rest is left to training.", gt=0, lt=1,
                                             hint="e.g. 0.3 leaves most of the GPU to training.")
@@ -545,6 +555,7 @@ class TrainConfig:
         _check_across_sections(self, objective)
         validate_teacher(self, objective)
         validate_env(self, objective)
+        _check_async(self)
         if self.teacher.name:
             _check_model_source("teacher.name", self.teacher.name)
         self.rollout.validate()
@@ -749,6 +760,42 @@ def _check_device(where: str, device: str) -> None:
                                 and torch.backends.mps.is_available()):
         raise ConfigError(f"`{where}` = 'mps' but the Apple MPS backend is not available here; use `cpu` or "
                           "`auto`.")
+
+
+def _check_async(cfg: TrainConfig) -> None:
+    """``rollout.async_staleness`` >= 1: only the combinations whose schedule a worker can follow."""
+    ro = cfg.rollout
+    k = ro.async_staleness
+    if k == 0:
+        idle = [f for f, default in (("async_threads", 1), ("async_timeout_s", 600.0)) if getattr(ro, f) != default]
+        if idle:
+            raise ConfigError(f"`rollout.{idle[0]}` = {getattr(ro, idle[0])!r} has no effect while "
+                              "`rollout.async_staleness` = 0 (generation runs in the training process). Set "
+                              "rollout.async_staleness: 1 (or more) to use the rollout worker, or leave it at its "
+                              "default.")
+        return
+    why = None
+    if ro.engine != "hf":
+        why = (f"`rollout.engine` = {ro.engine!r}: the rollout worker runs the `hf` engine only (vLLM in the worker "
+               "is not implemented). Use rollout.engine: hf, or rollout.async_staleness: 0")
+    elif ro.dynamic_sampling:
+        why = ("`rollout.dynamic_sampling` = true: how many draws a step takes depends on the rewards of the draws "
+               "before, so prompts cannot be submitted k steps ahead. Switch rollout.dynamic_sampling off (or use "
+               "objective.filter_zero_variance), or use rollout.async_staleness: 0")
+    elif cfg.rlvcr.enabled:
+        why = ("`rlvcr.enabled` = true: RLVCR re-generates completions with the current weights inside the step, "
+               "which a stale schedule would mix with the worker's. Use rollout.async_staleness: 0 with RLVCR")
+    elif cfg.objective.advantage_estimator == "remax":
+        why = ("`objective.advantage_estimator` = 'remax': its greedy baseline would be decoded with newer weights "
+               "than the sampled completions. Use another estimator, or rollout.async_staleness: 0")
+    elif cfg.env.id:
+        why = (f"`env.id` = {cfg.env.id!r}: multi-turn episodes are played in the training process; the rollout "
+               "worker samples single-turn completions only. Use rollout.async_staleness: 0 with an environment")
+    elif cfg.model.lora.enabled:
+        why = ("`model.lora.enabled` = true: the worker builds the base model and cannot take the adapter's "
+               "weights. Use rollout.async_staleness: 0 with LoRA")
+    if why is not None:
+        raise ConfigError(f"`rollout.async_staleness` = {k} cannot be used with {why}.")
 
 
 #: the fields that only act through the KL in the reward, at their defaults

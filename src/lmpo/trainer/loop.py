@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from lmpo.checkpoints import publish_directory
-from lmpo.errors import Interrupted, RunError
+from lmpo.errors import InputError, Interrupted, RunError
 from lmpo.generation import RolloutBatch, avoid_cudnn_attention
 from lmpo.models.saving import write_hf_files
 from lmpo.objectives.driver import merge_stats
@@ -50,6 +50,7 @@ from lmpo.trainer.metrics import MetricsLogger, to_host
 from lmpo.trainer.mismatch import mismatch_metrics
 from lmpo.trainer.optim import Schedule, build_optimizer
 from lmpo.trainer.passk import sampled_metrics
+from lmpo.trainer.pipeline import AsyncPipeline
 from lmpo.trainer.ref_sync import sync_reference
 from lmpo.trainer.rundir import prepare_train_dir
 from lmpo.trainer.sampling import PromptOrder, ScoredRollout, dynamic_sample, mask_truncated, seed_for
@@ -86,12 +87,27 @@ class Trainer:
         model, tokenizer: use these instead of building ``config.model.name``.
         task: use this task instead of building ``config.task``.
         rollout_engine: a ``lmpo.generation.RolloutEngine`` (default: ``build.build_rollout_engine``).
+        model_factory: with ``rollout.async_staleness`` >= 1 and ``model=``, a picklable ``() -> (model,
+            tokenizer)`` that builds the same architecture and dtype, run in the rollout worker (default with
+            ``model.name``: ``build.policy_factory``).
         log: callable for one-line console messages (default ``print``).
     """
 
     def __init__(self, config: TrainConfig, *, model=None, tokenizer=None, task=None, rollout_engine=None,
-                 log: Callable[[str], None] | None = None):
+                 model_factory=None, log: Callable[[str], None] | None = None):
         validate_config(config)
+        k = config.rollout.async_staleness
+        if k and rollout_engine is not None:
+            raise InputError(f"`rollout.async_staleness` = {k} builds its own rollout worker, but Trainer(rollout_"
+                             "engine=...) was given one. Pass no rollout_engine, or use rollout.async_staleness: 0.")
+        if k and model is not None and model_factory is None:
+            raise InputError(f"`rollout.async_staleness` = {k} with Trainer(model=...): the rollout worker must "
+                             "build its own copy of the model, and a model object cannot be sent to it. Pass "
+                             "model_factory= (a picklable callable returning (model, tokenizer) of the same "
+                             "architecture and dtype), or use rollout.async_staleness: 0.")
+        self.model_factory = model_factory or (build.policy_factory(config.model) if k else None)
+        self._pipeline: AsyncPipeline | None = None  # rollout.async_staleness >= 1, during train()
+        self._async_held: list | None = None  # a checkpoint's weight versions for the pipeline (checkpoint.py)
         self.cfg = config
         self.log = log or (lambda msg: print(msg, flush=True))
         if config.loop.num_threads > 0:
@@ -212,7 +228,7 @@ class Trainer:
         if resume_path is not None:
             start_step, metrics_rows = ckpt.restore_trainer_state(self, resume_path)
             self.log(f"resumed from {resume_path} at step {start_step}")
-        if self.rollout_engine is None:
+        if self.rollout_engine is None and not cfg.rollout.async_staleness:
             self.rollout_engine = build.build_rollout_engine(cfg, self.model, self.tokenizer, device=self.device,
                                                              record_logprobs=self.driver.needs.rollout_logp)
         lg = cfg.logging
@@ -225,6 +241,8 @@ class Trainer:
                                                 start_step=start_step, metrics=self.metrics)
         # 4. the RL steps, with evaluations and checkpoints when due
         try:
+            if cfg.rollout.async_staleness:  # the rollout worker; closed below whatever happens (no orphan)
+                self._start_pipeline(start_step)
             with stop_on_sigint(self.log) as self._stop:
                 if resume_path is None and cfg.eval.at_start:
                     result.eval_before = self.evaluate()
@@ -250,6 +268,9 @@ class Trainer:
                 if cfg.checkpoint.final_model:
                     self.save_final_model(step)
         finally:
+            if self._pipeline is not None:
+                self._pipeline.engine.close()
+                self._pipeline, self.rollout_engine = None, None
             self.metrics.close()
             if self.completion_log is not None:
                 self.completion_log.close()
@@ -258,6 +279,21 @@ class Trainer:
         result.nonfinite_skipped = self.nonfinite_total
         result.seconds = time.perf_counter() - t_start
         return result
+
+    def _start_pipeline(self, start_step: int) -> None:
+        """The rollout worker of ``rollout.async_staleness`` (``lmpo.trainer.pipeline``), going on from a
+        checkpoint's weight versions when this run resumed from one that has them."""
+        cfg, held = self.cfg, self._async_held
+        if held is not None and len(held) != cfg.rollout.async_staleness:
+            self.log(f"the checkpoint holds {len(held)} earlier weight versions, rollout.async_staleness is "
+                     f"{cfg.rollout.async_staleness}: the schedule starts again from the checkpoint's weights")
+            held = None
+        self.rollout_engine = build.build_async_rollout(cfg, self.model, self.model_factory, device=self.device,
+                                                        held=held, log=self.log)
+        self._pipeline = AsyncPipeline(self.rollout_engine, self.prompts, start=start_step,
+                                       last_step=cfg.loop.steps, prompts_per_step=cfg.loop.prompts_per_step,
+                                       completions_per_prompt=cfg.rollout.completions_per_prompt, seed=cfg.loop.seed)
+        self._async_held = None
 
     def _stop_if_asked(self, step: int) -> None:
         if self._stop.requested:
@@ -344,13 +380,16 @@ class Trainer:
     def _draw(self, step: int, k: int) -> ScoredRollout:
         """Draw ``k`` of RL step ``step``: the next ``prompts_per_step`` prompts, G completions each, scored."""
         cfg = self.cfg
-        examples = self.prompts.take(cfg.loop.prompts_per_step)
-        seed = seed_for(cfg.loop.seed, step, 1) if k == 0 else seed_for(cfg.loop.seed, step, 1, k)
         t = time.perf_counter()
-        # (no inference_mode: the sampled ids become inputs of the training graph)
-        with stages.autocast(cfg.loop.autocast, self.device):
-            ro = self.rollout_engine.generate([e.prompt for e in examples], cfg.rollout.completions_per_prompt,
-                                              seed=seed)
+        if self._pipeline is not None:  # sampled by the worker with the weights of step − 1 − k (same seed)
+            examples, ro = self._pipeline.rollout(step)  # (CPU tensors: the stages move what they use)
+        else:
+            examples = self.prompts.take(cfg.loop.prompts_per_step)
+            seed = seed_for(cfg.loop.seed, step, 1) if k == 0 else seed_for(cfg.loop.seed, step, 1, k)
+            # (no inference_mode: the sampled ids become inputs of the training graph)
+            with stages.autocast(cfg.loop.autocast, self.device):
+                ro = self.rollout_engine.generate([e.prompt for e in examples], cfg.rollout.completions_per_prompt,
+                                                  seed=seed)
         self._generate_s += time.perf_counter() - t
         rw = cfg.rewards
         return stages.score(self.scorer, self.accuracy_fn, examples, ro, success_threshold=rw.success_threshold,
