@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from trainer_helpers import make_trainer, small_model
+from trainer_helpers import make_trainer, small_model, train_killed_in_step
 
 from lmpo.generation import RolloutBatch
 from lmpo.trainer import NonFiniteError, build, stages
@@ -73,21 +73,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     # the same run "killed" after step 2: stop early, then resume in a fresh process-like Trainer
     part = make_trainer(tmp_path / "part", "adaptive_entropy", loop={"steps": 4},
                         checkpoint={"every_steps": 2, "keep_last": 0}, eval={"every_steps": 2})
-    import lmpo.trainer.loop as loop_mod
-
-    real_step = loop_mod.Trainer.rl_step
-
-    def crash_after_two(self, step):
-        if step == 3:
-            raise KeyboardInterrupt("simulated kill during step 3")
-        return real_step(self, step)
-
-    loop_mod.Trainer.rl_step = crash_after_two
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            part.train()
-    finally:
-        loop_mod.Trainer.rl_step = real_step
+    train_killed_in_step(part, 3)
     assert [p.name for p in list_checkpoints(tmp_path / "part")] == ["step_00000002"]
 
     resumed = make_trainer(tmp_path / "part", "adaptive_entropy", seed=123,  # different init: weights come from the checkpoint

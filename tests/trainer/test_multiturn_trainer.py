@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from trainer_helpers import SMALL_MODEL
+from trainer_helpers import SMALL_MODEL, train_killed_in_step
 
 from lmpo.config import ConfigError
 from lmpo.envs import EpisodeBudget, make_env_task
@@ -204,7 +204,6 @@ def test_estimator_needing_a_greedy_baseline_is_refused(tmp_path):
 def test_resume_equals_uninterrupted_multiturn_run(tmp_path):
     """Episodes are seeded by (loop.seed, step): a run killed after step 2 and resumed ends where the
     uninterrupted one does, bit for bit (weights and logged metrics)."""
-    import lmpo.trainer.loop as loop_mod
     from lmpo.trainer.checkpoint import list_checkpoints
     from lmpo.trainer.metrics import read_jsonl
 
@@ -215,19 +214,7 @@ def test_resume_equals_uninterrupted_multiturn_run(tmp_path):
     full.train()
     assert any(not torch.equal(initial[k], v) for k, v in full.model.state_dict().items())  # it learned something
     part = env_trainer(tmp_path / "part", "GuessNumber-v0", **sections)
-    real_step = loop_mod.Trainer.rl_step
-
-    def crash_in_step_three(self, step):
-        if step == 3:
-            raise KeyboardInterrupt("simulated kill during step 3")
-        return real_step(self, step)
-
-    loop_mod.Trainer.rl_step = crash_in_step_three
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            part.train()
-    finally:
-        loop_mod.Trainer.rl_step = real_step
+    train_killed_in_step(part, 3)
     assert [p.name for p in list_checkpoints(tmp_path / "part")] == ["step_00000002"]
     model, tok = chat_model(seed=123)  # other initial weights: the checkpoint's must win
     resumed = Trainer(config_from_dict(env_config(tmp_path / "part", "GuessNumber-v0", **sections)), model=model,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lmpo.models import CharTokenizer, build_tiny_model
+from lmpo.trainer import Trainer
 from lmpo.trainer.config import config_from_dict
 
 SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
@@ -38,3 +41,20 @@ def make_trainer(run_dir, preset: str = "grpo", seed: int = 0, **sections):
 
     model, tok = small_model(seed)
     return Trainer(small_config(run_dir, preset, **sections), model=model, tokenizer=tok, log=lambda msg: None)
+
+
+def train_killed_in_step(trainer, step: int) -> None:
+    """``trainer.train()`` interrupted as RL step ``step`` starts (a kill after step − 1's checkpoint)."""
+    real_step = Trainer.rl_step
+
+    def crash(self, s):
+        if s == step:
+            raise KeyboardInterrupt(f"simulated kill during step {step}")
+        return real_step(self, s)
+
+    Trainer.rl_step = crash
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+    finally:
+        Trainer.rl_step = real_step
