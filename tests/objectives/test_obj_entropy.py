@@ -1,5 +1,7 @@
 """Entropy control (SPEC §1.4): static bonus, adaptive controller, clip_cov, kl_cov."""
 
+import math
+
 import pytest
 import torch
 from obj_helpers import aggregate_loop, make_batch
@@ -170,8 +172,9 @@ def test_flat_topk_selects_what_a_topk_over_all_entries_selects(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_clip_cov_and_kl_cov_select_the_tokens_a_full_topk_selects(seed, monkeypatch):
-    """clip_cov's and kl_cov's picks and ``cov/top_mean`` are those of one ``topk`` over all B·T entries, the
-    selection before the partial selection replaced it (a benchmark-sized batch: the blocks apply)."""
+    """kl_cov's picks and ``cov/top_mean`` are those of one ``topk`` over all B·T entries, the selection before
+    the partial selection replaced it (a benchmark-sized batch: the blocks apply); clip_cov's systematic pick
+    uses no top-k and must not change either."""
     g = torch.Generator().manual_seed(seed)
     B, T = 16, 2048
     logp = -torch.rand(B, T, generator=g) * 4.0
@@ -194,22 +197,26 @@ def test_clip_cov_and_kl_cov_select_the_tokens_a_full_topk_selects(seed, monkeyp
     assert torch.equal(top, top_ref)
 
 
-def _clip_cov_pick_before(cov, num_valid, trust_free, *, ratio, lb, ub, generator):
-    """clip_cov's pick as it was written before the partial selection (sign arithmetic, keys·trust_free, a topk
-    over all entries): the reference the faster pick must reproduce token for token."""
-    candidates = torch.sign(cov - lb).clamp_(min=0.0).mul_(torch.sign(ub - cov).clamp_(min=0.0))
-    keys = torch.rand(cov.shape, generator=generator, dtype=cov.dtype).add_(candidates).mul_(trust_free)
-    count = torch.clamp(torch.floor(num_valid.double() * ratio), min=1.0)
-    bound = max(1, min(cov.numel(), int(ratio * cov.numel())))
-    values, index = keys.reshape(-1).topk(bound)
-    keep = (torch.arange(bound) < count) & (values >= 1.0)
+def _clip_cov_pick_reference(cov, num_valid, trust_free, *, ratio, lb, ub, generator):
+    """clip_cov's systematic pick written plainly: list the candidates (lb < cov < ub, not trust-clipped) in flat
+    order, K = max(1, ⌊r·N⌋), step s = C / K, and take the ranks ⌊(u + i)·s⌋ for i < K (all of them when C ≤ K),
+    u the one uniform number drawn from the generator."""
+    flat, free = cov.reshape(-1).tolist(), trust_free.reshape(-1).tolist()
+    cands = [j for j, (c, f) in enumerate(zip(flat, free)) if lb < c < ub and f == 1.0]
+    k = max(1, math.floor(float(num_valid) * ratio))
+    u = torch.rand((), generator=generator, dtype=torch.float64).item()
+    if len(cands) <= k:
+        chosen = cands
+    else:
+        step = len(cands) / k
+        chosen = [cands[math.floor((i + u) * step)] for i in range(k)]
     picked = torch.zeros(cov.numel(), dtype=torch.bool)
-    picked[index[keep]] = True
-    return picked.view(cov.shape)
+    picked[chosen] = True
+    return picked.view(cov.shape), len(chosen)
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_clip_cov_pick_zeroes_the_tokens_it_zeroed_before(seed):
+def test_clip_cov_pick_zeroes_the_systematic_sample(seed):
     g = torch.Generator().manual_seed(seed)
     B, T = 32, 2048
     cov = torch.randn(B, T, generator=g) * 3.0
@@ -217,11 +224,31 @@ def test_clip_cov_pick_zeroes_the_tokens_it_zeroed_before(seed):
     cov.add_(m - 1.0, alpha=-torch.finfo(cov.dtype).min)  # invalid positions at the lowest float, as in apply
     cov.view(-1)[:6] = torch.tensor([1.0, 5.0, 1.0000001, 4.9999995, 0.9999999, 5.0000005])  # the open bounds
     trust_free = (torch.rand(B, T, generator=g) < 0.9).float()
-    ratio = (2e-4, 2e-3, 0.05)[seed % 3]  # 0.05: fewer candidates than picks, the rest below the threshold
+    ratio = (2e-4, 2e-3, 0.05)[seed % 3]  # 0.05: fewer candidates than picks, every candidate is zeroed
     index, keep = covariance.clip_cov_pick(cov, None, None, m.sum(), ratio=ratio, lb=1.0, ub=5.0,
                                            generator=torch.Generator().manual_seed(seed), trust_free=trust_free)
     picked = torch.zeros(cov.numel(), dtype=torch.bool)
     picked[index[keep]] = True
-    before = _clip_cov_pick_before(cov, m.sum(), trust_free, ratio=ratio, lb=1.0, ub=5.0,
-                                   generator=torch.Generator().manual_seed(seed))
-    assert before.any() and torch.equal(picked.view(cov.shape), before)
+    want, k = _clip_cov_pick_reference(cov, m.sum(), trust_free, ratio=ratio, lb=1.0, ub=5.0,
+                                       generator=torch.Generator().manual_seed(seed))
+    assert want.any() and torch.equal(picked.view(cov.shape), want)
+    assert int(keep.sum()) == k == len(set(index[keep].tolist()))  # exactly K distinct tokens (or all C)
+
+
+def test_clip_cov_pick_zeroes_every_candidate_with_probability_k_over_c():
+    """The inclusion probability of the uniform draw it replaces: K / C for every candidate, also when the step
+    C / K is not a whole number; exactly K distinct picks per draw."""
+    cov = torch.full((1, 40), 9.0)
+    cand = torch.tensor([0, 3, 4, 5, 11, 12, 20, 21, 22, 30, 38])  # C = 11
+    cov[0, cand] = 2.0
+    n, ratio, draws = torch.tensor(40.0), 0.1, 4000  # K = 4, step 2.75
+    counts = torch.zeros(40)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(draws):
+        index, keep = covariance.clip_cov_pick(cov, None, None, n, ratio=ratio, lb=1.0, ub=5.0, generator=gen)
+        assert int(keep.sum()) == 4 and len(set(index[keep].tolist())) == 4
+        counts[index[keep]] += 1
+    assert counts.sum() == 4 * draws and counts[cand].sum() == 4 * draws
+    p = counts[cand] / draws
+    sd = (4 / 11 * (1 - 4 / 11) / draws) ** 0.5
+    assert ((p - 4 / 11).abs() < 4.5 * sd).all(), p

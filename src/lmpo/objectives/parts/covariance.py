@@ -4,7 +4,8 @@ The per-token covariance ``cov_t = (A_t − Ā)·(logp_t − mean logp)`` over v
 the few tokens that drive entropy collapse.
 
 - ``clip_cov`` zeroes the loss terms of ``max(1, ⌊r·N⌋)`` random tokens with ``lb < cov < ub`` that the trust
-  region did not already clip (random order from the call's ``generator``).
+  region did not already clip, each with the same probability (systematic sampling from one random offset drawn
+  with the call's ``generator``; ``clip_cov_pick``).
 - ``kl_cov`` adds ``β_cov·|logp − old_logp|`` to the top ``max(1, ⌊k·N⌋)`` tokens by cov. Here ``k`` is a
   fraction (2e-3); verl's ``k_percent`` is a percentage (0.2 means 0.2 %), so ``k = k_percent / 100``. With one
   update per rollout ``logp == old_logp`` and the kl_cov term (value and gradient) is zero.
@@ -129,6 +130,13 @@ def _as_mask(index: torch.Tensor, keep: torch.Tensor, like: torch.Tensor) -> tor
     return picked.view(like.shape)
 
 
+def _cumsum_dtype(numel: int, device: torch.device) -> torch.dtype:
+    """float32 counts exactly up to 2**24 entries; beyond that float64 (int64 on MPS, which has no float64)."""
+    if numel < 1 << 24:
+        return torch.float32
+    return torch.int64 if device.type == "mps" else torch.float64
+
+
 def clip_cov_pick(
     cov: torch.Tensor,
     valid: torch.Tensor,
@@ -143,6 +151,12 @@ def clip_cov_pick(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """clip_cov's choice as ``(flat_index (K,), keep (K,) bool)``, K = max(1, ⌊r·B·T⌋); see ``clip_cov_selection``.
 
+    Systematic sampling over the C candidates in flat (row-major) order: with K = max(1, ⌊r·N⌋) picks and step
+    s = C / K, the candidates of rank ⌊(u + i)·s⌋, i < K, u ~ U[0, 1) drawn once from ``generator``; every
+    candidate when C ≤ K. Each candidate is zeroed with probability K / C, as under a uniform draw of K of them
+    (the paper's and verl's ``randperm``), and exactly K distinct ones are zeroed; the picks are spread evenly
+    over the candidates instead of independent. One random number replaces one per token: drawing B·T uniform
+    keys cost about as much as the rest of clip_cov on CPU (benchmarks/objectives.py).
     ``trust_free`` (float 0/1, 1 where the trust region did not clip) may replace ``trust_clipped``.
     """
     with torch.no_grad():
@@ -155,13 +169,21 @@ def clip_cov_pick(
             candidates.mul_(valid)
         if trust_clipped is not None:
             candidates.mul_(~trust_clipped)
-        # keys: uniform in [1, 2) for candidates, in [0, 1) for everything else; only keys >= 1 are kept
-        keys = torch.rand(cov.shape, generator=generator, device=cov.device, dtype=cov.dtype)
-        if trust_free is not None:  # clipped by the trust region → no candidate (its key stays below 1)
-            keys.addcmul_(candidates, trust_free)
-        else:
-            keys.add_(candidates)
-        index, keep, _ = _ranked_pick(keys, 1.0, _count(ratio, num_valid), _bound(ratio, cov.numel()))
+        if trust_free is not None:  # clipped by the trust region → no candidate
+            candidates.mul_(trust_free)
+        ranks_dtype = torch.float32 if cov.device.type == "mps" else torch.float64
+        # seen[j] = candidates among flat entries 0..j; the candidate of rank q is the first j with seen[j] ≥ q + 1
+        seen = candidates.view(-1).cumsum(0, dtype=_cumsum_dtype(cov.numel(), cov.device))
+        total = seen[-1].to(ranks_dtype)
+        count = _count(ratio, num_valid).to(ranks_dtype)
+        bound = _bound(ratio, cov.numel())
+        step = torch.clamp(total / count, min=1.0)
+        u = torch.rand((), generator=generator, device=cov.device, dtype=ranks_dtype)
+        offset = torch.where(total > count, u, torch.zeros_like(u))  # C ≤ K: ranks 0..C−1, every candidate
+        i = torch.arange(bound, device=cov.device, dtype=ranks_dtype)
+        ranks = (i + offset).mul_(step).floor_()
+        keep = (i < count) & (ranks < total)
+        index = torch.searchsorted(seen, (ranks + 1).to(seen.dtype)).clamp_(max=cov.numel() - 1)
         return index, keep
 
 
@@ -176,11 +198,13 @@ def clip_cov_selection(
     ub: float,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Tokens whose loss terms clip_cov zeroes: ``max(1, ⌊r·N⌋)`` drawn uniformly from the candidates.
+    """Tokens whose loss terms clip_cov zeroes: ``max(1, ⌊r·N⌋)`` of the candidates (systematic sampling, each
+    candidate with the same probability; ``clip_cov_pick``).
 
     Candidates: valid, not clipped by the trust region (``trust_clipped``, (B, T) or (B, 1) bool),
-    ``lb < cov < ub``. ``valid`` may be None when cov is −inf at invalid positions. Random order comes from uniform keys drawn with ``generator`` (which must live on
-    the tensors' device; None uses the global RNG). Returns (B, T) bool; nothing when no candidate exists.
+    ``lb < cov < ub``. ``valid`` may be None when cov is −inf at invalid positions. The one random offset
+    is drawn with ``generator`` (which must live on the tensors' device; None uses the global RNG). Returns
+    (B, T) bool; nothing when no candidate exists.
     """
     index, keep = clip_cov_pick(cov, valid, trust_clipped, num_valid, ratio=ratio, lb=lb, ub=ub,
                                 generator=generator)
@@ -267,12 +291,14 @@ def _trust_free(term, dtype: torch.dtype) -> torch.Tensor | None:
 @COV_CONTROLS.register
 @dataclass(frozen=True)
 class ClipCov(CovControl):
-    """Clip-Cov: the loss terms of ``max(1, ⌊r·N⌋)`` tokens drawn uniformly from those with covariance in
-    (lb, ub) and not clipped by the trust region get weight 0 (counts for the normalisers unchanged)."""
+    """Clip-Cov: the loss terms of ``max(1, ⌊r·N⌋)`` tokens drawn from those with covariance in (lb, ub) and not
+    clipped by the trust region, each with the same probability, get weight 0 (counts for the normalisers
+    unchanged). The draw is systematic (evenly spaced over the candidates from one random offset) where the
+    paper's code draws a uniform subset: same inclusion probability, one random number instead of B·T."""
 
     name = "clip_cov"
     stats = {**_COV_STATS, "cov/clipped_tokens": "clip_cov: tokens whose loss term was zeroed"}
-    formula = "(1 − 1[t ∈ I_clip])·ℓ_t,  I_clip ~ U{t: lb < cov_t < ub}"
+    formula = "(1 − 1[t ∈ I_clip])·ℓ_t,  I_clip ⊂ {t: lb < cov_t < ub}, P(t ∈ I_clip) = K/C"
     source = "Cui et al. 2025, Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617)"
     clip_cov_ratio: float = param(2e-4, "fraction r of valid tokens to zero (max(1, ⌊r·N⌋))", low=0.0, high=1.0,
                                   hint="The paper uses 2e-4.")
