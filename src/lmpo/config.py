@@ -58,7 +58,7 @@ from lmpo.overrides import parse_overrides as _parse_overrides
 
 __all__ = ["BOUND_KEYS", "ConfigError", "FieldTypeError", "aliases_of", "bounds", "changed_keys", "check_fields",
            "check_value", "coerce", "deep_merge", "fields_of", "flat_aliases", "from_dict", "generated_block",
-           "interval_text", "is_config_class", "load", "merge_layers", "number_type", "option", "parse_overrides",
+           "idle_fields", "interval_text", "is_config_class", "load", "merge_layers", "number_type", "option", "parse_overrides",
            "range_text", "read_yaml", "render_reference", "save_yaml", "to_dict", "unknown_key_error"]
 
 
@@ -87,7 +87,9 @@ def option(default: Any, help: str, *, gt: float | None = None, ge: float | None
 
     ``gt``/``ge``/``lt``/``le``: exclusive / inclusive bounds (a ``None`` value is never range-checked);
     ``choices``: the allowed values; ``finite``: refuse inf/nan floats (default); ``hint``: a sentence
-    appended to an error (how to fix it). Mutable defaults (dict, list) go through a factory.
+    appended to an error (how to fix it); ``needs``: the sibling field (a switch) without which this one has
+    no effect (:func:`idle_fields`; the reference table says so). Mutable defaults (dict, list) go through a
+    factory.
     """
     meta = {"help": help, **metadata}
     for key, value in (("gt", gt), ("ge", ge), ("lt", lt), ("le", le), ("hint", hint)):
@@ -316,6 +318,15 @@ def check_fields(cfg: Any, where: str = "") -> None:
                     check_value(v, f.metadata, f"{key}[{i}]")
         else:
             check_value(value, f.metadata, key)
+
+
+def idle_fields(cfg: Any, switch: str) -> list[str]:
+    """The fields of ``cfg`` declared ``needs=switch`` that differ from their declared default while the switch
+    is off (false or 0), in declaration order: settings that would have no effect (``[]`` when it is on)."""
+    if getattr(cfg, switch):
+        return []
+    return [f.name for f in dataclasses.fields(cfg)
+            if f.metadata.get("needs") == switch and getattr(cfg, f.name) != _default(f)]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -723,6 +734,10 @@ def render_reference(cls: type, prefix: str = "") -> str:
             allowed = _allowed(f.metadata)
             if allowed:
                 meaning = f"{meaning} Allowed: {allowed}."
+            needs = f.metadata.get("needs")
+            if needs:
+                off = "false" if type_hints(c).get(needs) is bool else "0"
+                meaning = f"{meaning} No effect while `{pre + '.' if pre else ''}{needs}` is {off}."
             cells = [f"`{key}`", _type_name(tp), _fmt_default(default), meaning]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         if len(lines) == head + 2:  # sections only: no table of its own
