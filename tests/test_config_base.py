@@ -148,3 +148,41 @@ def test_sac_and_env_config_reference_is_documented_and_current():
     doc = (ROOT / "docs" / "sac.md").read_text(encoding="utf-8")
     assert generated_block(doc, "sac-config-reference") == render_config_reference(), \
         "docs/sac.md is stale: run `make docs`"
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A section."""
+
+    size: int = option(2, "Size.", ge=1)
+    free: dict = option({}, "Free-form.")
+
+
+def test_flat_aliases_table_is_checked_when_the_class_is_defined():
+    from lmpo.config import flat_aliases
+
+    for table in ({"size": "part.nope"}, {"part": "part.size"}, {"a": "part.size", "b": "part.size"},
+                  {"a": "size"}):
+        with pytest.raises(TypeError):
+            @flat_aliases(table)
+            @dataclass(frozen=True)
+            class _Bad:
+                part: _Part = option(_Part(), "Part.")
+
+
+def test_merge_layers_lets_the_later_layer_win_and_is_deep_merge_without_aliases():
+    from lmpo.config import deep_merge, flat_aliases, merge_layers
+
+    @flat_aliases({"part_size": "part.size"})
+    @dataclass(frozen=True)
+    class _Cfg:
+        """A config with a flat name."""
+
+        part: _Part = option(_Part(), "Part.")
+
+    assert merge_layers(_Cfg, {"part_size": 3}, {"part": {"size": 4}}) == {"part": {"size": 4}}
+    assert merge_layers(_Cfg, {"part": {"size": 4, "free": {"a": 1}}}, {"part_size": 5, "part": {"free": {"b": 2}}}) \
+        == {"part": {"free": {"a": 1, "b": 2}}, "part_size": 5}
+    assert from_dict(_Cfg, {"part_size": 3}).part.size == 3 and _Cfg(part_size=3).part_size == 3
+    base, over = {"inner": {"x": 1, "d": {"a": 1}}}, {"inner": {"d": {"b": 2}}}
+    assert merge_layers(_Outer, base, over) == deep_merge(base, over)

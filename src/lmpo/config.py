@@ -16,6 +16,9 @@ From that metadata alone this module
   are refused unless ``finite=False``);
 * loads YAML files plus dotted ``--section.key value`` overrides (:func:`load`, :func:`read_yaml`), with
   a malformed file reported by file, line and column;
+* accepts the flat names of a config whose fields moved into sections (:func:`flat_aliases`: one declared
+  table maps ``nce_tau`` to ``infonce.tau`` for YAML keys, dotted overrides, keyword arguments and attribute
+  reads alike);
 * turns a config back into plain data (:func:`to_dict`, :func:`save_yaml`) and lists what differs
   between two of them (:func:`changed_keys`, used by ``--resume``);
 * renders the reference tables of the docs (:func:`render_reference`).
@@ -36,12 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import re
 import types
 import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import field
 from pathlib import Path
 from typing import Any
@@ -52,10 +56,10 @@ from lmpo._hints import type_hints
 from lmpo.errors import InputError
 from lmpo.overrides import parse_overrides as _parse_overrides
 
-__all__ = ["BOUND_KEYS", "ConfigError", "FieldTypeError", "bounds", "changed_keys", "check_fields", "check_value",
-           "coerce", "deep_merge", "fields_of", "from_dict", "generated_block", "interval_text", "is_config_class", "load",
-           "number_type", "option", "parse_overrides", "range_text", "read_yaml", "render_reference", "save_yaml",
-           "to_dict", "unknown_key_error"]
+__all__ = ["BOUND_KEYS", "ConfigError", "FieldTypeError", "aliases_of", "bounds", "changed_keys", "check_fields",
+           "check_value", "coerce", "deep_merge", "fields_of", "flat_aliases", "from_dict", "generated_block",
+           "idle_fields", "interval_text", "is_config_class", "load", "merge_layers", "number_type", "option", "parse_overrides",
+           "range_text", "read_yaml", "render_reference", "save_yaml", "to_dict", "unknown_key_error"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -83,7 +87,9 @@ def option(default: Any, help: str, *, gt: float | None = None, ge: float | None
 
     ``gt``/``ge``/``lt``/``le``: exclusive / inclusive bounds (a ``None`` value is never range-checked);
     ``choices``: the allowed values; ``finite``: refuse inf/nan floats (default); ``hint``: a sentence
-    appended to an error (how to fix it). Mutable defaults (dict, list) go through a factory.
+    appended to an error (how to fix it); ``needs``: the sibling field (a switch) without which this one has
+    no effect (:func:`idle_fields`; the reference table says so). Mutable defaults (dict, list) go through a
+    factory.
     """
     meta = {"help": help, **metadata}
     for key, value in (("gt", gt), ("ge", ge), ("lt", lt), ("le", le), ("hint", hint)):
@@ -314,6 +320,15 @@ def check_fields(cfg: Any, where: str = "") -> None:
             check_value(value, f.metadata, key)
 
 
+def idle_fields(cfg: Any, switch: str) -> list[str]:
+    """The fields of ``cfg`` declared ``needs=switch`` that differ from their declared default while the switch
+    is off (false or 0), in declaration order: settings that would have no effect (``[]`` when it is on)."""
+    if getattr(cfg, switch):
+        return []
+    return [f.name for f in dataclasses.fields(cfg)
+            if f.metadata.get("needs") == switch and getattr(cfg, f.name) != _default(f)]
+
+
 # ----------------------------------------------------------------------------------------------------
 # dict <-> config
 # ----------------------------------------------------------------------------------------------------
@@ -321,10 +336,207 @@ def check_fields(cfg: Any, where: str = "") -> None:
 
 def unknown_key_error(cls: type, key: str, where: str) -> ConfigError:
     names = [f.name for f in dataclasses.fields(cls)]
-    close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
+    flat = list(aliases_of(cls))
+    close = difflib.get_close_matches(key, names + flat, n=3, cutoff=0.5)
     hint = f" Did you mean {' or '.join(f'`{c}`' for c in close)}?" if close else ""
     path = f"{where}.{key}" if where else key
-    return ConfigError(f"unknown config key `{path}`.{hint} Valid keys here: {', '.join(names)}.")
+    also = f" (or the flat names {', '.join(flat)})" if flat else ""
+    return ConfigError(f"unknown config key `{path}`.{hint} Valid keys here: {', '.join(names)}{also}.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Flat names of fields that live in sections
+# ----------------------------------------------------------------------------------------------------
+
+#: the class attribute holding a config's alias table (flat name → dotted field paths)
+_ALIASES = "__config_aliases__"
+
+
+def aliases_of(cls_or_cfg: Any) -> dict[str, tuple[str, ...]]:
+    """The flat-name table of a config class (:func:`flat_aliases`); ``{}`` for one without."""
+    cls = cls_or_cfg if isinstance(cls_or_cfg, type) else type(cls_or_cfg)
+    return dict(cls.__dict__.get(_ALIASES, {}))
+
+
+def _leaf(cls: type, path: str) -> tuple[dataclasses.Field, Any]:
+    """``(field, type)`` of the field at dotted ``path`` below ``cls``."""
+    head, _, rest = path.partition(".")
+    types_ = {f.name: (f, tp) for f, tp in fields_of(cls)}
+    if head not in types_:
+        raise KeyError(path)
+    f, tp = types_[head]
+    if not rest:
+        return f, tp
+    if not is_config_class(tp):
+        raise KeyError(path)
+    return _leaf(tp, rest)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def _with(section: Any, path: list[str], value: Any) -> Any:
+    """``section`` (a frozen config) with the field at ``path`` set to ``value``."""
+    head, *rest = path
+    if not rest:
+        return dataclasses.replace(section, **{head: value})
+    return dataclasses.replace(section, **{head: _with(getattr(section, head), rest, value)})
+
+
+def flat_aliases(table: Mapping[str, str | tuple[str, ...]]) -> Callable[[type], type]:
+    """Class decorator (above ``@dataclass``): flat names for fields that live in the config's sections.
+
+    ``table`` maps a flat name to the dotted path of the field it stands for, or to several paths that it sets
+    together (``"ngram_n": ("coverage.ngram_n", "infonce.ngram_n")``). A flat name is accepted everywhere the
+    config is written:
+
+    * YAML keys and dotted overrides (:func:`from_dict`): ``env: {nce_tau: 0.1}`` or ``--env.nce_tau 0.1`` is
+      ``env.infonce.tau``; a bad value is reported under the name its user wrote (```env.nce_tau` = -1 …``),
+      and a field set under both of its names with different values is refused;
+    * keyword arguments: ``EnvConfig(nce_tau=0.1)`` (applied on top of a section passed as well);
+    * attribute reads: ``cfg.nce_tau`` (the first path of a name with several).
+
+    The table is checked when the class is defined: each path names a field of a section, no path is the
+    target of two names, and no flat name is a field itself.
+    """
+
+    def decorate(cls: type) -> type:
+        norm = {name: (paths,) if isinstance(paths, str) else tuple(paths) for name, paths in table.items()}
+        seen: dict[str, str] = {}
+        names = {f.name for f in dataclasses.fields(cls)}
+        for name, paths in norm.items():
+            if name in names or not paths:
+                raise TypeError(f"{cls.__name__}: flat name {name!r} is a field itself or names no field")
+            for path in paths:
+                if "." not in path or path in seen:
+                    raise TypeError(f"{cls.__name__}: alias {name!r} → {path!r} is no section field or is "
+                                    f"already the target of {seen.get(path)!r}")
+                try:
+                    _leaf(cls, path)
+                except KeyError:
+                    raise TypeError(f"{cls.__name__}: alias {name!r} → {path!r} names no field") from None
+                seen[path] = name
+        setattr(cls, _ALIASES, norm)
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            flat = {k: kwargs.pop(k) for k in list(kwargs) if k in norm}
+            if flat:
+                fields = {f.name: f for f in dataclasses.fields(cls)}
+                for name, value in flat.items():
+                    for path in norm[name]:
+                        head, *rest = path.split(".")
+                        section = kwargs.get(head, _default(fields[head]))
+                        kwargs[head] = _with(section, rest, value)
+            init(self, *args, **kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            paths = norm.get(name)
+            if paths is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            value = self
+            for part in paths[0].split("."):
+                value = getattr(value, part)
+            return value
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        cls.__getattr__ = __getattr__  # type: ignore[attr-defined]
+        return cls
+
+    return decorate
+
+
+def _canonical(cls: type, data: Mapping[str, Any], where: str) -> dict:
+    """``data`` with its flat names written as the nested sections they stand for (values coerced and checked
+    under the flat name; a field set twice, under both names, with different values is a ConfigError)."""
+    table = aliases_of(cls)
+    if not table or not any(k in table for k in data):
+        return dict(data)
+    out = {k: v for k, v in data.items() if k not in table}
+    for key, value in data.items():
+        if key not in table:
+            continue
+        spelled = f"{where}.{key}" if where else key
+        f, tp = _leaf(cls, table[key][0])
+        value = coerce(value, tp, spelled)
+        if isinstance(value, tuple):
+            for i, v in enumerate(value):
+                check_value(v, f.metadata, f"{spelled}[{i}]")
+        elif not dataclasses.is_dataclass(value):
+            check_value(value, f.metadata, spelled)
+        for path in table[key]:
+            *heads, leaf = path.split(".")
+            node = out
+            for head in heads:
+                sub = node.get(head)
+                sub = {} if sub is None else to_dict(sub) if dataclasses.is_dataclass(sub) else sub
+                if not isinstance(sub, Mapping):
+                    raise ConfigError(f"`{where + '.' if where else ''}{head}` must be a mapping (a YAML section), "
+                                      f"got {sub!r}.")
+                node[head] = node = dict(sub)
+            if leaf in node and node[leaf] != value:
+                nested = f"{where}.{path}" if where else path
+                raise ConfigError(f"`{spelled}` = {value!r} and `{nested}` = {node[leaf]!r} set the same field; "
+                                  f"write it once (`{path}`, or its flat name `{key}`).")
+            node[leaf] = value
+    return out
+
+
+def _section_type(cls: type | None, key: str) -> type | None:
+    if cls is None:
+        return None
+    tp = {f.name: tp for f, tp in fields_of(cls)}.get(key)
+    return tp if is_config_class(tp) else None
+
+
+def _leaves(cls: type | None, data: Mapping[str, Any], prefix: str = "") -> set[str]:
+    """The canonical dotted paths of the leaves ``data`` sets (flat names resolved; no values checked)."""
+    table = aliases_of(cls) if cls is not None else {}
+    out: set[str] = set()
+    for key, value in data.items():
+        if key in table:
+            out.update(prefix + p for p in table[key])
+        elif isinstance(value, Mapping):
+            out.update(_leaves(_section_type(cls, key), value, f"{prefix}{key}."))
+        else:
+            out.add(prefix + str(key))
+    return out
+
+
+def _drop(cls: type | None, data: Mapping[str, Any], paths: set[str], prefix: str = "") -> dict:
+    """``data`` without the leaves at ``paths`` (under either name)."""
+    table = aliases_of(cls) if cls is not None else {}
+    out = {}
+    for key, value in data.items():
+        if key in table:
+            if any(prefix + p in paths for p in table[key]):
+                continue
+        elif isinstance(value, Mapping):
+            kept = _drop(_section_type(cls, key), value, paths, f"{prefix}{key}.")
+            if value and not kept:
+                continue  # every key of this section is set again by the later layer
+            value = kept
+        elif prefix + str(key) in paths:
+            continue
+        out[key] = value
+    return out
+
+
+@functools.cache
+def _has_aliases(cls: type) -> bool:
+    return bool(aliases_of(cls)) or any(is_config_class(tp) and _has_aliases(tp) for _, tp in fields_of(cls))
+
+
+def merge_layers(cls: type, base: Mapping | None, over: Mapping | None) -> dict:
+    """:func:`deep_merge` for the data of ``cls``: a field ``over`` sets, under either of its names (flat or in
+    its section), replaces the value ``base`` gives it under either name, so a later layer (YAML over a preset,
+    a command-line override over YAML) wins whichever spelling each uses."""
+    base, over = dict(base or {}), dict(over or {})
+    if not over or not _has_aliases(cls):
+        return deep_merge(base, over)
+    return deep_merge(_drop(cls, base, _leaves(cls, over)), over)
 
 
 def from_dict(cls: type, data: Mapping[str, Any] | None, where: str = "") -> Any:
@@ -334,6 +546,7 @@ def from_dict(cls: type, data: Mapping[str, Any] | None, where: str = "") -> Any
     if not isinstance(data, Mapping):
         raise ConfigError(f"`{where or 'config'}` must be a mapping of keys to values, got {data!r}.")
     types_ = {f.name: (f, tp) for f, tp in fields_of(cls)}
+    data = _canonical(cls, data, where)
     kwargs = {}
     for key, value in data.items():
         if key not in types_:
@@ -419,10 +632,10 @@ def load(cls: type, path: str | os.PathLike | None = None, overrides: list[str] 
     """``base`` dict (e.g. a preset) ← YAML file ← overrides (``--a.b value`` list or nested dict) → ``cls``."""
     data: dict = dict(base or {})
     if path is not None:
-        data = deep_merge(data, read_yaml(path))
+        data = merge_layers(cls, data, read_yaml(path))
     if overrides:
         over = parse_overrides(list(overrides)) if not isinstance(overrides, Mapping) else overrides
-        data = deep_merge(data, over)
+        data = merge_layers(cls, data, over)
     return from_dict(cls, data)
 
 
@@ -502,6 +715,7 @@ def render_reference(cls: type, prefix: str = "") -> str:
         title = f"`{pre}`" if pre else "top-level keys"
         lines.append(f"### {title} — {(c.__doc__ or '').strip().splitlines()[0]}")
         lines.append("")
+        head = len(lines)
         lines.append("| key | type | default | meaning |")
         lines.append("|---|---|---|---|")
         subs = []
@@ -520,9 +734,27 @@ def render_reference(cls: type, prefix: str = "") -> str:
             allowed = _allowed(f.metadata)
             if allowed:
                 meaning = f"{meaning} Allowed: {allowed}."
+            needs = f.metadata.get("needs")
+            if needs:
+                off = "false" if type_hints(c).get(needs) is bool else "0"
+                meaning = f"{meaning} No effect while `{pre + '.' if pre else ''}{needs}` is {off}."
             cells = [f"`{key}`", _type_name(tp), _fmt_default(default), meaning]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        if len(lines) == head + 2:  # sections only: no table of its own
+            del lines[head:]
+            lines.append(f"Sections: {', '.join(f'`{key}`' for _, key in subs)}.")
         lines.append("")
+        table = aliases_of(c)
+        if table:
+            dot = f"{pre}." if pre else ""
+            lines.append(f"Flat names: each key on the left is accepted for the field(s) on its right, in YAML, on "
+                         f"the command line, as a keyword argument of `{c.__name__}` and as an attribute.")
+            lines.append("")
+            lines.append("| flat key | same as |")
+            lines.append("|---|---|")
+            for name, paths in table.items():
+                lines.append(f"| `{dot}{name}` | {', '.join(f'`{dot}{p}`' for p in paths)} |")
+            lines.append("")
         for sub_cls, sub_prefix in subs:
             section(sub_cls, sub_prefix)
 

@@ -191,3 +191,35 @@ def test_advantage_options_are_validated_naming_the_option():
     msg = _error({"objective": {"advantage_estimator": "reinforce_plus_plus"}, "rollout": {}}
                  | {"objective": {"advantage_estimator": "reinforce_pp"}})
     assert "objective.advantage_estimator" in msg and "reinforce_plus_plus" in msg
+
+
+def test_kl_reward_defaults_have_one_source_and_idle_fields_are_named():
+    """The KL-in-reward fields declare ``needs="kl_in_reward"``; their defaults are written only in the fields,
+    and the controller the trainer builds from a default config starts from them."""
+    from lmpo.config import idle_fields
+    from lmpo.trainer.build import build_kl_controller
+    from lmpo.trainer.config import ObjectiveConfig, RewardsConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(ObjectiveConfig) if f.metadata.get("needs")}
+    assert fields == {"kl_reward_estimator": "k1", "kl_reward_coef": 0.001, "kl_ctrl_type": "fixed",
+                      "kl_ctrl_target": 0.1, "kl_ctrl_horizon": 10000}
+    assert idle_fields(ObjectiveConfig(), "kl_in_reward") == []
+    moved = ObjectiveConfig(kl_ctrl_horizon=5, kl_reward_coef=0.5)
+    assert idle_fields(moved, "kl_in_reward") == ["kl_reward_coef", "kl_ctrl_horizon"]
+    assert idle_fields(dataclasses.replace(moved, kl_in_reward=True), "kl_in_reward") == []
+    with pytest.raises(ConfigError, match=r"`objective.kl_reward_coef` = 0.5 \(and objective.kl_ctrl_horizon\) has "
+                                          "no effect while `objective.kl_in_reward` is false"):
+        moved.validate()
+    ctrl = build_kl_controller(ObjectiveConfig(kl_in_reward=True, kl_ctrl_type="adaptive"))
+    assert (ctrl.value, ctrl.target, ctrl.horizon) == (0.001, 0.1, 10000)
+    with pytest.raises(ConfigError, match=r"set it > 0 \(verl's default 0.1\)"):
+        ObjectiveConfig(kl_in_reward=True, kl_ctrl_type="adaptive", kl_ctrl_target=0.0).validate()
+    assert idle_fields(RewardsConfig(pool="process"), "workers") == ["pool"]
+    assert idle_fields(RewardsConfig(pool="process", workers=2), "workers") == []
+
+
+def test_flat_objective_keys_keep_loading(tmp_path):
+    """ObjectiveConfig keeps its flat keys (stored run configs and the TRL aliases write them)."""
+    cfg = load_config(None, ["--objective.kl_in_reward", "true", "--objective.kl_reward_coef", "0.01",
+                             "--objective.ref_sync_steps", "2"])
+    assert (cfg.objective.kl_in_reward, cfg.objective.kl_reward_coef, cfg.objective.ref_sync_steps) == (True, 0.01, 2)

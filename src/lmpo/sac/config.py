@@ -21,6 +21,7 @@ from lmpo.config import (
     check_fields,
     deep_merge,
     from_dict,
+    merge_layers,
     parse_overrides,
     read_yaml,
     render_reference,
@@ -29,6 +30,7 @@ from lmpo.config import (
 from lmpo.config import option as _f
 from lmpo.runs import CONFIG_FILE, LEGACY_CONFIG_FILE, read_json_object, stored_config_path
 from lmpo.textenv.bundled import DEFAULT_CORPUS, resolve_corpus
+from lmpo.textenv.config import EnvConfig
 
 #: the keys ``--resume`` lets a run change: when it stops, how it logs, evaluates and checkpoints
 RESUMABLE_KEYS = ("total_env_steps", "max_updates", "time_budget_s", "log_every_updates", "eval_every_updates",
@@ -226,14 +228,13 @@ class TrainConfig:
         if self.init_policy:
             policy_file(self.init_policy)
         env = self.env_config()
-        if env.blacklist_path is not None and not Path(env.blacklist_path).is_file():
-            raise ConfigError(f"`env.blacklist_path` = {env.blacklist_path!r} is not a file; give a text file of "
+        blacklist_path = env.compliance.blacklist_path
+        if blacklist_path is not None and not Path(blacklist_path).is_file():
+            raise ConfigError(f"`env.blacklist_path` = {blacklist_path!r} is not a file; give a text file of "
                               "characters to forbid, or leave it unset.")
 
-    def env_config(self):
+    def env_config(self) -> EnvConfig:
         """The :class:`lmpo.textenv.EnvConfig` that ``env`` describes (keys and values checked)."""
-        from lmpo.textenv.env import EnvConfig
-
         return from_dict(EnvConfig, self.env, "env")
 
     def to_dict(self) -> dict[str, Any]:
@@ -326,10 +327,15 @@ def _nest(overrides: dict[str, Any]) -> dict[str, Any]:
 def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
     """Return ``cfg`` with nested ``overrides`` ({"sac": {"top_p": 0.99}} or {"sac.top_p": 0.99}) applied.
 
-    ``env`` is a free-form section: its keys are merged into the run's ``env`` dict (and checked against
-    ``EnvConfig`` by :meth:`TrainConfig.validate`).
+    ``env`` is a free-form section: its keys are merged into the run's ``env`` dict as written (and checked
+    against ``EnvConfig`` by :meth:`TrainConfig.validate`); a field set here under either of its names (flat,
+    ``window_chars``, or in its section, ``episode.window_chars``) replaces the value ``cfg`` gives it under
+    either name (:func:`lmpo.config.merge_layers`).
     """
-    return from_dict(TrainConfig, deep_merge(to_dict(cfg), _nest(overrides)))
+    data, over = to_dict(cfg), _nest(overrides)
+    if isinstance(over.get("env"), dict) and isinstance(data.get("env"), dict):
+        data["env"] = merge_layers(EnvConfig, data["env"], over.pop("env"))
+    return from_dict(TrainConfig, deep_merge(data, over))
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
@@ -374,6 +380,4 @@ def parse_cli_overrides(tokens: list[str]) -> dict[str, Any]:
 
 def render_config_reference() -> str:
     """Markdown tables of every key of ``lmpo sac train`` and of the ``env`` section (docs/sac.md)."""
-    from lmpo.textenv.env import EnvConfig
-
     return render_reference(TrainConfig) + "\n" + render_reference(EnvConfig, "env")

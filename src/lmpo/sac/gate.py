@@ -390,11 +390,12 @@ def rescore_on_file(runs: list[dict[str, Any]], path: str | Path) -> tuple[list[
     for run in runs:
         agent, cfg, split = _load_policy(run)
         alphabet, env_cfg = split.alphabet, cfg.env_config()
-        compliance = Compliance(alphabet, env_cfg.max_run_chars, frozenset("".join(env_cfg.blacklist)),
-                                env_cfg.blacklist_path, env_cfg.whitelist_size)
+        cc = env_cfg.compliance
+        compliance = Compliance(alphabet, cc.max_run_chars, frozenset("".join(cc.blacklist)),
+                                cc.blacklist_path, cc.whitelist_size)
         bundle = EnvBundle(
             envs=[SimpleNamespace(compliance=compliance)], num_actions=len(alphabet), pad_id=alphabet.pad_id,
-            eos_id=alphabet.eos_id, window=env_cfg.window_chars, decode=alphabet.decode,
+            eos_id=alphabet.eos_id, window=env_cfg.episode.window_chars, decode=alphabet.decode,
             code_points=np.zeros(0, dtype=np.int64), alphabet=alphabet, train_chapters=split.train,
             heldout_chapters=chapters, extra_chapters=split.extra,
             make_eval_env=lambda ch, a=alphabet, c=env_cfg: CharTextEnv(ch, a, c))

@@ -47,8 +47,9 @@ def load_agent(run_dir: str | Path):
     verify_checkpoint(checkpoint)
     alphabet = text_split(cfg).alphabet
     env_cfg = cfg.env_config()
-    compliance = Compliance(alphabet, env_cfg.max_run_chars, frozenset("".join(env_cfg.blacklist)),
-                            env_cfg.blacklist_path, env_cfg.whitelist_size)
+    cc = env_cfg.compliance
+    compliance = Compliance(alphabet, cc.max_run_chars, frozenset("".join(cc.blacklist)),
+                            cc.blacklist_path, cc.whitelist_size)
     agent = SACAgent(len(alphabet), alphabet.pad_id, cfg.net, cfg.sac, seed=cfg.seed, device="cpu")
     try:
         agent.load_state_dict(load_state(checkpoint, "agent"))
@@ -57,7 +58,7 @@ def load_agent(run_dir: str | Path):
             raise
         raise CheckpointError(f"{checkpoint}: the agent state does not fit the run's config ({type(e).__name__}: "
                               f"{' '.join(str(e).split())[:200]}).") from None
-    return agent, alphabet, compliance, env_cfg.window_chars
+    return agent, alphabet, compliance, env_cfg.episode.window_chars
 
 
 def generate(run_dir: str | Path, prompt: str, num_chars: int = 64, greedy: bool = False, seed: int = 0) -> str:

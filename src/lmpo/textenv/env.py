@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from lmpo.config import ConfigError, check_fields, option
 from lmpo.errors import InputError
 from lmpo.textenv.alphabet import Alphabet
 from lmpo.textenv.compliance import Compliance
+from lmpo.textenv.config import EnvConfig
 from lmpo.textenv.corpus import Corpus, load_corpus, load_sample_corpus
 from lmpo.textenv.rewards import EmaStandardizer, NgramCoverage, ngram_keys
 
@@ -30,109 +29,6 @@ REWARD_KEYS = (
     "reward/potential",
     "reward/soft",
 )
-
-
-START_MODES = ("random", "chapter_start")
-SPLITS = ("train", "heldout", "all")
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    """Settings of the character environment ``CharTextEnv``.
-
-    Defaults: docs/textenv.md.
-    """
-
-    # -- episode ---------------------------------------------------------------------------------------
-    window_chars: int = option(32, "m: history characters in the observation window (and the reference history "
-                               "an episode starts with); at most 4,096 (the replay buffers store a window per "
-                               "transition).", ge=1, le=4096)
-    max_steps: int = option(64, "T: steps before the episode is truncated.", ge=1)
-    start: str = option("random", "'random': uniform over every (chapter, position) with a full m-character "
-                        "history; 'chapter_start': a random chapter at position m.", choices=START_MODES)
-    illegal_done: bool = option(True, "An action outside the legal mask ends the episode (terminated) with reward "
-                                "−λ_ill only.")
-    # -- corpus (used when the env loads ``text`` itself) -----------------------------------------------
-    split: str = option("train", "Which chapters the env plays when it loads ``text``: 'train', 'heldout' or "
-                        "'all'.", choices=SPLITS)
-    heldout_fraction: float = option(0.2, "Share of chapters held out when the env loads ``text``.", ge=0, lt=1)
-    split_seed: int = option(0, "Seed of the train / held-out chapter split.", ge=0)
-    min_count: int = option(1, "Alphabet: minimum training count of a character.", ge=1)
-    separator: str | None = option(None, "Chapter separator for text files (None: blank-line headings; see "
-                                   "``lmpo.textenv.corpus``).")
-    # -- compliance -----------------------------------------------------------------------------------
-    max_run_chars: int = option(3, "Longest run of one repeated character the mask allows.", ge=1)
-    blacklist: tuple[str, ...] = option((), "Characters that are never legal actions.")
-    blacklist_path: str | None = option(None, "File of blacklisted characters (re-read by ``reload_blacklist``).")
-    whitelist_size: int = option(64, "Most frequent training characters that stay legal when every other "
-                                 "character is masked.", ge=0)
-    # -- rewards --------------------------------------------------------------------------------------
-    use_coverage: bool = option(True, "Reward 1: n-gram coverage of the aligned reference window.")
-    use_infonce: bool = option(True, "Reward 2: InfoNCE agreement of the history with the next reference n-gram.")
-    use_bigram_bonus: bool = option(True, "Lexical bigram bonus (λ_bigram).")
-    use_garble: bool = option(True, "Penalty for rare (garble) characters (λ_gar).")
-    use_illegal_penalty: bool = option(True, "Penalty for an illegal action (λ_ill).")
-    use_normalisation: bool = option(True, "EMA standardisation of cov and nce (off: raw values enter the base "
-                                     "reward).")
-    ngram_n: int = option(3, "n of the coverage n-grams (and of the InfoNCE key n-gram).", ge=1, le=6)
-    coverage_window_chars: int = option(64, "W: the agent's last W characters are compared with the aligned "
-                                        "reference window.", ge=1)
-    lambda_cov: float = option(1.0, "Weight of the coverage reward.")
-    lambda_nce: float = option(0.5, "Weight of the InfoNCE reward.")
-    lambda_gar: float = option(0.1, "Weight of the garble penalty.", ge=0)
-    lambda_ill: float = option(2.0, "Weight of the illegal-action penalty.", ge=0)
-    lambda_bigram: float = option(1.0, "Bonus when (previous reference character, action) is a lexicon bigram.")
-    bigram_match_bonus: float = option(0.5, "Bonus when the bigram is not in the lexicon but the action equals "
-                                       "the target c_t.")
-    lambda_target: float = option(0.0, "Bonus when the action equals the target c_t, on top of the lexicon bonus: "
-                                  "ranks the reference character above the other lexicon hits.", ge=0)
-    garble_min_count: int = option(2, "Characters with a training count below this (and not punctuation) are "
-                                   "garble.", ge=0)
-    norm_beta: float = option(1e-3, "β of the EMA standardisation.", gt=0, le=1)
-    norm_eps: float = option(1e-8, "ε of the EMA standardisation.", gt=0)
-    norm_warmup: bool = option(True, "The EMA standardisation's first 1/β updates are a running average, so its "
-                               "statistics are the sample's from the first step (off: they start from μ = 0, "
-                               "σ² = 1 and settle after about 1/β steps per environment).")
-    potential_coef: float = option(0.0, "κ of the bounded potential Φ(s) = κ·cov(s) ∈ [0, κ]; 0 turns shaping "
-                                   "off.", ge=0)
-    potential_gamma: float = option(0.995, "γ of the potential shaping γΦ(s') − Φ(s).", gt=0, le=1)
-    # -- InfoNCE encoder ------------------------------------------------------------------------------
-    nce_context_chars: int = option(8, "L: characters of the agent's window fed to the query encoder.", ge=1)
-    nce_hidden_dim: int = option(64, "h: InfoNCE embedding / hidden width.", ge=1)
-    nce_embed_dim: int = option(32, "d: InfoNCE output (cosine) space width.", ge=1)
-    nce_tau: float = option(0.07, "τ: temperature of the cosine logits.", gt=0)
-    nce_momentum: float = option(0.99, "m: EMA momentum of the target encoder.", ge=0, lt=1)
-    nce_queue_size: int = option(64, "K: negative keys in the queue.", ge=1)
-    nce_lr: float = option(3e-3, "Adam learning rate of the InfoNCE encoder.", gt=0)
-    nce_pairs_per_step: int = option(128, "Reference (context, next n-gram) pairs per InfoNCE training step.", ge=1)
-    nce_pretrain_steps: int = option(300, "InfoNCE training steps on the env's chapters at construction (0: call "
-                                     "``train_encoder`` yourself).", ge=0)
-    nce_seed: int = option(0, "Seed of the InfoNCE encoder's initialisation and pair sampling.", ge=0)
-    # -- lexicon --------------------------------------------------------------------------------------
-    use_jieba_lexicon: bool = option(True, "L includes jieba's two-character words and names (else only the "
-                                     "reference bigrams).")
-    augment_lexicon_with_reference: bool = option(True, "Add every bigram of the env's chapters to L; then the "
-                                                  "true next character always earns λ_bigram and the 0.5 fallback "
-                                                  "only applies to a lexicon without that bigram.")
-    lexicon_dir: str | None = option(None, "Lexicon cache directory (default ``$LMPO_CACHE_DIR/lexicon`` or the "
-                                     "user cache directory).")
-
-    def __post_init__(self) -> None:
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ConfigError(f"EnvConfig: {msg}")
-
-        need(self.start in START_MODES, f"start={self.start!r} must be 'random' or 'chapter_start'")
-        need(self.split in SPLITS, f"split={self.split!r} must be 'train', 'heldout' or 'all'")
-        need(
-            isinstance(self.blacklist, (tuple, list, frozenset, set, str)),
-            f"blacklist must be a tuple of characters, got {type(self.blacklist).__name__}",
-        )
-        check_fields(self, "env")
-        need(
-            self.coverage_window_chars >= self.ngram_n,
-            f"coverage_window_chars={self.coverage_window_chars} must be >= ngram_n={self.ngram_n}",
-        )
 
 
 def _chars(blacklist) -> frozenset[str]:
@@ -217,12 +113,12 @@ class CharTextEnv(gym.Env):
         self.render_mode = render_mode
         source = "chapters"
         if chapters is None:
-            corpus = load_corpus(text, cfg.separator) if text is not None else load_sample_corpus()
+            corpus = load_corpus(text, cfg.corpus.separator) if text is not None else load_sample_corpus()
             source = str(text) if text is not None else "bundled sample text"
-            train, heldout = corpus.split(cfg.heldout_fraction, cfg.split_seed)
+            train, heldout = corpus.split(cfg.corpus.heldout_fraction, cfg.corpus.split_seed)
             if alphabet is None:
-                alphabet = Alphabet.from_texts(train, cfg.min_count)
-            chapters = {"train": train, "heldout": heldout, "all": list(corpus.chapters)}[cfg.split]
+                alphabet = Alphabet.from_texts(train, cfg.corpus.min_count)
+            chapters = {"train": train, "heldout": heldout, "all": list(corpus.chapters)}[cfg.corpus.split]
         elif isinstance(chapters, Corpus):
             source = ", ".join(sorted(set(chapters.sources)))
             chapters = list(chapters.chapters)
@@ -233,10 +129,10 @@ class CharTextEnv(gym.Env):
         if not chapters or not any(chapters):
             raise InputError(f"CharTextEnv: no chapters with text ({source}); bring a non-empty corpus")
         if alphabet is None:
-            alphabet = Alphabet.from_texts(chapters, cfg.min_count)
+            alphabet = Alphabet.from_texts(chapters, cfg.corpus.min_count)
         self.alphabet = alphabet
         self.chapters = list(chapters)
-        A, m = len(alphabet), cfg.window_chars
+        A, m = len(alphabet), cfg.episode.window_chars
         self.num_actions = A
 
         # chapters long enough for a full history + one target; positions p in [m, len-1]
@@ -251,8 +147,9 @@ class CharTextEnv(gym.Env):
         self._ref: list[list[int] | None] = [None] * len(self.chapters)
         self._ref_keys: list[list[int] | None] = [None] * len(self.chapters)
 
+        cc = cfg.compliance
         self.compliance = Compliance(
-            alphabet, cfg.max_run_chars, _chars(cfg.blacklist), cfg.blacklist_path, cfg.whitelist_size
+            alphabet, cc.max_run_chars, _chars(cc.blacklist), cc.blacklist_path, cc.whitelist_size
         )
         # the whitelist holds the class-acceptable characters (the blacklist alone falls back to it)
         if int(self.compliance.whitelist_mask[alphabet.num_special :].sum()) == 0:
@@ -260,24 +157,25 @@ class CharTextEnv(gym.Env):
                 f"CharTextEnv: no legal characters in the alphabet of {source} (every character is a control, "
                 "format, private-use or unassigned code point); check the corpus encoding"
             )
-        self._garble = alphabet.garble_mask(cfg.garble_min_count)
+        self._garble = alphabet.garble_mask(cfg.garble.min_count)
         self._lexicon = None
         self._pairs: set[int] = set()
-        if cfg.use_bigram_bonus:
+        if cfg.lexical.enabled:
             if lexicon is None:
                 from lmpo.textenv.lexicon import load_lexicon
 
-                refs = self.chapters if cfg.augment_lexicon_with_reference else ()
-                lexicon = load_lexicon(refs, cfg.lexicon_dir, use_dictionary=cfg.use_jieba_lexicon)
+                refs = self.chapters if cfg.lexical.augment_with_reference else ()
+                lexicon = load_lexicon(refs, cfg.lexical.lexicon_dir, use_dictionary=cfg.lexical.use_jieba)
             self._lexicon = lexicon
             self._pairs = lexicon.pair_ids(alphabet)
 
-        self._coverage = NgramCoverage(cfg.ngram_n, cfg.coverage_window_chars, A)
-        self.norm_cov = EmaStandardizer(cfg.norm_beta, cfg.norm_eps, warmup=cfg.norm_warmup)
-        self.norm_nce = EmaStandardizer(cfg.norm_beta, cfg.norm_eps, warmup=cfg.norm_warmup)
+        self._coverage = NgramCoverage(cfg.coverage.ngram_n, cfg.coverage.window_chars, A)
+        nc = cfg.normalisation
+        self.norm_cov = EmaStandardizer(nc.beta, nc.eps, warmup=nc.warmup)
+        self.norm_nce = EmaStandardizer(nc.beta, nc.eps, warmup=nc.warmup)
         self.encoder = None
         self._scorer = None
-        if cfg.use_infonce:
+        if cfg.infonce.enabled:
             self._setup_infonce(encoder)
 
         self.action_space = spaces.Discrete(A)
@@ -294,26 +192,11 @@ class CharTextEnv(gym.Env):
 
     # -- InfoNCE ------------------------------------------------------------------------------------------
     def _setup_infonce(self, encoder) -> None:
-        from lmpo.textenv.infonce import InfoNCEConfig, InfoNCEModel, InfoNCEScorer
+        from lmpo.textenv.infonce import InfoNCEModel, InfoNCEScorer
 
-        cfg = self.config
+        nce = self.config.infonce
         if encoder is None:
-            encoder = InfoNCEModel(
-                len(self.alphabet),
-                InfoNCEConfig(
-                    context_chars=cfg.nce_context_chars,
-                    ngram_n=cfg.ngram_n,
-                    hidden_dim=cfg.nce_hidden_dim,
-                    embed_dim=cfg.nce_embed_dim,
-                    tau=cfg.nce_tau,
-                    momentum=cfg.nce_momentum,
-                    queue_size=cfg.nce_queue_size,
-                    lr=cfg.nce_lr,
-                    pairs_per_step=cfg.nce_pairs_per_step,
-                    seed=cfg.nce_seed,
-                ),
-                pad_id=self.alphabet.pad_id,
-            )
+            encoder = InfoNCEModel(len(self.alphabet), nce, pad_id=self.alphabet.pad_id)
         elif encoder.num_chars != len(self.alphabet):
             raise ValueError(
                 f"encoder was built for {encoder.num_chars} characters but the alphabet has {len(self.alphabet)}; "
@@ -321,14 +204,14 @@ class CharTextEnv(gym.Env):
             )
         self.encoder = encoder
         ids = [np.asarray(self._chapter_ref(i), dtype=np.int64) for i in range(len(self.chapters))]
-        if cfg.nce_pretrain_steps and encoder.steps_trained == 0:
-            encoder.train(ids, cfg.nce_pretrain_steps)
+        if nce.pretrain_steps and encoder.steps_trained == 0:
+            encoder.train(ids, nce.pretrain_steps)
         self._scorer = InfoNCEScorer(encoder, ids)
 
     def train_encoder(self, steps: int, chapters: Sequence[str] | None = None) -> dict[str, float]:
         """Train the InfoNCE encoder ``steps`` steps on reference pairs (default: the env's chapters)."""
         if self.encoder is None:
-            raise RuntimeError("train_encoder: InfoNCE is off (EnvConfig.use_infonce=False)")
+            raise RuntimeError("train_encoder: InfoNCE is off (EnvConfig infonce.enabled, flat name use_infonce=False)")
         if chapters is None:
             ids = self._scorer.chapters_ids
         else:
@@ -350,12 +233,12 @@ class CharTextEnv(gym.Env):
     def _chapter_ref_keys(self, i: int) -> list[int]:
         keys = self._ref_keys[i]
         if keys is None:
-            keys = ngram_keys(self._chapter_ref(i), self.config.ngram_n, len(self.alphabet))
+            keys = ngram_keys(self._chapter_ref(i), self.config.coverage.ngram_n, len(self.alphabet))
             self._ref_keys[i] = keys
         return keys
 
     def _obs(self) -> dict[str, np.ndarray]:
-        m = self.config.window_chars
+        m = self.config.episode.window_chars
         tail = self._y[-m:]
         win = np.zeros(m, dtype=np.int64)
         if tail:
@@ -387,7 +270,7 @@ class CharTextEnv(gym.Env):
         return self._ref_cur[self._p + self._t]
 
     def reload_blacklist(self) -> None:
-        """Re-read ``EnvConfig.blacklist_path``; the new rules apply from the next mask on."""
+        """Re-read ``EnvConfig.compliance.blacklist_path``; the new rules apply from the next mask on."""
         self.compliance.reload_blacklist()
         if self._y is not None:
             self._update_mask()
@@ -404,7 +287,7 @@ class CharTextEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         cfg = self.config
-        m = cfg.window_chars
+        m = cfg.episode.window_chars
         if seed is not None:
             self.norm_cov.reset()
             self.norm_nce.reset()
@@ -423,7 +306,7 @@ class CharTextEnv(gym.Env):
                 raise ValueError(
                     f"options['position']={p} out of range [0, {len(self.chapters[ci])}) for chapter {ci}"
                 )
-        elif cfg.start == "random":
+        elif cfg.episode.start == "random":
             flat = int(self.np_random.integers(0, self._start_cum[-1]))
             ci = int(np.searchsorted(self._start_cum, flat, side="right"))
             before = int(self._start_cum[ci - 1]) if ci > 0 else 0
@@ -480,8 +363,8 @@ class CharTextEnv(gym.Env):
             "mask_conflict": teacher and not legal,
             "mask_fallback": self._fallback,
         }
-        if illegal and cfg.illegal_done:
-            r_ill = cfg.lambda_ill if cfg.use_illegal_penalty else 0.0
+        if illegal and cfg.episode.illegal_done:
+            r_ill = cfg.illegal.weight if cfg.illegal.enabled else 0.0
             for k in REWARD_KEYS:
                 info[k] = 0.0
             info["reward/illegal"] = 1.0
@@ -496,32 +379,32 @@ class CharTextEnv(gym.Env):
         self._t += 1
         y = self._y
         terminated = played == alph.eos_id or target == alph.eos_id
-        truncated = (not terminated) and self._t >= cfg.max_steps
+        truncated = (not terminated) and self._t >= cfg.episode.max_steps
 
-        cov = self._coverage.push(y) if cfg.use_coverage else 0.0
-        nce = self._scorer.score(y, self._ci, pos) if cfg.use_infonce else 0.0
-        if cfg.use_normalisation:
-            cov_n = self.norm_cov.update(cov) if cfg.use_coverage else 0.0
-            nce_n = self.norm_nce.update(nce) if cfg.use_infonce else 0.0
+        cov = self._coverage.push(y) if cfg.coverage.enabled else 0.0
+        nce = self._scorer.score(y, self._ci, pos) if cfg.infonce.enabled else 0.0
+        if cfg.normalisation.enabled:
+            cov_n = self.norm_cov.update(cov) if cfg.coverage.enabled else 0.0
+            nce_n = self.norm_nce.update(nce) if cfg.infonce.enabled else 0.0
         else:
             cov_n, nce_n = cov, nce
         bonus = 0.0
-        if cfg.use_bigram_bonus:
+        if cfg.lexical.enabled:
             if prev_ref >= 0 and prev_ref * A + played in self._pairs:
-                bonus = cfg.lambda_bigram
+                bonus = cfg.lexical.bigram_bonus
             elif played == target:
-                bonus = cfg.bigram_match_bonus
+                bonus = cfg.lexical.match_bonus
         if played == target:
-            bonus += cfg.lambda_target
-        garble = float(self._garble[played]) if cfg.use_garble else 0.0
-        ill = 1.0 if (illegal and cfg.use_illegal_penalty) else 0.0
+            bonus += cfg.lexical.target_bonus
+        garble = float(self._garble[played]) if cfg.garble.enabled else 0.0
+        ill = 1.0 if (illegal and cfg.illegal.enabled) else 0.0
         base = (
-            cfg.lambda_cov * cov_n + cfg.lambda_nce * nce_n - cfg.lambda_gar * garble - cfg.lambda_ill * ill
+            cfg.coverage.weight * cov_n + cfg.infonce.weight * nce_n - cfg.garble.weight * garble - cfg.illegal.weight * ill
         )
         potential = 0.0
-        if cfg.potential_coef > 0.0:
-            phi_next = 0.0 if terminated else cfg.potential_coef * self._coverage.value
-            potential = cfg.potential_gamma * phi_next - self._phi
+        if cfg.potential.coef > 0.0:
+            phi_next = 0.0 if terminated else cfg.potential.coef * self._coverage.value
+            potential = cfg.potential.gamma * phi_next - self._phi
             self._phi = phi_next
         reward = base + potential + bonus
 

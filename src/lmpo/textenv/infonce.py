@@ -30,44 +30,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True)
-class InfoNCEConfig:
-    """Encoder and contrastive-reward settings."""
-
-    context_chars: int = 8
-    """L: characters of the agent's recent window fed to the query encoder."""
-    ngram_n: int = 3
-    """n: length of the reference n-gram encoded as the key."""
-    hidden_dim: int = 64
-    """h: embedding / hidden width."""
-    embed_dim: int = 32
-    """d: output (cosine) space width."""
-    tau: float = 0.07
-    """τ: temperature of the cosine logits."""
-    momentum: float = 0.99
-    """m: EMA momentum of the target encoder."""
-    queue_size: int = 64
-    """K: negative keys in the queue."""
-    lr: float = 3e-3
-    pairs_per_step: int = 128
-    """reference (context, next n-gram) pairs per training step."""
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("context_chars", "ngram_n", "hidden_dim", "embed_dim", "queue_size", "pairs_per_step"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"InfoNCEConfig.{name}={getattr(self, name)} must be >= 1")
-        if self.tau <= 0:
-            raise ValueError(f"InfoNCEConfig.tau={self.tau} must be > 0")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"InfoNCEConfig.momentum={self.momentum} must be in [0, 1)")
+from lmpo.textenv.config import InfoNCEConfig
 
 
 class _Adam:

@@ -28,6 +28,7 @@ from lmpo.config import (
     check_value,
     deep_merge,
     from_dict,
+    idle_fields,
     parse_overrides,
     read_yaml,
     render_reference,
@@ -259,11 +260,11 @@ class RewardsConfig:
                       "`timeout_s` (lmpo.rewards.parallel; `async def` functions are accepted); 0 = one after "
                       "the other in the training process.", ge=0)
     pool: str = _f("thread", "`thread` (I/O-bound rewards: services, judges, sandboxes) or `process` (CPU-bound "
-                   "pure-Python rewards; functions must be importable).", choices=("thread", "process"))
+                   "pure-Python rewards; functions must be importable).", choices=("thread", "process"), needs="workers")
     timeout_s: float = _f(0.0, "Seconds one reward call may take with `workers` > 0; a call past it gives NaN for "
-                          "its completions and counts in `reward/errors` (0 = no limit).", ge=0)
+                          "its completions and counts in `reward/errors` (0 = no limit).", ge=0, needs="workers")
     seqs_per_call: int = _f(0, "Completions per reward call with `workers` > 0, so that one function's batch "
-                            "runs in parallel too (0 = the whole batch in one call per function).", ge=0)
+                            "runs in parallel too (0 = the whole batch in one call per function).", ge=0, needs="workers")
 
     def validate(self) -> None:
         """Ranges, each function (built-in, importable or a reward model), names, weights and the pool fields."""
@@ -286,8 +287,7 @@ class RewardsConfig:
             raise ConfigError(f"`rewards.functions` lists {name!r} twice; merge their weights, or give the reward "
                               "models distinct `name`s.")
         if self.workers == 0:
-            idle = [k for k, default in (("pool", "thread"), ("timeout_s", 0.0), ("seqs_per_call", 0))
-                    if getattr(self, k) != default]
+            idle = idle_fields(self, "workers")
             if idle:
                 raise ConfigError(f"`rewards.{idle[0]}` = {getattr(self, idle[0])!r} has no effect while "
                                   "`rewards.workers` = 0 (the rewards run one after the other, without a pool). Set "
@@ -299,11 +299,22 @@ class RewardsConfig:
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    """The policy objective (`lmpo.objectives`) and the advantages fed to it."""
+    """The policy objective (`lmpo.objectives`) and the advantages fed to it.
 
+    Four concerns, kept as flat keys (``objective.kl_reward_coef``: run directories store them so, ``--resume``
+    compares them key by key, and the TRL alias table writes them): the objective (``preset``, ``overrides``),
+    the advantages (``advantage_estimator``, ``advantage_options``, ``filter_zero_variance``), the loss mask
+    (``mask_truncated_completions``), and the KL in the reward with the reference sync (``kl_in_reward``,
+    ``kl_reward_*``, ``kl_ctrl_*``, ``ref_sync_*``). Each default is written once, in its field: the fields
+    that act only through the KL in the reward say so with ``needs="kl_in_reward"``
+    (:func:`lmpo.config.idle_fields` finds the ones moved from their defaults while it is off).
+    """
+
+    # -- the objective ---------------------------------------------------------------------------------
     preset: str = _f("grpo", "A preset of `lmpo.objectives.PRESETS`.")
     overrides: dict = _f({}, "Field-by-field overrides of the preset, any `lmpo.objectives.Objective` field "
                          "(e.g. `{eps_high: 0.3, kl_coef: 0.01, grad_norm_mode: logits}`).")
+    # -- the advantages --------------------------------------------------------------------------------
     advantage_estimator: str = _f("grpo", "An estimator of `lmpo.objectives.advantages.ADVANTAGE_ESTIMATORS` (table "
                                   "in docs/objectives.md). `remax` decodes one extra greedy completion per prompt "
                                   "for its baseline; `gdpo` normalises each reward function separately.")
@@ -313,24 +324,25 @@ class ObjectiveConfig:
     filter_zero_variance: bool = _f(False, "Drop groups whose rewards are all equal before the update, leaving a "
                                     "smaller batch (`adv/zero_var_frac`); `rollout.dynamic_sampling` refills the "
                                     "batch instead, as DAPO does.")
+    # -- the loss mask ---------------------------------------------------------------------------------
     mask_truncated_completions: bool = _f(False, "Completions that reach `rollout.max_new_tokens` without EOS "
                                           "get loss mask 0 (TRL `mask_truncated_completions`, DAPO overlong "
                                           "filtering); they keep their reward and their place in the group's "
                                           "advantages.")
-    # KL in the reward (verl algorithm.use_kl_in_reward / kl_penalty / kl_ctrl) and reference sync (TR-DPO)
+    # -- KL in the reward (verl algorithm.use_kl_in_reward / kl_penalty / kl_ctrl) and reference sync (TR-DPO)
     kl_in_reward: bool = _f(False, "Subtract β·Σ_t KL_t to the reference model from each sequence's reward before "
                             "the advantages (verl `algorithm.use_kl_in_reward`; builds the reference model).")
     kl_reward_estimator: str = _f("k1", "Per-token KL estimate of the reward penalty (verl `algorithm.kl_penalty`: "
                                   "its `kl` is `k1`, `mse` is `k2`).",
-                                  choices=("k1", "abs", "k2", "k3", "low_var_kl"))
+                                  choices=("k1", "abs", "k2", "k3", "low_var_kl"), needs="kl_in_reward")
     kl_reward_coef: float = _f(0.001, "β of the KL in the reward; the starting value under the adaptive controller "
-                               "(verl `algorithm.kl_ctrl.kl_coef`).", ge=0)
+                               "(verl `algorithm.kl_ctrl.kl_coef`).", ge=0, needs="kl_in_reward")
     kl_ctrl_type: str = _f("fixed", "Controller of β: `fixed` or `adaptive` (Ziegler et al. 2019; verl "
-                           "`algorithm.kl_ctrl.type`).", choices=("fixed", "adaptive"))
+                           "`algorithm.kl_ctrl.type`).", choices=("fixed", "adaptive"), needs="kl_in_reward")
     kl_ctrl_target: float = _f(0.1, "Target KL (token-mean per sequence, averaged over sequences) of the adaptive "
-                               "controller (verl `algorithm.kl_ctrl.target_kl`).", ge=0)
+                               "controller (verl `algorithm.kl_ctrl.target_kl`).", ge=0, needs="kl_in_reward")
     kl_ctrl_horizon: int = _f(10000, "Horizon of the adaptive controller in sequences: one step's relative change "
-                              "of β is at most 0.2·B / horizon (verl `algorithm.kl_ctrl.horizon`).", ge=0)
+                              "of β is at most 0.2·B / horizon (verl `algorithm.kl_ctrl.horizon`).", ge=0, needs="kl_in_reward")
     ref_sync_steps: int = _f(0, "Every this many optimizer steps mix the policy into the reference model, ref ← "
                              "α·π + (1 − α)·ref (TR-DPO; TRL `ref_model_sync_steps`); 0 = never.", ge=0)
     ref_sync_alpha: float = _f(0.6, "α of the reference sync (TRL `ref_model_mixup_alpha`); 1 copies the policy.",
@@ -381,7 +393,7 @@ class ObjectiveConfig:
     def _check_kl_in_reward(self) -> None:
         """The KL-in-reward and β-controller fields: each needs the others it acts through."""
         if not self.kl_in_reward:
-            changed = [k for k, v in _KL_REWARD_DEFAULTS.items() if getattr(self, k) != v]
+            changed = idle_fields(self, "kl_in_reward")
             if changed:
                 more = f" (and {', '.join('objective.' + k for k in changed[1:])})" if changed[1:] else ""
                 raise ConfigError(f"`objective.{changed[0]}` = {getattr(self, changed[0])!r}{more} has no effect "
@@ -390,16 +402,21 @@ class ObjectiveConfig:
         elif self.kl_ctrl_type == "adaptive":
             if not self.kl_ctrl_target > 0:
                 raise ConfigError(f"`objective.kl_ctrl_target` = {self.kl_ctrl_target}: the adaptive KL controller "
-                                  "divides by the target KL; set it > 0 (verl's default 0.1) or use "
-                                  "objective.kl_ctrl_type: fixed.")
+                                  f"divides by the target KL; set it > 0 (verl's default {_default_of('kl_ctrl_target')})"
+                                  " or use objective.kl_ctrl_type: fixed.")
             if not self.kl_ctrl_horizon > 0:
                 raise ConfigError(f"`objective.kl_ctrl_horizon` = {self.kl_ctrl_horizon}: the adaptive KL "
-                                  "controller divides by its horizon; set it > 0 (verl's default 10000) or use "
-                                  "objective.kl_ctrl_type: fixed.")
+                                  "controller divides by its horizon; set it > 0 (verl's default "
+                                  f"{_default_of('kl_ctrl_horizon')}) or use objective.kl_ctrl_type: fixed.")
             if self.kl_reward_coef == 0:
                 raise ConfigError("`objective.kl_reward_coef` = 0 with objective.kl_ctrl_type: adaptive: the "
                                   "controller multiplies β, so it would stay 0. Start it > 0 (verl's default "
-                                  "0.001).")
+                                  f"{_default_of('kl_reward_coef')}).")
+
+
+def _default_of(name: str) -> Any:
+    """The declared default of ``ObjectiveConfig.<name>`` (error messages quote it from its one source)."""
+    return ObjectiveConfig.__dataclass_fields__[name].default
 
 
 @dataclass(frozen=True)
@@ -796,11 +813,6 @@ def _check_async(cfg: TrainConfig) -> None:
                "weights. Use rollout.async_staleness: 0 with LoRA")
     if why is not None:
         raise ConfigError(f"`rollout.async_staleness` = {k} cannot be used with {why}.")
-
-
-#: the fields that only act through the KL in the reward, at their defaults
-_KL_REWARD_DEFAULTS = {"kl_reward_estimator": "k1", "kl_reward_coef": 0.001, "kl_ctrl_type": "fixed",
-                       "kl_ctrl_target": 0.1, "kl_ctrl_horizon": 10000}
 
 
 # ----------------------------------------------------------------------------------------------------
