@@ -14,7 +14,7 @@ advantages and the loss are TRL's and lmpo's own code. Checked:
   while the same batch with the mask dropped gives them gradient (so the check can fail);
 - lmpo ``grpo`` / ``dapo`` / ``gspo`` equal TRL's own ``_compute_loss`` (loss and parameter gradients) on that
   batch, also with vLLM-style sampler log-probs (TRL writes 0.0 there for tool tokens) and TRL's
-  importance-sampling ratios;
+  importance-sampling ratios, and with TRL's ``top_entropy_quantile`` / ``off_policy_mask_threshold``;
 - a real ``trainer.train()`` step in tool mode runs with lmpo's loss and changes the weights.
 """
 
@@ -312,6 +312,32 @@ def test_loss_equals_trl_own_loss_on_a_tool_batch(trainer, batch, monkeypatch, n
     model.train()
     inputs = with_old_logps(trainer, model, batch, noise=noise)
     assert_equals_trl(trainer, model, inputs, trl_settings, monkeypatch)
+
+
+@pytest.mark.parametrize("settings", [dict(top_entropy_quantile=0.2), dict(off_policy_mask_threshold=0.04)],
+                         ids=["top_entropy_quantile", "off_policy_mask_threshold"])
+def test_trl_token_selection_settings_on_a_tool_batch_equal_trl(trainer, batch, monkeypatch, settings):
+    """TRL's high-entropy token selection and its off-policy sequence mask both read the masked tokens only (the
+    entropy quantile over them, the sequence KL as their mean); as lmpo parts they give TRL's loss on the batch."""
+    for key, value in settings.items():
+        monkeypatch.setattr(trainer, key, value)
+        monkeypatch.setattr(trainer.args, key, value)
+    trainer.objective = Objective.preset("grpo", advantage_scale="group")  # the setting fills in the part
+    assert {trainer.objective.parts["credit"].name, trainer.objective.parts["rejection"].name} & {
+        "high_entropy", "off_policy_seq"}
+    trainer.current_gradient_accumulation_steps = 2
+    model = trainer.model
+    model.train()
+    inputs = with_old_logps(trainer, model, batch, noise=0.3)
+    if "off_policy_mask_threshold" in settings:  # the threshold rejects some sequences, not all
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        kept = GRPOTrainer.get_off_policy_mask(
+            advantages=inputs["advantages"].unsqueeze(1), per_token_logps=batch["model_logps"],
+            sampling_per_token_logps=inputs["old_per_token_logps"], mask=mask,
+            off_policy_threshold=settings["off_policy_mask_threshold"])
+        assert 0 < float(kept.float().mean()) < 1
+    assert_equals_trl(trainer, model, inputs, dict(loss_type="grpo", epsilon_low=0.2, epsilon_high=0.2,
+                                                   importance_sampling_level="token"), monkeypatch)
 
 
 VLLM_TOOL_CASES = [
