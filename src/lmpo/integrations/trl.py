@@ -285,6 +285,8 @@ class LmpoGRPOTrainer(GRPOTrainer):
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P+T)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         logits_to_keep = completion_ids.size(1)  # T
+        # TRL's tool mode (and a rollout_func's env_mask) leaves tool replies inside the completion with tool_mask 0;
+        # TRL's loss and its num_items_in_batch use this product, so the objective must too (docs/scaling.md)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
         extra = {k: inputs.get(k) for k in _MULTIMODAL_KEYS}
 

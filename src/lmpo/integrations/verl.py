@@ -318,7 +318,9 @@ def make_policy_loss(preset: str) -> Callable[..., tuple[torch.Tensor, dict[str,
 
         Args:
             old_log_prob, log_prob: (B, T) behaviour / current log-probs (log_prob carries the gradient).
-            advantages: (B, T); response_mask: (B, T) bool or 0/1.
+            advantages: (B, T); response_mask: (B, T) bool or 0/1. In multi-turn rollouts verl's agent loop
+                sets it to 0 on the tool / observation tokens inside the response too; it is passed on unchanged,
+                so those tokens are excluded like padding, as in verl's own losses.
             loss_agg_mode: verl's ``actor.loss_agg_mode`` (wins over the preset's aggregation).
             config: verl ``ActorConfig`` (reads ``global_batch_info``, ``loss_scale_factor``,
                 ``policy_loss.lmpo``) or None.
