@@ -72,11 +72,11 @@ def make_inputs(batch: int, length: int, seed: int = 0) -> dict[str, torch.Tenso
 
 def step_fn(obj: Objective, data: dict[str, torch.Tensor]):
     kw = {}
-    if obj.requires_entropy:
+    if "entropy" in obj.needs:
         kw["entropy"] = data["entropy"]
         if obj.adaptive_entropy:
             kw["entropy_coef"] = 0.01
-    if obj.requires_token_grad_norm:
+    if "token_grad_norm" in obj.needs:
         kw["token_grad_norm"] = data["token_grad_norm"]
 
     def run() -> None:

@@ -121,7 +121,7 @@ def test_compute_loss_equals_core_for_every_preset(trainer, name):
     if objective.aggregation == "seq_sum_norm":
         core = objective.replace(norm_constant=float(trainer.args.max_completion_length))
     extra = {}
-    if objective.requires_token_grad_norm:
+    if "token_grad_norm" in objective.needs:
         # the hidden states are the head's input: lm_head(h)/temperature reproduces the logits
         torch.testing.assert_close(model.lm_head(hidden) / trainer.temperature, logits)
         extra["token_grad_norm"] = (lm_head_grad_norm(hidden, logits, inputs["completion_ids"],

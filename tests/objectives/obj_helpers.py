@@ -27,13 +27,13 @@ def make_batch(batch=6, length=20, seed=0, dtype=torch.float64, drift=0.3, holes
 def extra_inputs(obj: Objective, batch, length, seed=1, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     kw = {}
-    if obj.requires_entropy:
+    if "entropy" in obj.needs:
         kw["entropy"] = torch.rand(batch, length, generator=g, dtype=dtype) * 2
         if obj.adaptive_entropy:
             kw["entropy_coef"] = 0.05
-    if obj.requires_ref_logp:
+    if "ref_logp" in obj.needs:
         kw["ref_logp"] = -torch.rand(batch, length, generator=g, dtype=dtype) * 4
-    if obj.requires_token_grad_norm:
+    if "token_grad_norm" in obj.needs:
         kw["token_grad_norm"] = torch.rand(batch, length, generator=g, dtype=dtype) * 3
     return kw
 

@@ -34,14 +34,22 @@ def test_preset_parts_follow_spec():
         obj = Objective.preset(name)
         assert (obj.level, obj.aggregation, obj.eps_low, obj.eps_high) == (level, "seq_mean_token_mean", 3e-4, 4e-4)
     assert Objective.preset("ptrw").level == "sequence_arith" and Objective.preset("ptrw").trust_region == "gaussian"
-    assert Objective.preset("grad_adaptive").requires_token_grad_norm
-    assert Objective.preset("adaptive_entropy").requires_entropy
-    assert not Objective.preset("grpo").requires_entropy and not Objective.preset("grpo").requires_ref_logp
+    assert "token_grad_norm" in Objective.preset("grad_adaptive").needs
+    assert "entropy" in Objective.preset("adaptive_entropy").needs
+    assert "entropy" not in Objective.preset("grpo").needs and "ref_logp" not in Objective.preset("grpo").needs
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_requires_properties_are_aliases_of_needs(name):
+    """The documented ``requires_*`` properties read ``needs``, the one source of what an objective asks for."""
+    obj = Objective.preset(name)
+    for key in ("entropy", "ref_logp", "token_grad_norm", "rollout_logp"):
+        assert getattr(obj, f"requires_{key}") is (key in obj.needs)
 
 
 def test_preset_overrides_and_errors():
     obj = Objective.preset("grpo", eps_high=0.3, kl_coef=0.04)
-    assert obj.eps_high == 0.3 and obj.kl_coef == 0.04 and obj.requires_ref_logp
+    assert obj.eps_high == 0.3 and obj.kl_coef == 0.04 and "ref_logp" in obj.needs
     assert Objective.preset("dapo", trust_region="ppo").eps_high == 0.28  # dapo sets 0.28 explicitly
     assert Objective(trust_region="clip_higher").eps_high == 0.28 and Objective().eps_high == 0.2
     with pytest.raises(ValueError, match="unknown preset 'grpoo'.*grpo, dapo"):
@@ -69,7 +77,7 @@ def _reinforce_reference(obj, logp, adv, mask, kw, generator_seed):
                                     generator=torch.Generator().manual_seed(generator_seed))
         per_token = torch.where(chosen, 0.0, per_token)
     loss = aggregate_loop(per_token, mask, obj.aggregation)
-    if obj.requires_entropy:
+    if "entropy" in obj.needs:
         coef = kw.get("entropy_coef", obj.entropy_coef)
         loss = loss - coef * aggregate_loop(kw["entropy"], mask, obj.aggregation)
     return loss

@@ -64,13 +64,13 @@ def batches(draw):
 def run(name, b, adv=None):
     obj = Objective(**PARTS[name])
     kw = {}
-    if obj.requires_rollout_logp:
+    if "rollout_logp" in obj.needs:
         kw["rollout_logp"] = b["rollout"]
     if "rollout_is_weights" in obj.needs:
         kw["rollout_is_weights"] = b["weights"]
-    if obj.requires_entropy:
+    if "entropy" in obj.needs:
         kw["entropy"] = b["entropy"]
-    if obj.requires_ref_logp:
+    if "ref_logp" in obj.needs:
         kw["ref_logp"] = b["ref"]
     leaf = b["logp"].clone().requires_grad_()
     loss, stats = obj(leaf, b["old"], b["adv"] if adv is None else adv, b["mask"], **kw)

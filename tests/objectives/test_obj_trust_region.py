@@ -128,3 +128,39 @@ def test_sequence_level_clip_stats_are_per_sequence():
     _, stats = Objective(level="sequence", eps_low=3e-4, eps_high=4e-4)(logp, old, adv, mask)
     assert stats["clip/high_frac"].item() == pytest.approx(1 / 3)
     assert stats["clip/low_frac"].item() == 0.0
+
+
+def _ratios(rows, dtype=torch.float64):
+    """(logp, old_logp) whose token ratios are ``rows`` (old log-prob log 0.1 everywhere)."""
+    rho = torch.tensor(rows, dtype=dtype)
+    old = torch.full_like(rho, math.log(0.1))
+    return (old + rho.log()).requires_grad_(), old
+
+
+def test_clipped_trust_region_reports_its_clip_and_dual_clip_fractions():
+    """Four tokens with A = −1 and ratios 0.5, 1, 4, 5 under ppo (ε = 0.2) with dual clip c = 3: the lower bound
+    0.8 binds at the first token (1/4), no upper bound binds for A < 0, the dual clip at the last two (2/4)."""
+    logp, old = _ratios([[0.5, 1.0, 4.0, 5.0]])
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    adv = torch.tensor([-1.0], dtype=torch.float64)
+    _, stats = Objective(trust_region="ppo", dual_clip=True, dual_clip_c=3.0)(logp, old, adv, mask)
+    assert stats["clip/low_frac"].item() == 0.25 and stats["clip/high_frac"].item() == 0.0
+    assert stats["clip/region_frac"].item() == 0.25 and stats["clip/dual_frac"].item() == 0.5
+    _, stats = Objective(trust_region="ppo")(logp, old, adv, mask)
+    assert "clip/dual_frac" not in stats and stats["clip/low_frac"].item() == 0.25
+
+
+def test_gaussian_reports_its_mean_trust_weight_per_token_and_per_sequence():
+    """φ(ρ) = exp(−(ρ−1)²/(2·0.5²)): φ(1) = 1 and φ(1.5) = e^{−1/2}, so the mean over the two valid tokens is
+    (1 + e^{−1/2})/2; a masked token with ratio 7 does not count. At the sequence level with constant ratios per
+    row the sequence ratios are 1 and 1.5 and the mean runs over the two non-empty sequences: the same value."""
+    want = (1.0 + math.exp(-0.5)) / 2
+    logp, old = _ratios([[1.0, 1.5, 7.0]])
+    mask = torch.tensor([[True, True, False]])
+    _, stats = Objective(trust_region="gaussian")(logp, old, torch.tensor([1.0], dtype=torch.float64), mask)
+    assert stats["ptrw/phi_mean"].item() == pytest.approx(want, rel=1e-12)
+    logp, old = _ratios([[1.0, 1.0], [1.5, 1.5], [2.0, 2.0]])
+    mask = torch.tensor([[True, True], [True, True], [False, False]])
+    adv = torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64)
+    _, stats = Objective(level="sequence", trust_region="gaussian")(logp, old, adv, mask)
+    assert stats["ptrw/phi_mean"].item() == pytest.approx(want, rel=1e-12)

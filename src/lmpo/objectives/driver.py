@@ -2,10 +2,11 @@
 
 lmpo's trainer, the TRL adapter and the verl adapter all call an objective through :class:`ObjectiveDriver`:
 
-1. **What the objective needs** (``driver.needs``): which optional inputs the host must compute — token
-   entropies (and whether they need a gradient), reference log-probs, per-token gradient norms in a given
-   mode, the sampler's log-probs — and whether it needs a hook once per optimizer step (the adaptive entropy
-   controller).
+1. **What the host computes** (``driver.needs``, a :class:`Needs`): the host's plan derived from
+   ``objective.needs`` (the one source of what an objective asks for) and the host — token entropies (also when
+   the host reports them anyway, and whether they need a gradient), reference log-probs, per-token gradient norms
+   in the credit part's mode, the sampler's log-probs, the teacher's top-K — and whether it needs a hook once per
+   optimizer step (the adaptive entropy controller).
 2. **Refusals, once, in one style**: a :class:`Host` says what it can provide; a need it cannot meet, and any
    host setting the adapter finds incompatible (``refuse``), raise one :class:`~lmpo.errors.InputError` that
    lists every problem with what to do instead.
@@ -34,7 +35,8 @@ from .parts import AdaptiveEntropyController
 
 @dataclass(frozen=True)
 class Needs:
-    """What the host computes for one objective."""
+    """What the host computes for one objective: ``objective.needs`` read for a host (:func:`needs_of`), with what
+    the bare names leave open (the gradient-norm mode, the teacher's K, entropies the host reports anyway)."""
 
     entropy: bool = False
     """Token entropies are needed (for the loss, or reported because the host provides them anyway)."""
@@ -88,6 +90,9 @@ generation engine (``HFRollout(record_logprobs=True)``, vLLM) when the objective
 
 
 def needs_of(objective: Objective, host: Host) -> Needs:
+    """The host's plan for ``objective``: which inputs (``objective.needs``), how (the credit part's gradient-norm
+    mode, the distill part's top-K, whether the entropies keep their gradient), and the entropies a host that
+    reports them passes anyway."""
     wanted = objective.needs
     credit = objective.parts["credit"]
     mode = credit.value("grad_norm_mode") if "token_grad_norm" in wanted else None

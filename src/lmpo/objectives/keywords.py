@@ -6,7 +6,10 @@ objective-wide fields, and the merge rule every construction route shares (``mer
   and combinations that are valid one by one but not together;
 - ``merge_spec(base, overrides)``: a kind switched to another part drops the old part's explicit parameters
   that the new part does not declare;
-- ``owners_by_keyword()``: parameter keyword → the parts that declare it (the docs tables read it too).
+- ``owners_by_keyword()``: parameter keyword → the parts that declare it (the docs tables read it too);
+- ``flat_keywords(keywords)``: a part addressed as a whole, ``trust_region={"name": "cispo", "eps_high": 4.0}``,
+  → the flat keywords ``trust_region="cispo", eps_high=4.0`` every other function reads;
+- ``read_keyword(key, general, parts)``: the value ``objective.<key>`` reads.
 
 The maths of the objective (``lmpo.objectives.objective``) knows none of this.
 """
@@ -86,15 +89,82 @@ def all_keywords() -> list[str]:
     return sorted(set(GENERAL_FIELDS) | set(SELECTORS) | {"adaptive_entropy"} | set(owners_by_keyword()))
 
 
+_ENTROPY_CONTROL_BY_FLAG = {False: "static", True: "adaptive"}
+"""``adaptive_entropy`` → the entropy control it selects."""
+
+
 def selected(spec: Mapping[str, Any], kind: str) -> str:
     if kind == "entropy_control":
-        return "adaptive" if spec.get("adaptive_entropy", False) else "static"
+        return _ENTROPY_CONTROL_BY_FLAG[bool(spec.get("adaptive_entropy", False))]
     return spec.get(kind, DEFAULT_PARTS[kind])
+
+
+def read_keyword(key: str, general: General, parts: Mapping[str, Part]) -> Any:
+    """``objective.<key>``: an objective-wide field, the name of the part a selector chose, or the effective value
+    of a part parameter (:meth:`Part.value`); a parameter of a part that is not selected reads as that part's
+    ``off`` value (None unless the parameter declares one). Raises AttributeError for anything else."""
+    if key in GENERAL_FIELDS:
+        return getattr(general, key)
+    if key in SELECTORS:
+        return parts[key].name
+    if key == "adaptive_entropy":
+        return _ENTROPY_CONTROL_BY_FLAG[True] == parts["entropy_control"].name
+    owners = owners_by_keyword().get(key)
+    if owners is None:
+        raise AttributeError(f"Objective has no field {key!r}")
+    for kind, _ in owners:
+        if key in parts[kind].params():
+            return parts[kind].value(key)
+    kind, name = owners[0]
+    return KINDS[kind][name].off(key)
+
+
+def flat_keywords(keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """Keywords with every part given as a whole turned into flat keywords.
+
+    ``trust_region={"name": "cispo", "eps_high": 4.0}`` becomes ``trust_region="cispo", eps_high=4.0``;
+    without ``"name"`` the mapping sets parameters of whichever part of the kind ends up selected
+    (``trust_region={"eps_high": 0.3}`` is ``eps_high=0.3``). Flat keywords pass unchanged, so both spellings mix.
+    Refused (``ConfigError``): a key of the mapping that no part of the kind declares, or that the named part does
+    not declare, and a parameter given both in a mapping and flat with different values.
+    """
+    out: dict[str, Any] = {}
+    nested: dict[str, tuple[str, Any]] = {}  # parameter → (the kind whose mapping gave it, its value there)
+    for key, value in keywords.items():
+        if key not in SELECTORS or not isinstance(value, Mapping):
+            out[key] = value
+            continue
+        registry = KINDS[key]
+        params = dict(value)
+        name = params.pop("name", None)
+        if name is not None:
+            out[key] = name
+            declared = registry[name].params()  # an unknown name raises naming the valid ones
+            whose = f"{key} {name!r}"
+        else:
+            declared = tuple(dict.fromkeys(p for cls in registry.values() for p in cls.params()))
+            whose = f"any {key}"
+        for param_key, param_value in params.items():
+            if param_key not in declared:
+                close = difflib.get_close_matches(str(param_key), declared, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                listed = ", ".join(declared) if declared else "none"
+                raise ConfigError(f"{key}={dict(value)!r}: {param_key!r} is not a parameter of {whose} (its "
+                                  f"parameters: {listed}).{hint}")
+            nested[param_key] = (key, param_value)
+    for param_key, (kind, param_value) in nested.items():
+        if param_key in keywords and keywords[param_key] != param_value:
+            raise ConfigError(f"{param_key} is given twice, {param_key}={keywords[param_key]!r} and inside "
+                              f"{kind}={dict(keywords[kind])!r}; give it once.")
+        out[param_key] = param_value
+    return out
 
 
 def merge_spec(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Explicit keywords ``base`` updated with ``overrides``; a kind switched to another part drops the old
-    part's explicit parameters that the new part does not declare."""
+    part's explicit parameters that the new part does not declare. A part given as a whole in ``overrides`` is
+    flattened first (``flat_keywords``)."""
+    overrides = flat_keywords(overrides)
     spec = dict(base)
     for kind, registry in KINDS.items():
         old, new = selected(base, kind), selected({**base, **overrides}, kind)
@@ -106,10 +176,6 @@ def merge_spec(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[st
                 spec.pop(p, None)
     spec.update(overrides)
     return spec
-
-
-OFF_VALUES: dict[str, Any] = {"dual_clip": False}
-"""What reading a parameter of a part that is not selected gives (None for every other parameter)."""
 
 
 def resolve(spec: dict[str, Any]) -> tuple[General, dict[str, Part]]:

@@ -51,15 +51,16 @@ from .keywords import (
     ADVANTAGE_SCALES,
     DEFAULT_PARTS,
     GENERAL_FIELDS,
-    OFF_VALUES,
-    SELECTORS,
     General,
     all_keywords,
+    flat_keywords,
     merge_spec,
     owners_by_keyword,
+    read_keyword,
     resolve,
 )
 from .parts import KINDS, Context, Part, Registry
+from .parts.base import Tally
 from .parts.entropy import AdaptiveEntropyController
 from .validation import (
     check_mask_dtype,
@@ -82,7 +83,7 @@ class Objective:
     __slots__ = ("_spec", "_general", "_parts", "_needs")
 
     def __init__(self, **keywords: Any) -> None:
-        spec = dict(keywords)
+        spec = flat_keywords(keywords)
         general, parts = resolve(spec)
         object.__setattr__(self, "_spec", MappingProxyType(spec))
         object.__setattr__(self, "_general", general)
@@ -97,6 +98,7 @@ class Objective:
             close = difflib.get_close_matches(str(name), list(PRESETS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}.{hint}")
+        overrides = flat_keywords(overrides)
         unknown = [k for k in overrides if k not in all_keywords()]
         if unknown:
             raise TypeError(f"unknown Objective field(s) {', '.join(map(repr, unknown))} for preset {name!r}; "
@@ -120,20 +122,7 @@ class Objective:
     def __getattr__(self, key: str) -> Any:
         if key.startswith("_"):
             raise AttributeError(key)
-        if key in GENERAL_FIELDS:
-            return getattr(self._general, key)
-        if key in SELECTORS:
-            return self._parts[key].name
-        if key == "adaptive_entropy":
-            return self._parts["entropy_control"].name == "adaptive"
-        owners = owners_by_keyword().get(key)
-        if owners is None:
-            raise AttributeError(f"Objective has no field {key!r}")
-        for kind, _ in owners:
-            part = self._parts[kind]
-            if key in part.params():
-                return part.value(key)
-        return OFF_VALUES.get(key)  # a parameter of a part that is not selected
+        return read_keyword(key, self._general, self._parts)
 
     def __setattr__(self, key: str, value: Any) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot assign to field {key!r}; use objective.replace({key}=...)")
@@ -170,20 +159,25 @@ class Objective:
             object.__setattr__(self, "_needs", frozenset(needs))
         return self._needs
 
+    # Documented aliases of ``needs`` (docs/objectives.md), kept for scripts written against them.
     @property
     def requires_entropy(self) -> bool:
+        """``"entropy" in self.needs``."""
         return "entropy" in self.needs
 
     @property
     def requires_ref_logp(self) -> bool:
+        """``"ref_logp" in self.needs``."""
         return "ref_logp" in self.needs
 
     @property
     def requires_token_grad_norm(self) -> bool:
+        """``"token_grad_norm" in self.needs``."""
         return "token_grad_norm" in self.needs
 
     @property
     def requires_rollout_logp(self) -> bool:
+        """``"rollout_logp" in self.needs``."""
         return "rollout_logp" in self.needs
 
     @property
@@ -234,12 +228,12 @@ class Objective:
             advantages: (B,) per sequence or (B, T) per token.
             mask:       (B, T) bool or float/int 0/1; 1 where a token counts. Invalid positions may hold
                         anything (including NaN) in every (B, T) input.
-            ref_logp:   (B, T) reference log-probs; required when ``requires_ref_logp``.
+            ref_logp:   (B, T) reference log-probs; required when ``"ref_logp" in self.needs``.
             entropy:    (B, T) token entropies (with gradient for the bonus); required when
-                        ``requires_entropy``, otherwise only reported.
-            token_grad_norm: (B, T) ‖∇θ log π(y_t)‖; required when ``requires_token_grad_norm``.
+                        ``"entropy" in self.needs``, otherwise only reported.
+            token_grad_norm: (B, T) ‖∇θ log π(y_t)‖; required when ``"token_grad_norm" in self.needs``.
             rollout_logp: (B, T) the sampler's log-probs of the sampled tokens; required by the rollout
-                        corrections and rejections (``requires_rollout_logp``).
+                        corrections and rejections (``"rollout_logp" in self.needs``).
             rollout_is_weights: (B, T) correction weights the host computed (``correction="given"``).
             num_tokens: global valid-token count for ``token_mean`` (exact accumulation / DP).
             num_seqs:   global sequence count for the ``seq_*`` aggregations.
@@ -258,8 +252,8 @@ class Objective:
                     "rollout_logp": rollout_logp, "rollout_is_weights": rollout_is_weights}
         valid = self._check_inputs(logp, old_logp, advantages, mask, optional, num_tokens, num_seqs, entropy_coef)
         parts = self._parts
-        if "teacher_logits" in self.needs:
-            parts["distill"].check_inputs(logits, teacher_logits, teacher_ids, tuple(logp.shape))
+        distill = parts["distill"]
+        distill.check_inputs(logits, teacher_logits, teacher_ids, tuple(logp.shape))
         dtype = torch.promote_types(logp.dtype, torch.float32)  # low-precision inputs are computed in fp32
         m = valid.to(dtype)
         lengths = m.sum(-1)  # (B,) |y|
@@ -292,60 +286,61 @@ class Objective:
         ctx.keep = parts["rejection"].keep(ctx, stats)
         rho, rho_value = parts["level"].weight(ctx)
         trust_region = parts["trust_region"]
-        term = trust_region.term(rho, adv, ctx)
+        term = ctx.term = trust_region.term(rho, adv, ctx)
         per_token = term.loss
         if ctx.credit is not None and not parts["level"].credit_inside:
             per_token = per_token * ctx.credit
 
-        policy_m = m  # clip_cov replaces it by a copy with the picked tokens at 0
-        per_token, policy_m = parts["cov_control"].apply(ctx, term, per_token, policy_m, stats)
+        cov_control = parts["cov_control"]
+        per_token, policy_m = cov_control.apply(ctx, term, per_token, m, stats)
         if ctx.correction is not None and not trust_region.absorbs_correction:
             per_token = per_token * ctx.correction
         if ctx.keep is not None:
             per_token = per_token * ctx.keep
         aggregation = parts["aggregation"]
         norm = {"num_tokens": num_valid.clamp(min=1.0) if num_tokens is None else num_tokens, "num_seqs": num_seqs}
-        same = policy_m is m
-        policy_loss = aggregation.reduce(per_token, policy_m, lengths=lengths if same else None,
-                                         seq_lengths=None if same else lengths, **norm)
-        distill = parts["distill"]
-        if "teacher_logits" in self.needs and distill.distill_policy_coef != 1.0:
-            policy_loss = distill.distill_policy_coef * policy_loss
+
+        def reduce(x: torch.Tensor) -> torch.Tensor:
+            """A (B, T) term aggregated over the valid tokens as the objective's loss is."""
+            return aggregation.reduce(x, m, lengths=lengths, **norm)
+
+        # The row sums of an edited mask are not the lengths; the lengths stay the per-sequence normalisers.
+        policy_loss = aggregation.reduce(per_token, policy_m, lengths=None if cov_control.edits_mask else lengths,
+                                         seq_lengths=lengths, **norm)
+        scale = distill.policy_scale()
+        if scale != 1.0:
+            policy_loss = scale * policy_loss
         loss = policy_loss
         stats["loss/policy"] = policy_loss.detach()
-        if "teacher_logits" in self.needs:
-            divergence = distill.per_token(logits, teacher_logits, teacher_ids, valid)  # (B, T)
-            distill_loss = distill.distill_coef * aggregation.reduce(divergence, m, lengths=lengths, **norm)
+        distill_loss = distill.loss(ctx, logits, teacher_logits, teacher_ids, reduce, stats)
+        if distill_loss is not None:
             loss = loss + distill_loss
-            stats["loss/distill"] = distill_loss.detach()
-            stats["distill/divergence"] = divergence.detach().sum() / num_valid.clamp(min=1.0)
 
         if "ref_logp" in inputs:
-            loss = self._reference_kl(ctx, loss, stats, norm, rho)
+            loss = self._reference_kl(ctx, loss, stats, reduce, rho)
         if "entropy" in inputs:
             ent = inputs["entropy"]
             stats["entropy/mean"] = ent.detach().sum() / num_valid.clamp(min=1.0)
-            coef = parts["entropy_control"].coef(self._general.entropy_coef, entropy_coef)
-            if coef is not None:
-                entropy_loss = -coef * aggregation.reduce(ent, m, lengths=lengths, **norm)
+            entropy_loss = parts["entropy_control"].loss(ent, self._general.entropy_coef, entropy_coef, reduce, ctx,
+                                                         stats)
+            if entropy_loss is not None:
                 loss = loss + entropy_loss
-                stats["loss/entropy"] = entropy_loss.detach()
-                stats["entropy/coef"] = torch.as_tensor(coef, dtype=dtype, device=logp.device).detach().clone()
 
         with torch.no_grad():
-            self._ratio_stats(stats, ctx, term, rho, rho_value, clamped)
+            self._ratio_stats(stats, ctx, rho, rho_value, clamped)
         return loss, stats
 
     # ------------------------------------------------------------------ internals
-    def _reference_kl(self, ctx: Context, loss: torch.Tensor, stats: dict, norm: dict, rho: torch.Tensor
+    def _reference_kl(self, ctx: Context, loss: torch.Tensor, stats: dict, reduce, rho: torch.Tensor
                       ) -> torch.Tensor:
+        """``loss + β·reduce(KL_t)`` when ``kl_coef`` β ≠ 0 (``loss/kl_ref``), else ``loss``; reports the token mean
+        of the estimate as ``kl/ref`` either way (``reduce``: the loss's aggregation of a (B, T) term)."""
         estimator = self._parts["kl_estimator"]
         logp_m = ctx.diff + ctx.old_valid  # logp at valid tokens
         ref = ctx.inputs["ref_logp"]
-        if self.requires_ref_logp:
+        if self._general.kl_coef != 0.0:
             kl_term = estimator.term(logp_m, ref, ctx.clamp, rho)
-            kl_loss = self._general.kl_coef * self._parts["aggregation"].reduce(kl_term, ctx.m, lengths=ctx.lengths,
-                                                                                **norm)
+            kl_loss = self._general.kl_coef * reduce(kl_term)
             loss = loss + kl_loss
             stats["loss/kl_ref"] = kl_loss.detach()
             kl_term = kl_term.detach()
@@ -354,15 +349,12 @@ class Objective:
         stats["kl/ref"] = (kl_term * ctx.m).sum() / ctx.num_valid.clamp(min=1.0)
         return loss
 
-    def _ratio_stats(self, stats: dict, ctx: Context, term, rho: torch.Tensor, rho_value: torch.Tensor,
+    def _ratio_stats(self, stats: dict, ctx: Context, rho: torch.Tensor, rho_value: torch.Tensor,
                      clamped: bool) -> None:
-        dtype, m, valid, adv = ctx.dtype, ctx.m, ctx.valid, ctx.adv
+        """The statistics every objective returns (``COMMON_STATS``) around those of the parts (``Part.report``)."""
+        dtype, m, valid = ctx.dtype, ctx.m, ctx.valid
         n = ctx.num_valid.clamp(min=1.0)
-        trust_region = self._parts["trust_region"]
-        if term.low is not None and rho_value.shape == rho.shape:
-            low, high = term.low, term.high  # token levels: the flags the loss used
-        else:
-            low, high = trust_region.activity(rho_value, adv)
+        low, high = self._parts["trust_region"].flags(ctx.term, rho, rho_value, ctx.adv)
         # Sequence levels with per-sequence advantages count per non-empty sequence, all else per token.
         per_sequence = low.shape[-1] == 1
         if per_sequence:
@@ -381,27 +373,15 @@ class Objective:
             stats["ratio/clamped_tokens"] = (ctx.log_ratio != ctx.diff).sum().to(dtype)
         else:  # the check saw every |log-ratio| within the clamp
             stats["ratio/clamped_tokens"] = torch.zeros((), dtype=dtype, device=valid.device)
-        if per_sequence or low.dtype != torch.bool:  # float 0/1 flags, or a few (B, 1) ones
-            stats["clip/low_frac"] = (low * weight).sum() / count
-            stats["clip/high_frac"] = (high * weight).sum() / count
-        else:
-            stats["clip/low_frac"] = torch.count_nonzero(low & valid).to(dtype) / count
-            stats["clip/high_frac"] = torch.count_nonzero(high & valid).to(dtype) / count
-        stats["clip/region_frac"] = stats["clip/low_frac"] + stats["clip/high_frac"]
-        if getattr(trust_region, "dual_clip", False):
-            dual = (adv < 0) & (values > trust_region.dual_clip_c)
-            stats["clip/dual_frac"] = (dual * weight).sum() / count
-        if term.phi is not None:
-            phi = term.phi if term.phi.shape == weight.shape else term.phi.expand_as(weight)
-            stats[trust_region.phi_key] = (phi * weight).sum() / count
+        tally = Tally(weight=weight, count=count, per_sequence=per_sequence, ratio=values, low=low, high=high)
+        for part in self._parts.values():
+            part.report(stats, ctx, tally)
         # k3 estimate of KL(π_old‖π_θ) = E_old[e^{−r} + r − 1]: exactly 0 at the masked zeros (exp(0) = 1)
         lr = ctx.log_ratio
         if self._parts["level"].unit_off_mask:  # ρ = e^{r} is there already: e^{−r} = 1/ρ costs no exp
             stats["kl/behaviour_k3"] = torch.reciprocal(rho_value).add_(lr).sub_(1.0).sum() / n
         else:
             stats["kl/behaviour_k3"] = torch.neg(lr).exp_().add_(lr).sub_(1.0).sum() / n
-        if ctx.credit is not None:
-            stats["credit/max"] = ctx.credit.amax()
         stats["tokens/valid"] = ctx.num_valid.detach().clone()
 
     def _check_inputs(self, logp, old_logp, advantages, mask, optional, num_tokens, num_seqs,

@@ -313,7 +313,8 @@ class ObjectiveConfig:
     # -- the objective ---------------------------------------------------------------------------------
     preset: str = _f("grpo", "A preset of `lmpo.objectives.PRESETS`.")
     overrides: dict = _f({}, "Field-by-field overrides of the preset, any `lmpo.objectives.Objective` field "
-                         "(e.g. `{eps_high: 0.3, kl_coef: 0.01, grad_norm_mode: logits}`).")
+                         "(e.g. `{eps_high: 0.3, kl_coef: 0.01, grad_norm_mode: logits}`); a part may be given as a "
+                         "whole under its kind (`{trust_region: {name: cispo, eps_high: 4.0}}`).")
     # -- the advantages --------------------------------------------------------------------------------
     advantage_estimator: str = _f("grpo", "An estimator of `lmpo.objectives.advantages.ADVANTAGE_ESTIMATORS` (table "
                                   "in docs/objectives.md). `remax` decodes one extra greedy completion per prompt "
@@ -695,7 +696,7 @@ def _check_across_sections(cfg: TrainConfig, objective: Any) -> None:
                           "together. Use the KL in the loss instead (objective.overrides.kl_coef) or disable "
                           "one of them.")
     if ob.ref_sync_steps > 0:
-        if not (ob.kl_in_reward or objective.requires_ref_logp):
+        if not (ob.kl_in_reward or "ref_logp" in objective.needs):
             raise ConfigError(f"`objective.ref_sync_steps` = {ob.ref_sync_steps} but the run has no reference "
                               "model to sync: nothing uses a KL to the reference. Set objective.kl_in_reward: true "
                               "or objective.overrides.kl_coef > 0, or set objective.ref_sync_steps: 0.")

@@ -5,14 +5,17 @@ A part is a frozen dataclass of its own parameters. Its class declares
 - ``kind`` and ``name``: the registry it belongs to and its name there (``TRUST_REGIONS["ppo"]``);
 - ``needs``: the inputs it asks of the caller beyond ``(logp, old_logp, advantages, mask)``, from
   :data:`INPUTS`;
-- ``stats``: the statistic keys it adds to an objective's stats, with their meaning;
+- ``stats``: the statistic keys it adds to an objective's stats, with their meaning. A part writes them itself:
+  while the loss is built (the ``stats`` dict its kind's method receives) or afterwards in :meth:`Part.report`,
+  which the objective calls for every part, so the objective knows no part's statistics;
 - ``formula`` and ``source``: one line each for the generated tables; the class docstring is the reference.
 
 Parameters are dataclass fields made with :func:`param` (:func:`lmpo.config.option`, the one field schema of
 lmpo, with the range spelled ``low``/``high``), which records the help text and the allowed range or choices;
 :meth:`Part.__post_init__` checks them with :func:`lmpo.config.check_value` (errors are
 :class:`lmpo.config.ConfigError`, a ``ValueError``; a wrong type is also a ``TypeError``), so a part is valid once built and never written again
-(defaults that depend on another parameter are resolved on read, by :meth:`Part.value`).
+(defaults that depend on another parameter are resolved on read, by :meth:`Part.value`). ``param(..., off=v)``
+declares what reading the parameter gives when its part is not selected (:meth:`Part.off`; None unless declared).
 
 Adding a part is one new class decorated with its registry's ``register`` (plus its tests); the name lists,
 validation messages and documentation tables are generated from the registries.
@@ -24,7 +27,7 @@ import dataclasses
 import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -49,11 +52,13 @@ INPUTS: Mapping[str, str] = {
 
 def param(default: Any, help: str, *, low: float | None = None, high: float | None = None,
           low_inclusive: bool = False, high_inclusive: bool = True, choices: tuple | None = None,
-          hint: str = "") -> Any:
+          hint: str = "", off: Any = None) -> Any:
     """A part parameter: :func:`lmpo.config.option` with the range spelled ``low``/``high`` (exclusive below and
-    inclusive above unless ``low_inclusive``/``high_inclusive`` say otherwise) or ``choices``."""
+    inclusive above unless ``low_inclusive``/``high_inclusive`` say otherwise) or ``choices``. ``off``: the value
+    an objective reads for it when its part is not selected (e.g. ``dual_clip`` reads False, not None)."""
+    extra = {} if off is None else {"off": off}
     return option(default, help, choices=choices, hint=hint,
-                  **bounds(low, high, low_inclusive=low_inclusive, high_inclusive=high_inclusive))
+                  **bounds(low, high, low_inclusive=low_inclusive, high_inclusive=high_inclusive), **extra)
 
 
 def coerce_param(owner: str, name: str, value: Any, tp: Any) -> Any:
@@ -99,10 +104,20 @@ class Part:
         """The effective value of a parameter (a default that depends on another one is resolved here)."""
         return getattr(self, name)
 
+    @classmethod
+    def off(cls, name: str) -> Any:
+        """What reading parameter ``name`` gives when this part is not selected (``param(..., off=...)``)."""
+        return next(f.metadata.get("off") for f in dataclasses.fields(cls) if f.name == name)
+
     def given(self) -> dict[str, Any]:
         """The parameters that differ from the class defaults."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if getattr(self, f.name) != f.default}
+
+    def report(self, stats: dict[str, torch.Tensor], ctx: Context, tally: Tally) -> None:
+        """Add this part's statistics of one call to ``stats`` (detached 0-dim tensors under keys of
+        ``self.stats``), once the loss is built; called under ``torch.no_grad`` for every part. Nothing by default:
+        most parts write theirs while the loss is built."""
 
 
 class Registry(Mapping[str, type]):
@@ -151,6 +166,25 @@ class Registry(Mapping[str, type]):
         return f"Registry({self.kind!r}: {', '.join(self._entries)})"
 
 
+class Tally(NamedTuple):
+    """How the statistics reported after the loss count (:meth:`Part.report`): per valid token, or per non-empty
+    sequence where the importance weight and the trust region's flags are one per sequence (sequence levels with
+    per-sequence advantages). A statistic ``x`` of ``weight``'s shape is reported as ``Σ x·weight / count``."""
+
+    weight: torch.Tensor
+    """(B, T) the float mask m, or (B, 1) ``1[|y_i| > 0]`` when the statistics count sequences."""
+    count: torch.Tensor
+    """0-dim ``Σ weight``, at least 1."""
+    per_sequence: bool
+    """Whether ``weight`` is (B, 1)."""
+    ratio: torch.Tensor
+    """The detached importance weights ρ, broadcast to ``weight``'s shape."""
+    low: torch.Tensor
+    """Where the trust region's lower bound binds (bool or float 0/1), ``weight``'s shape."""
+    high: torch.Tensor
+    """Where its upper bound binds, ``weight``'s shape."""
+
+
 class Context:
     """The tensors of one objective call, computed once and read by every part.
 
@@ -168,15 +202,16 @@ class Context:
         credit:    (B, T) detached token credit weights, or None (set by the objective before the level runs).
         correction: (B, T) or (B, 1) detached rollout-correction weights, or None (set before the level runs).
         keep:      (B, T) or (B, 1) detached 0/1 rejection mask, or None (set before the level runs).
+        term:      the trust region's ``TrustRegionTerm`` of this call, or None (set once the trust region ran).
     """
 
     __slots__ = ("logp", "old_logp", "valid", "m", "lengths", "num_valid", "diff", "log_ratio", "adv", "dtype", "inputs",
-                 "generator", "clamp", "clean", "credit", "correction", "keep", "_carrier", "_logp_valid", "_old_valid",
-                 "_rollout_delta")
+                 "generator", "clamp", "clean", "credit", "correction", "keep", "term", "_carrier", "_logp_valid",
+                 "_old_valid", "_rollout_delta")
 
     def __init__(self, **values: Any) -> None:
         self._carrier = self._logp_valid = self._old_valid = self._rollout_delta = None
-        self.credit = self.correction = self.keep = None
+        self.credit = self.correction = self.keep = self.term = None
         self.clean = False
         for k, v in values.items():
             setattr(self, k, v)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -246,6 +247,11 @@ class CovControl(Part):
     """Base of the covariance controls: ``apply(ctx, term, per_token, policy_m, stats)`` → ``(per_token,
     policy_m)``, the per-token policy terms and the mask the policy loss is aggregated with."""
 
+    edits_mask: ClassVar[bool] = False
+    """``apply`` returns a copy of the mask with some valid tokens at 0: its row sums are then not the sequence
+    lengths, which stay the normalisers of the per-sequence aggregations (``Aggregation.reduce``'s
+    ``seq_lengths``)."""
+
     def apply(self, ctx: Context, term, per_token: torch.Tensor, policy_m: torch.Tensor,
               stats: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         return per_token, policy_m
@@ -297,6 +303,7 @@ class ClipCov(CovControl):
     paper's code draws a uniform subset: same inclusion probability, one random number instead of B·T."""
 
     name = "clip_cov"
+    edits_mask = True
     stats = {**_COV_STATS, "cov/clipped_tokens": "clip_cov: tokens whose loss term was zeroed"}
     formula = "(1 − 1[t ∈ I_clip])·ℓ_t,  I_clip ⊂ {t: lb < cov_t < ub}, P(t ∈ I_clip) = K/C"
     source = "Cui et al. 2025, Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617)"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..grad_norms import GRAD_NORM_MODES
-from .base import Context, Part, Registry, param
+from .base import Context, Part, Registry, Tally, param
 
 CREDITS = Registry("credit", "Token credit")
 """Registry of token credit weights: name → part class."""
@@ -94,6 +94,11 @@ class Credit(Part):
 
     def weights(self, ctx: Context) -> torch.Tensor | None:
         raise NotImplementedError
+
+    def report(self, stats: dict[str, torch.Tensor], ctx: Context, tally: Tally) -> None:
+        """``credit/max``: the largest weight of this call (``ctx.credit``, 0 at invalid positions)."""
+        if ctx.credit is not None:
+            stats["credit/max"] = ctx.credit.amax()
 
 
 @CREDITS.register

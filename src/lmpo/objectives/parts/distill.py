@@ -26,11 +26,12 @@ then (B, T, K) instead of (B, T, V); with K = V the result equals the full one.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .base import Part, Registry, param
+from .base import Context, Part, Registry, param
 
 DISTILLATIONS = Registry("distill", "On-policy distillation")
 """Registry of distillation divergences: name → part class."""
@@ -76,7 +77,33 @@ def sparse_distributions(student_logp: torch.Tensor, teacher_topk_logp: torch.Te
 
 
 @dataclass(frozen=True)
-class Distillation(Part):
+class DistillPart(Part):
+    """Base of the ``distill`` kind: what the objective asks of it, whether a distillation term is selected or not.
+
+    ``check_inputs(logits, teacher_logits, teacher_ids, shape)`` refuses missing or misshapen inputs;
+    ``policy_scale()`` is the factor of the policy-gradient term; ``loss(ctx, logits, teacher_logits, teacher_ids,
+    reduce, stats)`` is the distillation term (0-dim) or None. Without distillation: nothing to check, factor 1,
+    no term.
+    """
+
+    def check_inputs(self, logits: torch.Tensor | None, teacher_logits: torch.Tensor | None,
+                     teacher_ids: torch.Tensor | None, shape: tuple[int, int]) -> None:
+        """Raise ValueError naming the fix when an input this part reads is missing or misshapen."""
+
+    def policy_scale(self) -> float:
+        """λ_pg: the factor of the policy-gradient term beside this part's."""
+        return 1.0
+
+    def loss(self, ctx: Context, logits: torch.Tensor | None, teacher_logits: torch.Tensor | None,
+             teacher_ids: torch.Tensor | None, reduce: Callable[[torch.Tensor], torch.Tensor],
+             stats: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The distillation term ``λ_d·aggregate(D_t)`` (0-dim, with gradient) or None; ``reduce`` aggregates a
+        (B, T) term as the rest of the loss is aggregated."""
+        return None
+
+
+@dataclass(frozen=True)
+class Distillation(DistillPart):
     """Base of the distillation divergences: ``per_token(logits, teacher_logits, teacher_ids)`` → (B, T)."""
 
     family = "a distillation divergence"
@@ -113,6 +140,18 @@ class Distillation(Part):
             d = self.divergence(student, teacher)
         return torch.where(valid, d, 0.0)
 
+    def policy_scale(self) -> float:
+        return self.distill_policy_coef
+
+    def loss(self, ctx, logits, teacher_logits, teacher_ids, reduce, stats):
+        """``distill_coef · reduce(D_t)``; reports it as ``loss/distill`` and the token mean of ``D_t`` as
+        ``distill/divergence``."""
+        divergence = self.per_token(logits, teacher_logits, teacher_ids, ctx.valid)  # (B, T)
+        distill_loss = self.distill_coef * reduce(divergence)
+        stats["loss/distill"] = distill_loss.detach()
+        stats["distill/divergence"] = divergence.detach().sum() / ctx.num_valid.clamp(min=1.0)
+        return distill_loss
+
     def check_inputs(self, logits, teacher_logits, teacher_ids, shape: tuple[int, int]) -> None:
         """Shapes of the three inputs against the (B, T) of the log-probs; raises ValueError naming the fix."""
         for name, x in (("logits", logits), ("teacher_logits", teacher_logits)):
@@ -141,7 +180,7 @@ class Distillation(Part):
 
 @DISTILLATIONS.register
 @dataclass(frozen=True)
-class NoDistillation(Part):
+class NoDistillation(DistillPart):
     """No distillation term (the default)."""
 
     name = "none"
@@ -180,5 +219,5 @@ class GeneralizedJSD(Distillation):
         return generalized_jsd(student_logp, teacher_logp, self.jsd_beta)
 
 
-__all__ = ["DISTILLATIONS", "Distillation", "GeneralizedJSD", "NoDistillation", "ReverseKL", "generalized_jsd",
+__all__ = ["DISTILLATIONS", "DistillPart", "Distillation", "GeneralizedJSD", "NoDistillation", "ReverseKL", "generalized_jsd",
            "sparse_distributions"]

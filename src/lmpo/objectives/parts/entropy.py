@@ -11,12 +11,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from ..validation import check_range
-from .base import Part, Registry, param
+from .base import Context, Part, Registry, param
 
 ENTROPY_CONTROLS = Registry("entropy_control", "Entropy control")
 """Registry of entropy controls: name → part class (``adaptive_entropy=True`` selects ``adaptive``)."""
@@ -95,6 +96,22 @@ class EntropyControl(Part):
 
     def make_controller(self) -> AdaptiveEntropyController | None:
         return None
+
+    def loss(self, entropy: torch.Tensor, static_coef: float, given: float | torch.Tensor | None,
+             reduce: Callable[[torch.Tensor], torch.Tensor], ctx: Context, stats: dict[str, torch.Tensor]
+             ) -> torch.Tensor | None:
+        """The entropy term ``−coef·reduce(H)`` (0-dim) or None when there is none (``coef`` is None).
+
+        entropy: (B, T) H_t, 0 at invalid positions (with its gradient); ``reduce`` aggregates a (B, T) term as
+        the rest of the loss is. Reports ``loss/entropy`` and the coefficient applied, ``entropy/coef``.
+        """
+        coef = self.coef(static_coef, given)
+        if coef is None:
+            return None
+        entropy_loss = -coef * reduce(entropy)
+        stats["loss/entropy"] = entropy_loss.detach()
+        stats["entropy/coef"] = torch.as_tensor(coef, dtype=ctx.dtype, device=ctx.logp.device).detach().clone()
+        return entropy_loss
 
 
 _ENTROPY_STATS = {"loss/entropy": "the entropy term of the objective (when it has one)",

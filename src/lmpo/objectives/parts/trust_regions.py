@@ -36,7 +36,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from .base import Context, Part, Registry, param
+from .base import Context, Part, Registry, Tally, param
 
 TRUST_REGIONS = Registry("trust_region", "Trust region")
 """Registry of trust regions: name → part class."""
@@ -76,7 +76,7 @@ class TrustRegion(Part):
     """True when the trust region folds the rollout-correction weights into its own weight (VESPO); otherwise
     the objective multiplies the per-token terms by them."""
     phi_key: ClassVar[str | None] = None
-    """The statistic under which the mean of ``TrustRegionTerm.phi`` is reported."""
+    """The statistic under which :meth:`report` gives the mean of ``TrustRegionTerm.phi``."""
 
     def term(self, rho: torch.Tensor, adv: torch.Tensor, ctx: Context) -> TrustRegionTerm:
         raise NotImplementedError
@@ -86,6 +86,33 @@ class TrustRegion(Part):
         shape = torch.broadcast_shapes(rho_value.shape, adv.shape)
         zeros = torch.zeros(shape, dtype=torch.bool, device=rho_value.device)
         return zeros, zeros
+
+    def flags(self, term: TrustRegionTerm, rho: torch.Tensor, rho_value: torch.Tensor, adv: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(low, high)``: where the lower / upper bound binds, for the statistics (detached).
+
+        The term's own flags when it has them and the weight's value has ρ's shape; otherwise (soft trust regions,
+        and a level whose ρ is per token but whose value is per sequence, (B, 1)) :meth:`activity` of the value.
+        """
+        if term.low is not None and rho_value.shape == rho.shape:
+            return term.low, term.high
+        return self.activity(rho_value, adv)
+
+    def report(self, stats: dict[str, torch.Tensor], ctx: Context, tally: Tally) -> None:
+        """``clip/low_frac``, ``clip/high_frac`` (``Σ flag·weight / count`` of ``tally.low`` / ``tally.high``),
+        ``clip/region_frac`` (their sum) and the mean of ``φ`` under :attr:`phi_key` where the term has one."""
+        low, high, weight, count = tally.low, tally.high, tally.weight, tally.count
+        if tally.per_sequence or low.dtype != torch.bool:  # float 0/1 flags, or a few (B, 1) ones
+            stats["clip/low_frac"] = (low * weight).sum() / count
+            stats["clip/high_frac"] = (high * weight).sum() / count
+        else:  # bool (B, T) flags: a count of the valid ones, no float pass
+            stats["clip/low_frac"] = torch.count_nonzero(low & ctx.valid).to(ctx.dtype) / count
+            stats["clip/high_frac"] = torch.count_nonzero(high & ctx.valid).to(ctx.dtype) / count
+        stats["clip/region_frac"] = stats["clip/low_frac"] + stats["clip/high_frac"]
+        phi = ctx.term.phi
+        if phi is not None:
+            phi = phi if phi.shape == weight.shape else phi.expand_as(weight)
+            stats[self.phi_key] = (phi * weight).sum() / count
 
 
 @dataclass(frozen=True)
@@ -105,7 +132,8 @@ class _Clipped(TrustRegion):
     """
 
     family = "a clipped trust region"
-    dual_clip: bool = param(False, "cap the loss of A < 0 terms at −dual_clip_c·A (Ye et al. 2020, arXiv 1912.09729)")
+    dual_clip: bool = param(False, "cap the loss of A < 0 terms at −dual_clip_c·A (Ye et al. 2020, arXiv 1912.09729)",
+                            off=False)
     dual_clip_c: float = param(3.0, "dual clip constant c", low=1.0, hint="The usual value is 3.")
 
     stats = {**TrustRegion.stats, "clip/dual_frac": "fraction of tokens capped by dual clip (A<0, ratio > c; "
@@ -139,6 +167,14 @@ class _Clipped(TrustRegion):
     def activity(self, rho_value: torch.Tensor, adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lower, upper = self.bounds()
         return (rho_value < lower) & (adv < 0), (rho_value > upper) & (adv > 0)
+
+    def report(self, stats: dict[str, torch.Tensor], ctx: Context, tally: Tally) -> None:
+        """The clip fractions and, with dual clip, ``clip/dual_frac``: the share of tokens (sequences) with
+        ``A < 0`` and ``ρ > c``, whose loss the dual clip capped at ``−c·A``."""
+        super().report(stats, ctx, tally)
+        if self.dual_clip:
+            dual = (ctx.adv < 0) & (tally.ratio > self.dual_clip_c)
+            stats["clip/dual_frac"] = (dual * tally.weight).sum() / tally.count
 
 
 _EPS_LOW = param(0.2, "lower clip range: ρ ≥ 1 − eps_low binds for A < 0", low=0.0, high=1.0,
