@@ -1,12 +1,15 @@
-"""Fault injection: SIGKILL at seeded points of a trainer and a SAC run, then ``--resume``, reproduces the
-uninterrupted run's final weights and metrics exactly (CPU).
+"""Fault injection: SIGKILL at seeded points of a trainer run, of a trainer run with a rollout worker
+(``rollout.async_staleness: 1``), of a multi-turn environment run and of a SAC run, then ``--resume``, reproduces
+the uninterrupted run's final weights and metrics exactly (CPU).
 
 Each run executes ``lmpo.cli.main`` in a child forked from this (already imported) process. In the child,
 every point where a kill can hurt calls ``tick``: each file write of a checkpoint or of the run's config is
 split in two halves with a tick between them (a torn file), every metrics line likewise, every rename and
 directory removal (publishing or pruning a checkpoint) is preceded and followed by one, and so is every RL
-step / environment lock-step. A counting run of the uninterrupted job lists the ticks; a seeded draw picks
-kill points among them — some inside checkpoint writes, some inside metrics writes, the rest anywhere — and
+step / environment lock-step / environment turn; every weight push to the rollout worker is split in two halves
+too (a torn version in shared memory). A counting run of the uninterrupted job lists the ticks; a seeded draw picks
+kill points among them — some inside checkpoint writes, some inside metrics writes, some inside weight pushes
+(the asynchronous job), the rest anywhere — and
 the child SIGKILLs itself at its chosen tick. The run is then resumed (``--resume``; when the kill came before
 the first checkpoint the command refuses with exit status 2 and the run is started again with
 ``--overwrite``, as a user would), in a few tries killed again during the resume, and finally compared with
@@ -35,9 +38,14 @@ import lmpo.runs as runsmod
 from lmpo.cli import main
 from lmpo.models.presets import MODEL_PRESETS, ModelPreset
 
-#: kills per job: (inside checkpoint writes, inside metrics writes, anywhere else), plus tries whose resume is
-#: killed once more
-KILLS = (8, 6, 6)
+#: kills per job by where the tick is (label prefix; "other": any tick no prefix claims), drawn in this order, plus
+#: DOUBLE_KILLS tries whose resume is killed once more
+KILLS = {
+    "trainer": {"ckpt-": 8, "metrics-": 6, "other": 6},
+    "sac": {"ckpt-": 8, "metrics-": 6, "other": 6},
+    "async": {"ckpt-": 6, "metrics-": 4, "push-": 6, "other": 4},
+    "multiturn": {"ckpt-": 8, "metrics-": 6, "other": 6},
+}
 DOUBLE_KILLS = 2
 TIMING_KEYS = ("time/", "perf/", "step/seconds", "step/updates_per_s")
 
@@ -51,6 +59,8 @@ def _install_kill_points(kill_at: int | None, labels: list[str]) -> None:
     """Patch this (child) process so that the ``kill_at``-th tick SIGKILLs it; record every tick's label."""
     import shutil
 
+    import lmpo.generation.episodes as episodes
+    import lmpo.generation.worker as worker
     import lmpo.sac.train as sac_train
     import lmpo.trainer.checkpoint as trainer_ckpt
     import lmpo.trainer.loop as loop
@@ -90,6 +100,29 @@ def _install_kill_points(kill_at: int | None, labels: list[str]) -> None:
             return out
         return wrapped
 
+    real_push = worker.AsyncRollout.push_weights
+
+    def torn_push(self, model):
+        """``push_weights`` with a tick after half of the tensors are copied into the slot: a kill there leaves a
+        version half written in shared memory (marked as being written) and a worker waiting for it."""
+        views = self._slot_views
+
+        class Halves:
+            def __getitem__(_, slot):
+                for i, view in enumerate(views[slot]):
+                    if i == len(views[slot]) // 2:
+                        tick("push-write-half")
+                    yield view
+
+        tick("push-before")
+        self._slot_views = Halves()
+        try:
+            version = real_push(self, model)
+        finally:
+            self._slot_views = views
+        tick("push-done")
+        return version
+
     # fsync guards against power loss, not against a killed process (the page cache survives SIGKILL); it is
     # slow on shared disks, so the children skip it
     os.fsync = lambda fd: None
@@ -100,6 +133,9 @@ def _install_kill_points(kill_at: int | None, labels: list[str]) -> None:
     shutil.rmtree = around("ckpt-rmtree", shutil.rmtree)
     loop.Trainer.rl_step = around("rl-step", loop.Trainer.rl_step)
     sac_train.Trainer.collect = around("env-step", sac_train.Trainer.collect)
+    worker.AsyncRollout.push_weights = torn_push
+    episodes.EpisodeRunner._advance = around("env-turn", episodes.EpisodeRunner._advance)
+    episodes._check_step_result = around("env-reply", episodes._check_step_result)
 
 
 def run_child(argv: list[str], cwd: Path, kill_at: int | None = None, labels_file: Path | None = None,
@@ -118,6 +154,7 @@ def run_child(argv: list[str], cwd: Path, kill_at: int | None = None, labels_fil
             sys.stdout = open(1, "w", buffering=1, closefd=False)
             sys.stderr = open(2, "w", buffering=1, closefd=False)
             os.chdir(cwd)
+            os.setpgid(0, 0)  # its own process group, which a rollout worker it starts joins (see below)
             torch.set_num_threads(1)
             labels: list[str] = []
             _install_kill_points(kill_at, labels)
@@ -146,6 +183,13 @@ def run_child(argv: list[str], cwd: Path, kill_at: int | None = None, labels_fil
         time.sleep(0.01)
     if os.WIFSIGNALED(status):
         assert os.WTERMSIG(status) == signal.SIGKILL, log.read_text()[-3000:]
+        # a rollout worker started by fork (_ForkContext) holds copies of the run's pipe ends and of its run-lock
+        # file, so it neither sees the pipe close nor lets the resumed run take the lock; a spawned worker (what
+        # lmpo starts) inherits neither and leaves by itself, as tests/generation checks. Kill the group.
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         return "killed"
     return os.WEXITSTATUS(status)
 
@@ -155,13 +199,20 @@ def run_child(argv: list[str], cwd: Path, kill_at: int | None = None, labels_fil
 # ----------------------------------------------------------------------------------------------------
 
 
-def _choose_kills(labels: list[str], seed: int) -> list[int]:
+def _choose_kills(labels: list[str], seed: int, kills: dict[str, int]) -> list[int]:
+    """The ticks (1-based) to kill at: ``kills[prefix]`` ticks whose label starts with ``prefix``, drawn in the
+    order of ``kills``, and ``kills["other"]`` among the ticks no prefix claims."""
     rng = random.Random(seed)
-    ckpt = [i for i, lab in enumerate(labels, 1) if lab.startswith("ckpt-")]
-    metrics = [i for i, lab in enumerate(labels, 1) if lab.startswith("metrics-")]
-    other = [i for i in range(1, len(labels) + 1) if i not in set(ckpt) | set(metrics)]
-    picks = rng.sample(ckpt, KILLS[0]) + rng.sample(metrics, KILLS[1]) + rng.sample(other, KILLS[2])
-    return sorted(picks)
+    claimed: set[int] = set()
+    picks = []
+    for prefix, count in kills.items():
+        if prefix == "other":
+            continue
+        pool = [i for i, lab in enumerate(labels, 1) if lab.startswith(prefix)]
+        claimed |= set(pool)
+        picks += rng.sample(pool, count)
+    other = [i for i in range(1, len(labels) + 1) if i not in claimed]
+    return sorted(picks + rng.sample(other, kills["other"]))
 
 
 @dataclass
@@ -171,9 +222,10 @@ class Job:
     ref: Path  # the uninterrupted run (its directory holds run/)
     labels: list[str]  # the ticks of the uninterrupted run
     weights: str  # the weights file of a checkpoint
+    kills: dict[str, int]  # KILLS[job]
 
 
-def _prepare_job(root: Path, fresh: list[str], resume: list[str], weights: str) -> Job:
+def _prepare_job(root: Path, fresh: list[str], resume: list[str], weights: str, kills: dict[str, int]) -> Job:
     warm = root / "warm-up"  # one run in this process first: every lazy import is done before the forks
     warm.mkdir()
     cwd = os.getcwd()
@@ -186,7 +238,7 @@ def _prepare_job(root: Path, fresh: list[str], resume: list[str], weights: str) 
     ref.mkdir()
     labels_file = root / "labels.json"
     assert run_child(fresh, ref, labels_file=labels_file) == 0, (ref / "child.log").read_text()[-3000:]
-    return Job(fresh, resume, ref, json.loads(labels_file.read_text()), weights)
+    return Job(fresh, resume, ref, json.loads(labels_file.read_text()), weights, kills)
 
 
 def _final_state(d: Path, job: Job) -> dict:
@@ -202,13 +254,13 @@ def _same_run(got: dict, want: dict, where: str) -> None:
     assert got["metrics"] == want["metrics"], f"{where}: metrics differ"
 
 
-def _planned_tries(labels: list[str], seed: int) -> list[tuple[int, int | None]]:
+def _planned_tries(labels: list[str], seed: int, kills: dict[str, int]) -> list[tuple[int, int | None]]:
     """Every try of the job as (kill point, tick at which its first resume is killed again or None): the seeded
     kill points, and the seeded second kills of ``DOUBLE_KILLS`` of them, drawn in try order."""
-    kills = _choose_kills(labels, seed)
+    points = _choose_kills(labels, seed, kills)
     rng = random.Random(seed + 1)
-    double = set(rng.sample(range(len(kills)), DOUBLE_KILLS))
-    return [(k, rng.randint(1, max(2, len(labels) // 2)) if n in double else None) for n, k in enumerate(kills)]
+    double = set(rng.sample(range(len(points)), DOUBLE_KILLS))
+    return [(k, rng.randint(1, max(2, len(labels) // 2)) if n in double else None) for n, k in enumerate(points)]
 
 
 def _kill_and_resume(tmp: Path, job: Job, seed: int, shard: int = 0, shards: int = 1) -> dict:
@@ -216,7 +268,7 @@ def _kill_and_resume(tmp: Path, job: Job, seed: int, shard: int = 0, shards: int
     of one job run on several cores): kill the job there, resume until it completes, compare with the reference."""
     fresh, resume, labels = job.fresh, job.resume, job.labels
     reference = _final_state(job.ref, job)
-    planned = list(enumerate(_planned_tries(labels, seed)))[shard::shards]
+    planned = list(enumerate(_planned_tries(labels, seed, job.kills)))[shard::shards]
     t0 = time.perf_counter()
     report = {"ticks": len(labels), "tries": 0, "reproduced": 0, "restarted": 0, "resume_kills": 0,
               "where": [labels[k - 1] for _, (k, _) in planned]}
@@ -258,7 +310,7 @@ def _newest_checkpoint(run: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------------
-# The two jobs
+# The jobs
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -278,11 +330,69 @@ TRAIN_CONFIG = {
     "logging": {"run_dir": "run", "progress_bar": False, "tensorboard": False},
 }
 
+# The rollout worker's job: step t trains on completions of the weights of step t − 2, so a checkpoint holds an
+# earlier weight version and every step pushes one. Smaller than TRAIN_CONFIG (no warm-up, no reference model, a
+# checkpoint every step) to keep its 20 tries cheap; the length reward makes the weights move at every step.
+ASYNC_CONFIG = {
+    **TRAIN_CONFIG,
+    "rollout": {"completions_per_prompt": 3, "max_new_tokens": 3, "async_staleness": 1},
+    "objective": {"preset": "grpo"},
+    "sft": {"steps": 0},
+    "loop": {**TRAIN_CONFIG["loop"], "steps": 4},
+    "eval": {"at_start": False, "every_steps": 2, "seqs_per_batch": 6},
+    "checkpoint": {"every_steps": 1, "keep_last": 2},
+}
+
+# The multi-turn job: GuessNumber episodes of up to 3 turns. An untrained model ends a turn (samples <|im_end|>)
+# within 24 tokens about one time in five, so some episodes reach the environment, whose reply is appended as the
+# next turn's observation; a static entropy bonus makes the weights move even in steps without a reward.
+MULTITURN_CONFIG = {
+    "model": {"name": "MODEL_DIR"},
+    "env": {"id": "GuessNumber-v0", "budget": {"max_turns": 3, "max_total_tokens": 200,
+                                                 "max_new_tokens_per_turn": 24}},
+    "task": {"eval_examples": 2},
+    "rollout": {"completions_per_prompt": 2},
+    "objective": {"preset": "grpo", "overrides": {"entropy_coef": 0.01}},
+    "optim": {"lr": 1e-2},
+    "loop": {"steps": 4, "prompts_per_step": 2, "seqs_per_microbatch": 4, "device": "cpu", "seed": 0},
+    "eval": {"at_start": True, "every_steps": 2},
+    "checkpoint": {"every_steps": 1, "keep_last": 2},
+    "logging": {"run_dir": "run", "progress_bar": False, "tensorboard": False},
+}
+
+
+class _ForkContext:
+    """``lmpo.generation.worker``'s view of ``torch.multiprocessing`` with "fork" for "spawn": the rollout worker
+    starts as a copy of the (already imported) run instead of a new interpreter that imports torch again — several
+    CPU seconds per start, 40 and more starts here — and it knows the test's model preset. The start method is no
+    part of what these tests check: the worker's inputs (pipes, shared memory, seeds) are the same."""
+
+    def __init__(self, real) -> None:
+        self._real = real
+
+    def get_context(self, method=None):
+        return self._real.get_context("fork")
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _chat_model_dir(path: Path) -> Path:
+    """A model directory as a user's warm-up writes it: the tiny preset with the offline chat tokenizer."""
+    from lmpo.models import build_chat_tokenizer, build_tiny_model
+
+    tok = build_chat_tokenizer()
+    model = build_tiny_model(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    """The trainer and SAC jobs, each run once uninterrupted (the reference) with its ticks counted — on first
-    use, so that a pytest-xdist worker prepares only the jobs its tests need."""
+    """The jobs, each run once uninterrupted (the reference) with its ticks counted — on first use, so that a
+    pytest-xdist worker prepares only the jobs its tests need."""
+    import lmpo.generation.worker as worker
     from lmpo.textenv import sample_text_path
 
     threads = torch.get_num_threads()
@@ -292,11 +402,17 @@ def jobs(tmp_path_factory):
                                                         intermediate_size=32, description="kill test"))
     root = tmp_path_factory.mktemp("kill")
     mp.setenv("LMPO_CACHE_DIR", str(root / "cache"))
-    cfg = root / "train.yaml"
+    mp.setattr(worker, "mp", _ForkContext(worker.mp))
+    cfg, async_cfg, env_cfg = root / "train.yaml", root / "async.yaml", root / "multiturn.yaml"
     cfg.write_text(yaml.safe_dump(TRAIN_CONFIG))
+    async_cfg.write_text(yaml.safe_dump(ASYNC_CONFIG))
+    model_dir = str(_chat_model_dir(root / "chat-model"))
+    env_cfg.write_text(yaml.safe_dump({**MULTITURN_CONFIG, "model": {"name": model_dir}}))
     sac = ["sac", "train", "--run-dir", "run", "--corpus", str(sample_text_path()), *SAC_ARGS]
     commands = {
         "trainer": (["train", str(cfg)], ["train", str(cfg), "--resume"], "model.safetensors"),
+        "async": (["train", str(async_cfg)], ["train", str(async_cfg), "--resume"], "model.safetensors"),
+        "multiturn": (["train", str(env_cfg)], ["train", str(env_cfg), "--resume"], "model.safetensors"),
         "sac": (sac, ["sac", "train", "--run-dir", "run", "--resume", "--quiet", "--no-eval"], "agent.safetensors"),
     }
     prepared: dict[str, Job] = {}
@@ -304,7 +420,7 @@ def jobs(tmp_path_factory):
     def job(name: str) -> Job:
         if name not in prepared:
             (root / name).mkdir()
-            prepared[name] = _prepare_job(root / name, *commands[name])
+            prepared[name] = _prepare_job(root / name, *commands[name], KILLS[name])
         return prepared[name]
 
     yield job
@@ -314,26 +430,43 @@ def jobs(tmp_path_factory):
 
 #: tries of each job's kill/resume test run in this many shards (separate tests: pytest-xdist spreads them over
 #: the cores); together the shards cover every seeded kill point
-KILL_SHARDS = {"trainer": 2, "sac": 4}
+KILL_SHARDS = {"trainer": 2, "sac": 4, "async": 2, "multiturn": 2}
+SEEDS = {"trainer": 12, "sac": 4, "async": 7, "multiturn": 3}
 
 
-@pytest.mark.parametrize("name, seed, shard", [(name, seed, shard) for name, seed in (("trainer", 12), ("sac", 4))
-                                               for shard in range(KILL_SHARDS[name])])
-def test_kill_anywhere_then_resume_reproduces_the_run(jobs, name, seed, shard, tmp_path):
+@pytest.mark.parametrize("name, shard", [(name, shard) for name in SEEDS for shard in range(KILL_SHARDS[name])])
+def test_kill_anywhere_then_resume_reproduces_the_run(jobs, name, shard, tmp_path):
     shards = KILL_SHARDS[name]
-    report = _kill_and_resume(tmp_path, jobs(name), seed, shard, shards)
+    job = jobs(name)
+    report = _kill_and_resume(tmp_path, job, SEEDS[name], shard, shards)
     print(f"\n{name} kill/resume, shard {shard + 1} of {shards}: {report}")
-    assert report["reproduced"] == report["tries"] == len(range(shard, sum(KILLS), shards))
+    assert report["reproduced"] == report["tries"] == len(range(shard, sum(KILLS[name].values()), shards))
+
+
+def test_the_new_jobs_reach_the_code_they_are_meant_to_kill(jobs):
+    """The asynchronous job pushes weights (and checkpoints the held ones), the multi-turn job plays turns
+    that reach the environment: otherwise their kill points would test nothing new."""
+    pushes = [lab for lab in jobs("async").labels if lab == "push-write-half"]
+    assert len(pushes) >= ASYNC_CONFIG["loop"]["steps"], pushes
+    replies = [lab for lab in jobs("multiturn").labels if lab == "env-reply-before"]
+    assert replies, "no episode turn reached the environment"
+    ref = _newest_checkpoint(jobs("async").ref / "run")
+    assert '"async"' in (ref / "state.json").read_text(), "the checkpoint holds no earlier weight versions"
 
 
 def test_the_kill_shards_cover_every_kill_point_once():
-    tries = sum(KILLS)
-    for shards in KILL_SHARDS.values():
+    for name, shards in KILL_SHARDS.items():
+        tries = sum(KILLS[name].values())
+        assert tries >= 20, f"{name}: {tries} kills"
         assert sorted(n for shard in range(shards) for n in range(tries)[shard::shards]) == list(range(tries))
-    labels = [f"{kind}-{i}" for kind in ("ckpt", "metrics", "step") for i in range(30)]
-    planned = _planned_tries(labels, seed=4)
-    assert len({k for k, _ in planned}) == len(planned) == tries
-    assert sum(second is not None for _, second in planned) == DOUBLE_KILLS
+    labels = [f"{kind}-{i}" for kind in ("ckpt", "metrics", "push", "step") for i in range(30)]
+    for name, kills in KILLS.items():
+        planned = _planned_tries(labels, 4, kills)
+        assert len({k for k, _ in planned}) == len(planned) == sum(kills.values())
+        assert sum(second is not None for _, second in planned) == DOUBLE_KILLS
+        for prefix, count in kills.items():
+            if prefix != "other":
+                assert sum(labels[k - 1].startswith(prefix) for k, _ in planned) == count, (name, prefix)
 
 
 SAC_ARGS = ["--quiet", "--no-eval", "--heldout_fraction", "0.25", "--num_envs", "2", "--total_env_steps", "56",
