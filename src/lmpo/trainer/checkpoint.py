@@ -47,7 +47,7 @@ from lmpo.models.saving import write_hf_files
 
 __all__ = ["MODEL_FILE", "REF_FILE", "STATE_FILE", "CheckpointError", "ResumePoint", "checkpoint_dir",
            "latest_checkpoint", "list_checkpoints", "load_checkpoint", "resolve_resume", "restore_rng_state",
-           "restore_trainer_state", "rng_state", "save_checkpoint", "trainer_state"]
+           "restore_trainer_state", "rng_state", "save_checkpoint", "save_trainer", "trainer_state"]
 
 
 MODEL_FILE = "model.safetensors"
@@ -198,9 +198,21 @@ class ResumePoint:
     async_weights: list[dict] | None = None
 
 
+def save_trainer(trainer, step: int) -> Path:
+    """Checkpoint ``step`` of a ``lmpo.trainer.Trainer``: its policy, reference model, tokenizer and
+    ``trainer.state_dict(step)``, pruned to ``checkpoint.keep_last``."""
+    if getattr(trainer, "metrics", None) is not None:
+        trainer.metrics.sync()  # the rows this checkpoint counts are on disk before it is
+    cfg = trainer.cfg
+    return save_checkpoint(trainer.run_dir, step, trainer.model, trainer.state_dict(step), ref_model=trainer.ref_model,
+                           keep_last=cfg.checkpoint.keep_last, tokenizer=trainer.tokenizer,
+                           base_model_name=cfg.model.name)
+
+
 def restore_trainer_state(trainer, path: Path) -> ResumePoint:
-    """Load checkpoint ``path`` into ``trainer`` (weights, then ``trainer_state``'s parts); returns where the run
-    goes on from. A state that does not fit the run is a CheckpointError naming the fix."""
+    """Load checkpoint ``path`` into ``trainer`` (weights, then ``trainer_state``'s parts) and say so with
+    ``trainer.log``; returns where the run goes on from. A state that does not fit the run is a CheckpointError
+    naming the fix."""
     state = load_checkpoint(path, trainer.model, ref_model=trainer.ref_model)
     try:
         trainer.optimizer.load_state_dict(state["optimizer"])
@@ -215,6 +227,7 @@ def restore_trainer_state(trainer, path: Path) -> ResumePoint:
         restore_rng_state(state["rng"])
         trainer.final_eval_done = bool(state.get("final_eval_done", False))
         held = state.get("async")
+        trainer.log(f"resumed from {path} at step {int(state['step'])}")
         return ResumePoint(int(state["step"]), int(state.get("metrics_rows", 0)),
                            None if held is None else [dict(w) for w in held["weights"]])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:

@@ -28,7 +28,8 @@ class Collected:
 
     scored: examples, rollout (B = P·G rows, prompt-major: row b belongs to prompt b // G), rewards (B,),
         per-function scores and correctness.
-    stats: DAPO dynamic sampling's ``rollout/*`` counts, or the ``episodes/*`` metrics; else empty.
+    stats: DAPO dynamic sampling's ``rollout/*`` counts, or the ``episodes/*`` metrics and the truncated
+        fraction; else empty.
     generate_s: seconds spent generating (scoring not included).
     played: multi-turn only: the episodes' batch to train on and their per-turn rewards.
     """
@@ -94,4 +95,8 @@ def play(cfg: TrainConfig, step: int, *, prompts: PromptOrder, runner: episodes.
         played = episodes.play_step(runner, cfg.env, examples, cfg.rollout.completions_per_prompt,
                                     seed=seed % 2**31, generator=torch.Generator(device).manual_seed(seed),
                                     tokenizer=tokenizer, device=device)
-    return Collected(played.scored, played.metrics, time.perf_counter() - t, played)
+    generate_s = time.perf_counter() - t
+    # a truncated episode is one cut by a budget, whether or not it sampled a stop (this replaces the
+    # single-turn count of ``stages.rollout_stats``: the step's stats are updated with these)
+    stats = {**played.metrics, "completion/truncated_frac": played.scored.rollout.truncated.float().mean()}
+    return Collected(played.scored, stats, generate_s, played)

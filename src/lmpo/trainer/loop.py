@@ -12,12 +12,8 @@
 
 Each stage is a public function of its own module, which the lab, RLVCR and the async pipeline call too:
 ``build`` (construction from the config), ``collect`` (prompts → scored rollout), ``stages`` (log-probs, rewards,
-advantages), ``update`` (the optimizer steps), ``checkpoint`` and ``rundir`` (saving, resuming).
-
-The objective is called through its driver (``lmpo.objectives.ObjectiveDriver``, shared with the TRL and verl
-adapters): it says what the objective needs (entropy, reference log-probs, per-token gradient norms), which
-this loop computes only when asked; it passes the adaptive entropy coefficient and merges the statistics
-(one host sync per optimizer step, which also decides whether the step is finite).
+advantages), ``update`` (the optimizer steps, through the objective's driver), ``held_out`` (evaluation),
+``checkpoint`` and ``rundir`` (saving, resuming).
 
 Determinism: data order is a seeded permutation per data epoch (position saved in checkpoints), each step's
 sampling uses a generator seeded from ``(loop.seed, step)``, minibatch shuffles and clip_cov's selection
@@ -34,25 +30,21 @@ from pathlib import Path
 
 import torch
 
-from lmpo.checkpoints import publish_directory
 from lmpo.errors import Interrupted
 from lmpo.generation import RolloutBatch, avoid_cudnn_attention
-from lmpo.models.saving import write_hf_files
 from lmpo.plots import plot_runs
 from lmpo.rlvcr.expansion import rlvcr_stage
 from lmpo.runs import RunLock, stop_on_sigint
-from lmpo.trainer import build, collect, episodes, stages
+from lmpo.trainer import build, collect, episodes, held_out, stages
 from lmpo.trainer import checkpoint as ckpt
 from lmpo.trainer import update as update_stage
 from lmpo.trainer.completions import completion_records
 from lmpo.trainer.config import TrainConfig, validate_config
-from lmpo.trainer.evaluate import evaluate
-from lmpo.trainer.export import FINAL_MODEL_DIR
+from lmpo.trainer.export import publish_final_model
 from lmpo.trainer.metrics import to_host
 from lmpo.trainer.optim import Schedule, build_optimizer
-from lmpo.trainer.passk import sampled_metrics
 from lmpo.trainer.rundir import prepare_train_dir
-from lmpo.trainer.sampling import PromptOrder, mask_truncated, seed_for
+from lmpo.trainer.sampling import PromptOrder, seed_for
 from lmpo.trainer.sft import supervised_warmup
 from lmpo.trainer.update import LossHook, NonFiniteError, NonFiniteGuard
 
@@ -163,9 +155,8 @@ class Trainer:
         t_start = time.perf_counter()
         resume_path = prepare_train_dir(cfg, resume, overwrite, allow_config_change, self.log)
         result = TrainResult(run_dir=self.run_dir, steps_done=0)
-        totals = cfg.derived_totals()
-        self.log("lmpo train: " + ", ".join(f"{k}={v}" for k, v in totals.items()) + f", device={self.device}")
-
+        totals = ", ".join(f"{k}={v}" for k, v in cfg.derived_totals().items())
+        self.log(f"lmpo train: {totals}, device={self.device}")
         # 1. supervised warm-up (skipped on resume: the checkpoint already holds the warmed-up weights)
         if resume_path is None and cfg.sft.steps > 0:
             check_set = self.train_examples[: cfg.sft.check_examples]
@@ -181,10 +172,7 @@ class Trainer:
         self.prompts = PromptOrder(self.train_examples, cfg.loop.seed)
         self.nonfinite = NonFiniteGuard(cfg.loop.max_nonfinite_steps, ckpt.checkpoint_dir(self.run_dir))
         self.final_eval_done = False
-        start = ckpt.ResumePoint()
-        if resume_path is not None:
-            start = ckpt.restore_trainer_state(self, resume_path)
-            self.log(f"resumed from {resume_path} at step {start.step}")
+        start = ckpt.restore_trainer_state(self, resume_path) if resume_path is not None else ckpt.ResumePoint()
         if self.rollout_engine is None and not cfg.rollout.async_staleness:
             self.rollout_engine = build.build_rollout_engine(cfg, self.model, self.tokenizer, device=self.device,
                                                              record_logprobs=self.driver.needs.rollout_logp)
@@ -270,34 +258,26 @@ class Trainer:
                                      self.tokenizer.eos_token_id)
         stats.update(got.stats)
         stats.update(kl_stats)
-        if cfg.env.id is not None:  # a truncated episode is one cut by a budget, whether or not it sampled a stop
-            stats["completion/truncated_frac"] = ro.truncated.float().mean()
         if cfg.rlvcr.enabled:  # RLVCR (docs/rlvcr.md, lmpo.rlvcr): expand successes per thinking level, mix advantages
             rl = rlvcr_stage(self.model, self.tokenizer, ro, rewards, cfg.rlvcr, keep=keep, scale=obj.advantage_scale,
                              temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                              generator=torch.Generator(dev).manual_seed(seed_for(cfg.loop.seed, step, 5)))
             ro, adv, keep, full = rl.rollout, rl.advantages, rl.keep, RolloutBatch.from_rollout(rl.rollout, dev)
             stats.update(rl.metrics)
-
         if cfg.env.id is not None and cfg.env.turn_discount is not None:  # per-turn credit: (B, T) advantages
             eb = got.played.episode_batch
             adv = episodes.turn_advantages(self.estimator, eb.turn_rewards.to(dev), eb.turn_mask.to(dev),
                                            eb.turn_ids.to(dev), group, cfg.env.turn_discount)
         # the sequences trained on; the reference log-probs of the KL in the reward are reused when needed
-        idx = torch.nonzero(keep).squeeze(-1)
-        batch = full.with_(advantages=adv, ref_logp=kl_ref_logp if self.driver.needs.ref_logp else None).select(idx)
-        trainable = idx.numel() > 0
-        if cfg.objective.mask_truncated_completions:
-            loss_mask, stats["completion/truncated_masked_frac"] = mask_truncated(batch.loss_mask,
-                                                                                ro.truncated.to(dev)[idx])
-            batch = batch.with_(loss_mask=loss_mask)
-            trainable = trainable and bool(loss_mask.any())
+        batch, trainable, masked_stats = stages.train_batch(
+            full, adv, keep, ref_logp=kl_ref_logp if self.driver.needs.ref_logp else None,
+            truncated=ro.truncated.to(dev), mask_truncated_completions=cfg.objective.mask_truncated_completions)
+        stats.update(masked_stats)
         if batch.rollout_logp is None and self.driver.needs.rollout_logp:
             raise stages.missing_rollout_logprobs(obj, self.rollout_engine)
         stats.update(self.update(step, batch) if trainable else {})
         self.rollout_engine.sync_weights(self.model)  # after this step's optimizer steps, before the next rollout
         t_end = time.perf_counter()
-
         tokens = float(scored.rollout.completion_mask.sum()) + float(batch.loss_mask.sum())
         stats.update({"time/generate_s": t_gen - t0, "time/score_s": t_score - t_gen, "time/train_s": t_end - t_score,
                       "perf/step_s": t_end - t0, "perf/tokens_per_s": tokens / max(t_end - t0, 1e-9),
@@ -312,46 +292,29 @@ class Trainer:
 
     def update(self, step: int, batch: RolloutBatch) -> dict[str, float]:
         """Every optimizer step of RL step ``step`` on ``batch`` (``lmpo.trainer.update.update``); its statistics."""
-        return update_stage.update(step, batch, model=self.model, policy=self.policy(), optimizer=self.optimizer,
-                                   schedule=self.schedule, driver=self.driver, ref_model=self.ref_model,
-                                   teacher=self.teacher, logprob_settings=self.logprob_settings,
-                                   settings=self.update_settings, guard=self.nonfinite, device=self.device,
-                                   log=self.metrics.write, loss_hook=self.loss_hook)
+        return update_stage.update(
+            step, batch, model=self.model, policy=self.policy(), optimizer=self.optimizer, schedule=self.schedule,
+            driver=self.driver, ref_model=self.ref_model, teacher=self.teacher, logprob_settings=self.logprob_settings,
+            settings=self.update_settings, guard=self.nonfinite, device=self.device, log=self.metrics.write,
+            loss_hook=self.loss_hook)
 
     # ---------------------------------------------------------------- evaluation, checkpoints (lmpo.trainer.checkpoint)
     def evaluate(self, examples=None) -> dict[str, float]:
-        """Greedy ``eval/...`` metrics of the policy on ``examples`` (default: the held-out examples)."""
-        ev, ro = self.cfg.eval, self.cfg.rollout
-        held_out = examples is None
-        examples = self.eval_examples if examples is None else examples
-        if self.cfg.env.id is not None:  # greedy episodes: eval/accuracy is the success rate
-            return episodes.evaluate_episodes(self.model, self.tokenizer, self.cfg.env, examples, seed=self.cfg.loop.seed)
-        out = evaluate(self.model, self.tokenizer, examples, accuracy_fn=self.accuracy_fn,
-                       scorer=self.scorer, max_new_tokens=ev.max_new_tokens or ro.max_new_tokens,
-                       seqs_per_batch=ev.seqs_per_batch, device=self.device,
-                       success_threshold=self.cfg.rewards.success_threshold)
-        if held_out and ev.samples_per_prompt > 0:  # pass@k / avg@n of sampled completions (lmpo.trainer.passk)
-            out.update(sampled_metrics(self.model, self.tokenizer, examples, self.accuracy_fn,
-                                       samples_per_prompt=ev.samples_per_prompt,
-                                       max_new_tokens=ev.max_new_tokens or ro.max_new_tokens,
-                                       temperature=ro.temperature, top_p=ro.top_p, seed=self.cfg.loop.seed,
-                                       prompts_per_batch=max(1, ev.seqs_per_batch // ev.samples_per_prompt),
-                                       success_threshold=self.cfg.rewards.success_threshold))
-        return out
+        """Greedy ``eval/...`` metrics of the policy on ``examples`` (default: the held-out examples, with pass@k
+        under ``eval.samples_per_prompt``): ``lmpo.trainer.held_out.evaluate_policy``."""
+        return held_out.evaluate_policy(self.cfg, self.model, self.tokenizer,
+                                        self.eval_examples if examples is None else examples,
+                                        accuracy_fn=self.accuracy_fn, scorer=self.scorer, device=self.device,
+                                        sampled=examples is None)
 
     def state_dict(self, step: int) -> dict:
         """What a checkpoint after RL step ``step`` holds besides the weights (``ckpt.trainer_state``)."""
         return ckpt.trainer_state(self, step)
 
     def save(self, step: int) -> Path:
-        if getattr(self, "metrics", None) is not None:
-            self.metrics.sync()  # the rows this checkpoint counts are on disk before it is
-        return ckpt.save_checkpoint(self.run_dir, step, self.model, self.state_dict(step), ref_model=self.ref_model,
-                                    keep_last=self.cfg.checkpoint.keep_last, tokenizer=self.tokenizer,
-                                    base_model_name=self.cfg.model.name)
+        """Checkpoint ``step`` (``lmpo.trainer.checkpoint.save_trainer``); its path."""
+        return ckpt.save_trainer(self, step)
 
     def save_final_model(self, step: int) -> Path:
-        """RUN_DIR/model/: the policy as ``save_pretrained`` writes it (a LoRA run: its adapter), with the
-        tokenizer; published atomically with a manifest like a checkpoint (:mod:`lmpo.checkpoints`)."""
-        return publish_directory(self.run_dir / FINAL_MODEL_DIR, step, lambda tmp: write_hf_files(
-            tmp, self.model, self.tokenizer, base_model_name=self.cfg.model.name))
+        """RUN_DIR/model/ after RL step ``step`` (``lmpo.trainer.export.publish_final_model``); its path."""
+        return publish_final_model(self.run_dir, step, self.model, self.tokenizer, base_model_name=self.cfg.model.name)
