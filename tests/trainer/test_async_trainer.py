@@ -35,12 +35,12 @@ class Recording(Trainer):
         self.weights[step - 1] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return super().rl_step(step)
 
-    def _draw(self, step, k):
-        scored = super()._draw(step, k)
-        self.draws[step] = scored
-        if self._pipeline is not None:
-            self.pids.add(self._pipeline.engine.pid)
-        return scored
+    def sample(self, step):
+        got = super().sample(step)
+        self.draws[step] = got.scored
+        if self.pipeline is not None:
+            self.pids.add(self.pipeline.engine.pid)
+        return got
 
 
 def _trainer(run_dir, k, cls=Recording, **sections):

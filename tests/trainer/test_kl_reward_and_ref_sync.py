@@ -21,6 +21,7 @@ from lmpo.checkpoints import list_checkpoints, load_state
 from lmpo.config import ConfigError
 from lmpo.errors import InputError
 from lmpo.objectives.kl_reward import AdaptiveKLController
+from lmpo.trainer import update
 from lmpo.trainer.metrics import METRIC_DOCS, read_jsonl
 from lmpo.trainer.ref_sync import check_sync_compatible, sync_reference
 
@@ -132,7 +133,7 @@ def test_sync_reference_equals_trl_sync_target_model_and_hand_mix():
         check_sync_compatible(other, policy)
 
 
-def test_ref_sync_mixes_every_n_optimizer_steps_and_resumes_equal(tmp_path):
+def test_ref_sync_mixes_every_n_optimizer_steps_and_resumes_equal(tmp_path, monkeypatch):
     """ref_sync_steps=2 with 2 minibatches per RL step: the reference mixes after optimizer steps 2, 4, 6
     (one per RL step), each time with the policy just after that optimizer step."""
     objective = {"overrides": {"kl_coef": 0.05}, "ref_sync_steps": 2, "ref_sync_alpha": 0.5}
@@ -140,15 +141,14 @@ def test_ref_sync_mixes_every_n_optimizer_steps_and_resumes_equal(tmp_path):
     trainer = make_trainer(tmp_path / "full", loop=loop, objective=objective)
     initial = _weights(trainer.model)
     snapshots = []
-    real_sync = trainer._sync_ref_if_due
 
-    def record():
-        real_sync()
-        if trainer.schedule.step_index % 2 == 0:
-            snapshots.append({k: v.detach().clone() for k, v in trainer.model.named_parameters()})
+    def record(ref, policy, alpha):  # the update stage calls it after each due optimizer step
+        sync_reference(ref, policy, alpha)
+        snapshots.append({k: v.detach().clone() for k, v in policy.named_parameters()})
 
-    trainer._sync_ref_if_due = record
-    trainer.train()
+    with monkeypatch.context() as patched:
+        patched.setattr(update, "sync_reference", record)
+        trainer.train()
     assert len(snapshots) == 3
     want = {k: initial[k].clone() for k, _ in trainer.model.named_parameters()}
     for snap in snapshots:  # the hand chain: ref ← ½·π + ½·ref after each due step

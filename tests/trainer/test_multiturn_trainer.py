@@ -50,14 +50,14 @@ def env_trainer(run_dir, env_id: str = ENV, **sections) -> Trainer:
 
 
 def capture_batches(trainer: Trainer) -> list:
-    """Record the batch every ``_update`` call trains on."""
-    seen, real = [], trainer._update
+    """Record the batch every ``update`` call trains on."""
+    seen, real = [], trainer.update
 
     def update(step, batch):
         seen.append(batch)
         return real(step, batch)
 
-    trainer._update = update
+    trainer.update = update
     return seen
 
 
@@ -158,14 +158,14 @@ def test_truncated_episodes_are_masked_whole(tmp_path):
                           loop={"steps": 2, "prompts_per_step": 3})
     batches = capture_batches(trainer)
     played = []
-    real_play = trainer._play_episodes
+    real_sample = trainer.sample
 
-    def play(step):
-        out = real_play(step)
-        played.append((out[0].rollout.truncated.clone(), trainer._episode_batch.loss_mask.clone()))
-        return out
+    def sample(step):
+        got = real_sample(step)
+        played.append((got.scored.rollout.truncated.clone(), got.played.batch.loss_mask.clone()))
+        return got
 
-    trainer._play_episodes = play
+    trainer.sample = sample
     result = trainer.train()
     assert len(batches) == len(played) and batches
     for batch, (truncated, unmasked) in zip(batches, played):

@@ -2,7 +2,7 @@
 
 Each function takes config sections and built objects and returns one thing; the loop (``Trainer``), the lab's
 gradient study and ``lmpo eval RUN`` call these, so that the same config builds the same task, rewards, engine,
-reference model and KL controller everywhere::
+reference model and KL controller everywhere. ``build_run`` is what ``Trainer(config)`` builds, in this order::
 
     device = resolve_device(cfg.loop.device)
     objective, driver, estimator = build_objective(cfg.objective)
@@ -12,12 +12,18 @@ reference model and KL controller everywhere::
     engine = build_rollout_engine(cfg, model, tokenizer, record_logprobs=driver.needs.rollout_logp)
     ref = build_reference(cfg, model, device)             # when a KL term or the KL in the reward needs it
     kl_ctrl = build_kl_controller(cfg.objective)          # None unless objective.kl_in_reward
+
+At the start of ``Trainer.train``: ``build_reference`` (when needed), the optimizer, ``build_logs`` and the rollout
+engine, or ``build_async_pipeline`` under ``rollout.async_staleness``.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -30,10 +36,17 @@ from lmpo.objectives.advantages import make_estimator
 from lmpo.objectives.kl_reward import make_kl_controller
 from lmpo.rewards import RewardModel, RewardScorer, RewardSpec, get_reward_fn
 from lmpo.rewards.parallel import ParallelRewardScorer
-from lmpo.tasks import load_task
-from lmpo.trainer.config import RewardModelConfig, TrainConfig
+from lmpo.tasks import load_task, render_prompts
+from lmpo.trainer import episodes
+from lmpo.trainer.completions import CompletionLog
+from lmpo.trainer.config import RewardModelConfig, TrainConfig, config_to_dict
+from lmpo.trainer.metrics import MetricsLogger
+from lmpo.trainer.pipeline import AsyncPipeline
 from lmpo.trainer.ref_sync import check_sync_compatible
+from lmpo.trainer.sampling import PromptOrder
 from lmpo.trainer.stages import LogprobSettings
+from lmpo.trainer.teacher import Teacher
+from lmpo.trainer.update import UpdateSettings
 
 #: what building a task raises for bad data or settings (reported as one InputError naming task.*)
 TASK_ERRORS = (OSError, ValueError, KeyError, TypeError, ImportError)
@@ -231,3 +244,133 @@ def logprob_settings(cfg: TrainConfig) -> LogprobSettings:
                            group_size=cfg.rollout.completions_per_prompt if share else None,
                            seqs_per_microbatch=cfg.loop.seqs_per_microbatch, autocast=cfg.loop.autocast,
                            pack_sequences=cfg.loop.pack_sequences)
+
+
+def update_settings(cfg: TrainConfig) -> UpdateSettings:
+    """The config values the update stage reads (``lmpo.trainer.update``)."""
+    lp, ob = cfg.loop, cfg.objective
+    return UpdateSettings(seed=lp.seed, epochs_per_step=lp.epochs_per_step, minibatches_per_step=lp.minibatches_per_step,
+                          seqs_per_microbatch=lp.seqs_per_microbatch, max_grad_norm=cfg.optim.max_grad_norm,
+                          off_policy=cfg.off_policy, temperature=cfg.rollout.temperature, autocast=lp.autocast,
+                          ref_sync_steps=ob.ref_sync_steps, ref_sync_alpha=ob.ref_sync_alpha)
+
+
+@dataclass
+class RunParts:
+    """What ``build_run`` builds: the parts of a run that exist before training starts.
+
+    objective, driver, estimator: ``build_objective``'s. task: ``build_task``'s (or the one given).
+    model: the policy on its device, with gradient checkpointing and LoRA adapters when the config asks.
+    train_examples, eval_examples: prompts rendered as text (chat template applied); an environment's raw.
+    scorer, accuracy_fn: ``build_rewards``'. kl_ctrl: ``build_kl_controller``'s. teacher: a distillation
+    part's teacher, or None. episode_runner: multi-turn (``env.id``) only.
+    """
+
+    objective: Objective
+    driver: ObjectiveDriver
+    estimator: object
+    task: object
+    model: torch.nn.Module
+    tokenizer: object
+    train_examples: list
+    eval_examples: list
+    scorer: object
+    accuracy_fn: Callable
+    kl_ctrl: object | None
+    teacher: Teacher | None
+    episode_runner: episodes.EpisodeRunner | None
+    logprob_settings: LogprobSettings
+    update_settings: UpdateSettings
+
+
+def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenizer=None, task=None) -> RunParts:
+    """Everything ``Trainer(config)`` holds before ``train``: ``model``, ``tokenizer`` and ``task``, when given,
+    replace the ones the config names. Errors name the config keys to fix (InputError)."""
+    objective, driver, estimator = build_objective(config.objective)
+    if config.env.id is not None:
+        episodes.check_estimator(estimator, config.env.id, config.objective.advantage_estimator,
+                                 config.env.turn_discount)
+    try:
+        task = task if task is not None else build_task(config.task, config.env)
+    except TASK_ERRORS as e:
+        raise task_error(config.task, e, config.env) from None
+    train_examples = task.train_examples(seed=config.loop.seed)
+    eval_examples = task.eval_examples()[: config.task.eval_examples]
+    if model is None:
+        model, tok = load_policy(config.model, device)
+        tokenizer = tokenizer or tok
+    elif tokenizer is None:
+        raise ValueError("Trainer(model=...) needs tokenizer=... as well")
+    model = model.to(device)
+    # conversational prompts become text through the policy's chat template (lmpo.tasks.chat)
+    tk, names = config.task, {"model_name": f"model {config.model.name!r}", "source": f"task {task.name!r}"}
+    if config.env.id is None:
+        train_examples = render_prompts(train_examples, tokenizer, tk.prompt_format, tk.chat_template, **names)
+        eval_examples = render_prompts(eval_examples, tokenizer, tk.prompt_format, tk.chat_template, **names)
+    else:  # the episode runner renders each environment's opening itself
+        train_examples, eval_examples = list(train_examples), list(eval_examples)
+        episodes.check_chat_template(tokenizer, config.env, config.model.name)
+    scorer, accuracy_fn = build_rewards(config.rewards, task, train_examples + eval_examples, device)
+    if config.loop.gradient_checkpointing:
+        # non-reentrant: works with inputs that do not require grad and with LoRA's frozen base weights
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.model.lora.enabled:
+        model = wrap_lora(model, config.model.lora)
+    kl_ctrl = build_kl_controller(config.objective)
+    teacher = None  # on-policy distillation (an objective `distill` part): lmpo.trainer.teacher
+    if driver.needs.teacher:
+        teacher = Teacher.load(config.teacher, model, tokenizer, policy_name=config.model.name, device=device,
+                               top_k=driver.needs.teacher_top_k)
+    runner = None  # built from the policy as trained: after the LoRA wrap
+    if config.env.id is not None:
+        ro = config.rollout
+        runner = episodes.make_runner(model, tokenizer, config.env, temperature=ro.temperature, top_p=ro.top_p,
+                                      top_k=ro.top_k)
+    return RunParts(objective, driver, estimator, task, model, tokenizer, train_examples, eval_examples, scorer,
+                    accuracy_fn, kl_ctrl, teacher, runner, logprob_settings(config), update_settings(config))
+
+
+def rollout_model_factory(config: TrainConfig, *, model=None, model_factory=None, rollout_engine=None):
+    """``Trainer``'s ``model_factory`` argument checked against ``rollout.async_staleness`` = k: with k >= 1 the
+    factory the rollout worker builds its model with (``policy_factory`` of ``model.name`` by default), else the
+    one given (unused). An engine given with k >= 1, or a model given without a factory, is an InputError."""
+    k = config.rollout.async_staleness
+    if k and rollout_engine is not None:
+        raise InputError(f"`rollout.async_staleness` = {k} builds its own rollout worker, but Trainer(rollout_"
+                         "engine=...) was given one. Pass no rollout_engine, or use rollout.async_staleness: 0.")
+    if k and model is not None and model_factory is None:
+        raise InputError(f"`rollout.async_staleness` = {k} with Trainer(model=...): the rollout worker must "
+                         "build its own copy of the model, and a model object cannot be sent to it. Pass "
+                         "model_factory= (a picklable callable returning (model, tokenizer) of the same "
+                         "architecture and dtype), or use rollout.async_staleness: 0.")
+    return model_factory or (policy_factory(config.model) if k else None)
+
+
+def build_async_pipeline(cfg: TrainConfig, model, model_factory, prompts: PromptOrder, *, start_step: int,
+                         held: list | None, device: torch.device, log: Callable[[str], None]) -> AsyncPipeline:
+    """The rollout worker of ``rollout.async_staleness`` (``build_async_rollout``) and its ``AsyncPipeline`` from
+    RL step ``start_step``, going on from a checkpoint's weight versions ``held`` when they fit k."""
+    if held is not None and len(held) != cfg.rollout.async_staleness:
+        log(f"the checkpoint holds {len(held)} earlier weight versions, rollout.async_staleness is "
+            f"{cfg.rollout.async_staleness}: the schedule starts again from the checkpoint's weights")
+        held = None
+    engine = build_async_rollout(cfg, model, model_factory, device=device, held=held, log=log)
+    return AsyncPipeline(engine, prompts, start=start_step, last_step=cfg.loop.steps,
+                         prompts_per_step=cfg.loop.prompts_per_step,
+                         completions_per_prompt=cfg.rollout.completions_per_prompt, seed=cfg.loop.seed)
+
+
+def build_logs(cfg: TrainConfig, run_dir: Path, *, start_step: int, keep_rows: int | None
+               ) -> tuple[MetricsLogger, CompletionLog | None]:
+    """The run's metrics logger (``logging.*``) from RL step ``start_step`` (keeping a checkpoint's ``keep_rows``
+    rows of metrics.jsonl), and its completion log when ``logging.completions_every_steps`` > 0."""
+    lg = cfg.logging
+    metrics = MetricsLogger(run_dir, cfg.loop.steps, start_step=start_step, keep_rows=keep_rows,
+                            progress_bar=lg.progress_bar, tensorboard=lg.tensorboard, wandb=lg.wandb,
+                            wandb_project=lg.wandb_project, config=config_to_dict(cfg),
+                            print_every_steps=lg.print_every_steps)
+    completions = None
+    if lg.completions_every_steps > 0:
+        completions = CompletionLog(run_dir, lg.completions_every_steps, lg.completions_per_step,
+                                    start_step=start_step, metrics=metrics)
+    return metrics, completions

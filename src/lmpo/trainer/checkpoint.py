@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,9 +45,9 @@ from lmpo.checkpoints import (
 from lmpo.errors import InputError
 from lmpo.models.saving import write_hf_files
 
-__all__ = ["MODEL_FILE", "REF_FILE", "STATE_FILE", "CheckpointError", "checkpoint_dir", "latest_checkpoint",
-           "list_checkpoints", "load_checkpoint", "resolve_resume", "restore_rng_state", "restore_trainer_state",
-           "rng_state", "save_checkpoint", "trainer_state"]
+__all__ = ["MODEL_FILE", "REF_FILE", "STATE_FILE", "CheckpointError", "ResumePoint", "checkpoint_dir",
+           "latest_checkpoint", "list_checkpoints", "load_checkpoint", "resolve_resume", "restore_rng_state",
+           "restore_trainer_state", "rng_state", "save_checkpoint", "save_trainer", "trainer_state"]
 
 
 MODEL_FILE = "model.safetensors"
@@ -166,8 +167,7 @@ def restore_rng_state(rng: dict) -> None:
 def trainer_state(trainer, step: int) -> dict:
     """What a checkpoint holds besides the weights, from a ``lmpo.trainer.Trainer`` after RL step ``step``:
     optimizer, schedule, the controllers, prompt order, non-finite counters, random states, metrics rows."""
-    metrics = getattr(trainer, "metrics", None)
-    pipeline = getattr(trainer, "_pipeline", None)
+    metrics, pipeline = getattr(trainer, "metrics", None), trainer.pipeline
     return {
         "step": step,
         "optimizer": trainer.optimizer.state_dict(),
@@ -179,7 +179,7 @@ def trainer_state(trainer, step: int) -> dict:
         "data": trainer.prompts.state_dict() if pipeline is None else pipeline.data_state(step),
         # rollout.async_staleness = k: the k weight versions before this one, which steps step+1 … step+k sample with
         **({"async": pipeline.state_dict()} if pipeline is not None else {}),
-        "nonfinite": {"total": trainer.nonfinite_total, "in_row": trainer.nonfinite_in_row},
+        "nonfinite": {"total": trainer.nonfinite.total, "in_row": trainer.nonfinite.in_row},
         "rng": rng_state(),
         # the metrics rows written up to this checkpoint: a resumed run cuts metrics.jsonl back to them
         "metrics_rows": metrics.rows if metrics is not None else 0,
@@ -187,9 +187,32 @@ def trainer_state(trainer, step: int) -> dict:
     }
 
 
-def restore_trainer_state(trainer, path: Path) -> tuple[int, int]:
-    """Load checkpoint ``path`` into ``trainer`` (weights, then ``trainer_state``'s parts); returns (RL step,
-    metrics rows to keep). A state that does not fit the run is a CheckpointError naming the fix."""
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run goes on from: after RL step ``step``, with the first ``metrics_rows`` rows of metrics.jsonl
+    (None: a new run's, nothing to keep) and, under ``rollout.async_staleness``, the checkpoint's earlier weight
+    versions (``async_weights``: oldest first, name → tensor; None when it has none)."""
+
+    step: int = 0
+    metrics_rows: int | None = None
+    async_weights: list[dict] | None = None
+
+
+def save_trainer(trainer, step: int) -> Path:
+    """Checkpoint ``step`` of a ``lmpo.trainer.Trainer``: its policy, reference model, tokenizer and
+    ``trainer.state_dict(step)``, pruned to ``checkpoint.keep_last``."""
+    if getattr(trainer, "metrics", None) is not None:
+        trainer.metrics.sync()  # the rows this checkpoint counts are on disk before it is
+    cfg = trainer.cfg
+    return save_checkpoint(trainer.run_dir, step, trainer.model, trainer.state_dict(step), ref_model=trainer.ref_model,
+                           keep_last=cfg.checkpoint.keep_last, tokenizer=trainer.tokenizer,
+                           base_model_name=cfg.model.name)
+
+
+def restore_trainer_state(trainer, path: Path) -> ResumePoint:
+    """Load checkpoint ``path`` into ``trainer`` (weights, then ``trainer_state``'s parts) and say so with
+    ``trainer.log``; returns where the run goes on from. A state that does not fit the run is a CheckpointError
+    naming the fix."""
     state = load_checkpoint(path, trainer.model, ref_model=trainer.ref_model)
     try:
         trainer.optimizer.load_state_dict(state["optimizer"])
@@ -199,13 +222,14 @@ def restore_trainer_state(trainer, path: Path) -> tuple[int, int]:
         if trainer.kl_ctrl is not None and state.get("kl_controller") is not None:
             trainer.kl_ctrl.load_state_dict(state["kl_controller"])
         trainer.prompts.load_state_dict(state["data"])
-        trainer.nonfinite_total = int(state["nonfinite"]["total"])
-        trainer.nonfinite_in_row = int(state["nonfinite"]["in_row"])
+        trainer.nonfinite.total = int(state["nonfinite"]["total"])
+        trainer.nonfinite.in_row = int(state["nonfinite"]["in_row"])
         restore_rng_state(state["rng"])
         trainer.final_eval_done = bool(state.get("final_eval_done", False))
         held = state.get("async")
-        trainer._async_held = None if held is None else [dict(w) for w in held["weights"]]
-        return int(state["step"]), int(state.get("metrics_rows", 0))
+        trainer.log(f"resumed from {path} at step {int(state['step'])}")
+        return ResumePoint(int(state["step"]), int(state.get("metrics_rows", 0)),
+                           None if held is None else [dict(w) for w in held["weights"]])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {path}: its state does not fit this run ({type(e).__name__}: "
                               f"{' '.join(str(e).split())[:200]}); it was written by another kind of run "

@@ -161,6 +161,17 @@ def load_run_policy(run: str | os.PathLike, step: int | None = None, *, merge: b
     return model, tokenizer, source, cfg
 
 
+def publish_final_model(run_dir: str | os.PathLike, step: int, model, tokenizer, *,
+                        base_model_name: str | None = None) -> Path:
+    """RUN_DIR/model/ after RL step ``step``: the policy as ``save_pretrained`` writes it (a LoRA run: its
+    adapter), with the tokenizer; published atomically with a manifest like a checkpoint (:mod:`lmpo.checkpoints`)."""
+    from lmpo.checkpoints import publish_directory
+    from lmpo.models.saving import write_hf_files
+
+    return publish_directory(Path(run_dir) / FINAL_MODEL_DIR, step, lambda tmp: write_hf_files(
+        tmp, model, tokenizer, base_model_name=base_model_name))
+
+
 def export_run(run: str | os.PathLike, out: str | os.PathLike, step: int | None = None, *, merge: bool = False,
                log=print) -> Path:
     """Write the policy of ``run`` (checkpoint ``step``, default the newest) to ``out`` (see module docstring)."""

@@ -5,6 +5,7 @@ RLVCR call these, never the Trainer's own methods.
     advantage_inputs(...)   what the advantage estimator needs beyond (rewards, group ids)
     advantages(...)         (B,) advantages, the estimator's statistics, the zero-variance and kept rows
     kl_in_reward(...)       r − β·Σ_t KL_t (verl ``apply_kl_penalty``) and the controller update
+    train_batch(...)        the kept rows with their advantages; truncated completions masked when asked
     logprobs(...)           (B, T) log-probs of a RolloutBatch (its rows) under this run's ``LogprobSettings``
     rollout_stats(...)      the step's reward / advantage / completion metrics
 
@@ -26,7 +27,7 @@ from lmpo.objectives.advantages import zero_variance_mask
 from lmpo.objectives.kl_reward import kl_penalised_rewards
 from lmpo.rewards.overlong import overlong_penalty
 from lmpo.trainer.evaluate import reward_arguments
-from lmpo.trainer.sampling import ScoredRollout
+from lmpo.trainer.sampling import ScoredRollout, mask_truncated
 
 
 class CompiledCalls:
@@ -170,6 +171,25 @@ def kl_in_reward(policy, ref_model, batch: RolloutBatch, rewards: torch.Tensor, 
     # one host sync for the controller's input, as verl's .item()
     kl_ctrl.update(float(stats["kl/reward_kl"]), int(rewards.numel()))
     return shaped, stats, ref_logp
+
+
+def train_batch(full: RolloutBatch, advantages: torch.Tensor, keep: torch.Tensor, *, ref_logp: torch.Tensor | None,
+                truncated: torch.Tensor, mask_truncated_completions: bool
+                ) -> tuple[RolloutBatch, bool, dict[str, torch.Tensor]]:
+    """The rows of ``full`` (B rows) an RL step trains on: those ``keep`` (B,) bool marks, with their advantages
+    ((B,) or per-token (B, T)) and reference log-probs ((B, T) or None); under ``mask_truncated_completions``
+    the rows ``truncated`` (B,) bool marks get loss mask 0 (``lmpo.trainer.sampling.mask_truncated``).
+
+    Returns the batch, whether there is anything to train on (a kept row; with masking, a token left in the
+    loss) and ``completion/truncated_masked_frac`` when masking.
+    """
+    idx = torch.nonzero(keep).squeeze(-1)
+    batch = full.with_(advantages=advantages, ref_logp=ref_logp).select(idx)
+    if not mask_truncated_completions:
+        return batch, idx.numel() > 0, {}
+    loss_mask, frac = mask_truncated(batch.loss_mask, truncated[idx])
+    return batch.with_(loss_mask=loss_mask), idx.numel() > 0 and bool(loss_mask.any()), \
+        {"completion/truncated_masked_frac": frac}
 
 
 def missing_rollout_logprobs(objective, engine) -> RunError:

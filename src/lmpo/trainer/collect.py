@@ -1,0 +1,102 @@
+"""The sampling stage of an RL step: its prompts, their completions (or episodes), scored.
+
+    collect(...)   one RL step's ``Collected``: one draw, DAPO dynamic sampling's draws, or multi-turn episodes
+    draw(...)      one draw: the next ``prompts_per_step`` prompts, G completions each, scored
+    play(...)      multi-turn (``env.id``): G episodes of each of the next ``prompts_per_step`` examples, scored
+
+``Trainer.sample`` calls ``collect`` with its parts. Every draw is seeded from ``(loop.seed, step, 1[, k])``, so
+the completions do not depend on what ran before (a resumed run samples what the uninterrupted one did).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from lmpo.trainer import episodes, stages
+from lmpo.trainer.config import TrainConfig
+from lmpo.trainer.pipeline import AsyncPipeline
+from lmpo.trainer.sampling import PromptOrder, ScoredRollout, dynamic_sample, seed_for
+
+
+@dataclass
+class Collected:
+    """One RL step's samples.
+
+    scored: examples, rollout (B = P·G rows, prompt-major: row b belongs to prompt b // G), rewards (B,),
+        per-function scores and correctness.
+    stats: DAPO dynamic sampling's ``rollout/*`` counts, or the ``episodes/*`` metrics and the truncated
+        fraction; else empty.
+    generate_s: seconds spent generating (scoring not included).
+    played: multi-turn only: the episodes' batch to train on and their per-turn rewards.
+    """
+
+    scored: ScoredRollout
+    stats: dict[str, float]
+    generate_s: float
+    played: episodes.PlayedStep | None = None
+
+
+def collect(cfg: TrainConfig, step: int, *, prompts: PromptOrder, engine, pipeline: AsyncPipeline | None,
+            scorer, accuracy_fn: Callable, tokenizer, device: torch.device,
+            runner: episodes.EpisodeRunner | None = None) -> Collected:
+    """RL step ``step``'s scored samples from the ``engine`` (or the async ``pipeline``'s worker when there is
+    one), with DAPO dynamic sampling under ``rollout.dynamic_sampling``; episodes of ``runner`` under
+    ``env.id``."""
+    if cfg.env.id is not None:
+        return play(cfg, step, prompts=prompts, runner=runner, tokenizer=tokenizer, device=device)
+    ro, seconds = cfg.rollout, []
+
+    def one(k: int) -> ScoredRollout:
+        scored, generate_s = draw(cfg, step, k, prompts=prompts, engine=engine, pipeline=pipeline, scorer=scorer,
+                                  accuracy_fn=accuracy_fn, device=device)
+        seconds.append(generate_s)
+        return scored
+
+    if not ro.dynamic_sampling:
+        return Collected(one(0), {}, sum(seconds))
+    scored, stats = dynamic_sample(one, cfg.loop.prompts_per_step, ro.completions_per_prompt,
+                                   metric=ro.dynamic_sampling_metric, max_draws=ro.dynamic_sampling_max_draws,
+                                   pad_token_id=tokenizer.pad_token_id)
+    return Collected(scored, stats, sum(seconds))
+
+
+def draw(cfg: TrainConfig, step: int, k: int, *, prompts: PromptOrder, engine, pipeline: AsyncPipeline | None,
+         scorer, accuracy_fn: Callable, device: torch.device) -> tuple[ScoredRollout, float]:
+    """Draw ``k`` of RL step ``step``, scored, and the seconds its generation took."""
+    t = time.perf_counter()
+    if pipeline is not None:  # sampled by the worker with the weights of step − 1 − k (same seed)
+        examples, ro = pipeline.rollout(step)  # (CPU tensors: the stages move what they use)
+    else:
+        examples = prompts.take(cfg.loop.prompts_per_step)
+        seed = seed_for(cfg.loop.seed, step, 1) if k == 0 else seed_for(cfg.loop.seed, step, 1, k)
+        # (no inference_mode: the sampled ids become inputs of the training graph)
+        with stages.autocast(cfg.loop.autocast, device):
+            ro = engine.generate([e.prompt for e in examples], cfg.rollout.completions_per_prompt, seed=seed)
+    generate_s = time.perf_counter() - t
+    rw = cfg.rewards
+    scored = stages.score(scorer, accuracy_fn, examples, ro, success_threshold=rw.success_threshold, device=device,
+                          max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer_len=rw.overlong_buffer_len,
+                          overlong_penalty_factor=rw.overlong_penalty_factor)
+    return scored, generate_s
+
+
+def play(cfg: TrainConfig, step: int, *, prompts: PromptOrder, runner: episodes.EpisodeRunner, tokenizer,
+         device: torch.device) -> Collected:
+    """Multi-turn (``env.id``): G episodes of each of the next ``prompts_per_step`` examples, scored by their
+    returns (``lmpo.trainer.episodes.play_step``)."""
+    examples = prompts.take(cfg.loop.prompts_per_step)
+    seed = seed_for(cfg.loop.seed, step, 1)
+    t = time.perf_counter()
+    with stages.autocast(cfg.loop.autocast, device):
+        played = episodes.play_step(runner, cfg.env, examples, cfg.rollout.completions_per_prompt,
+                                    seed=seed % 2**31, generator=torch.Generator(device).manual_seed(seed),
+                                    tokenizer=tokenizer, device=device)
+    generate_s = time.perf_counter() - t
+    # a truncated episode is one cut by a budget, whether or not it sampled a stop (this replaces the
+    # single-turn count of ``stages.rollout_stats``: the step's stats are updated with these)
+    stats = {**played.metrics, "completion/truncated_frac": played.scored.rollout.truncated.float().mean()}
+    return Collected(played.scored, stats, generate_s, played)
