@@ -201,12 +201,12 @@ def _engine(trainer):
 
 def run_lmpo(trainer, party: Party, phases: list[dict]) -> None:
     """``trainer.train()`` with the baton taken around each RL step and its phases timed."""
-    from lmpo.trainer import stages
+    from lmpo.trainer import build, stages
 
     k = trainer.cfg.rollout.async_staleness
     clock = {"gen": 0.0, "logp": 0.0}
     if k:  # the worker's time: computes only in this party's turns; "gen" is the wait for its rollouts
-        real_start = trainer._start_pipeline
+        real_build = build.build_async_pipeline
         worker: dict = {"pid": None}
 
         def signal_worker(sig):
@@ -216,11 +216,12 @@ def run_lmpo(trainer, party: Party, phases: list[dict]) -> None:
                 except ProcessLookupError:
                     pass
 
-        def start_pipeline(start_step):
-            real_start(start_step)
-            worker["pid"] = trainer._pipeline.engine.pid
+        def build_pipeline(*args, **kwargs):
+            pipeline = real_build(*args, **kwargs)
+            worker["pid"] = pipeline.engine.pid
+            return pipeline
 
-        trainer._start_pipeline = start_pipeline
+        build.build_async_pipeline = build_pipeline  # the trainer builds its pipeline inside train()
         party.on_take = lambda: signal_worker(signal.SIGCONT)
         party.on_release = lambda: signal_worker(signal.SIGSTOP)
         real_train = trainer.train
@@ -230,6 +231,7 @@ def run_lmpo(trainer, party: Party, phases: list[dict]) -> None:
                 return real_train()
             finally:
                 signal_worker(signal.SIGCONT)  # a stopped worker could not be stopped at the end
+                build.build_async_pipeline = real_build
         _train = train
     else:
         trainer.rollout_engine = _engine(trainer)
@@ -252,11 +254,11 @@ def run_lmpo(trainer, party: Party, phases: list[dict]) -> None:
     def step(i):
         party.begin()
         clock.update(gen=0.0, logp=0.0)
-        waited = trainer._pipeline.engine.wait_s if k else 0.0
+        waited = trainer.pipeline.engine.wait_s if k else 0.0
         t0 = time.perf_counter()
         out = real_step(i)
         if k:
-            clock["gen"] = trainer._pipeline.engine.wait_s - waited
+            clock["gen"] = trainer.pipeline.engine.wait_s - waited
         phases.append({"step_s": time.perf_counter() - t0, **clock})
         party.end()
         return out
