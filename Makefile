@@ -1,6 +1,10 @@
 # The two set-up commands of the README: `make demo` and `make test`.
-# torch is installed first and pinned so that pip takes the local CPU build on CPU-only machines;
+# torch is installed first and pinned so that pip takes the local CPU build on CPU-only machines (uv does not
+# look there; once torch 2.13.0 is in the venv, the rest's `torch>=` floor installs nothing more);
 # GPU users who install lmpo themselves get their own torch build through the `torch>=` floor.
+# The rest is installed by uv (parallel downloads and installs); --compile-bytecode writes the .pyc files of what
+# uv installs (pip writes torch's), so the tests' many Python processes import from .pyc files
+# (PYTHONDONTWRITEBYTECODE=1 on these machines). uv 0.13.9 left torch uncompiled when pip ran with --no-compile.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
@@ -10,9 +14,9 @@ STAMP  := $(VENV)/.lmpo-installed
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	$(PIP) install -q uv
+	$(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
