@@ -120,8 +120,8 @@ _PRESET_LIST = [
     ),
     Preset(
         "clip_cov",
-        "PPO clip plus Clip-Cov: zero the loss of ⌊2e-4·N⌋ random tokens with covariance in (1, 5) to slow entropy collapse.",
-        "−1/N Σ_t (1 − 1[t ∈ I_clip]) min(w_t A_t, clip(w_t, 1±0.2) A_t),  I_clip ~ U{t: 1 < cov_t < 5}",
+        "PPO clip plus Clip-Cov: zero the loss of max(1, ⌊2e-4·N⌋) random tokens with covariance in (1, 5) to slow entropy collapse.",
+        "−1/N Σ_t (1 − 1[t ∈ I_clip]) min(w_t A_t, clip(w_t, 1±0.2) A_t),  I_clip: K of {t: 1 < cov_t < 5}, each w.p. K/C (systematic)",
         "Cui et al. 2025, Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617)",
         {"level": "token", "trust_region": "ppo", "eps_low": 0.2, "aggregation": "token_mean",
          "cov_control": "clip_cov"},
