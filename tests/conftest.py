@@ -23,3 +23,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _rollout_workers_from_a_forkserver():
+    """Async rollout workers start from a forkserver that imported lmpo once, not by spawn (the default): the
+    suite starts dozens of workers, and each spawned one re-imports torch and transformers (~5 s of CPU).
+    ``test_no_orphaned_worker`` runs a fresh interpreter, so the default spawn path stays tested."""
+    from lmpo.generation import worker
+
+    old, worker.START_METHOD = worker.START_METHOD, "forkserver"
+    yield
+    worker.START_METHOD = old

@@ -289,3 +289,12 @@ def test_twenty_seeded_kills_change_nothing():
     for step, ro in enumerate(out):
         model.load_state_dict(states[max(0, step - 1)])
         _assert_same(ro, engine_here.generate(_prompts(step), G, seed=_seed(step)))
+
+
+def test_start_methods():
+    from lmpo.generation import worker
+
+    assert worker.START_METHOD == "forkserver"  # this suite's (tests/conftest.py); programs get "spawn"
+    assert worker.worker_context("spawn").get_start_method() == "spawn"
+    with pytest.raises(ValueError, match="START_METHOD='fork' must be 'spawn' or 'forkserver'"):
+        worker.worker_context("fork")

@@ -222,6 +222,24 @@ def _close_if_alive(ref: weakref.ref) -> None:
         engine.close()
 
 
+#: How worker processes start: ``"spawn"`` (a fresh interpreter that imports torch and transformers, ~5 s of
+#: CPU per start; nothing inherited) or ``"forkserver"`` (forked from a server process that imported this module
+#: once, ~0.1 s per start; the server keeps the environment and ``sys.path`` of its first use, so it suits
+#: programs that start many workers, such as a test suite). A program sets it before building an AsyncRollout.
+START_METHOD = "spawn"
+
+
+def worker_context(method: str):
+    """The ``torch.multiprocessing`` context of ``method`` (``"spawn"`` or ``"forkserver"``)."""
+    if method not in ("spawn", "forkserver"):
+        raise ValueError(f"START_METHOD={method!r} must be 'spawn' or 'forkserver' (a forked worker would "
+                         "inherit the parent's torch threads and locks)")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload([__name__, "lmpo.generation.hf", "lmpo.models"])  # what each worker imports
+    return ctx
+
+
 class AsyncRollout:
     """An ``HFRollout`` in a worker process, fed weights through shared memory, ``staleness`` steps behind.
 
@@ -292,7 +310,7 @@ class AsyncRollout:
         self.model_factory = model_factory
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._layout = _Layout.of(model_tensors(model))
-        self._ctx = mp.get_context("spawn")
+        self._ctx = worker_context(START_METHOD)
         self._slots = [{d: torch.zeros(n, dtype=d).share_memory_() for d, n in self._layout.sizes.items()}
                        for _ in range(slots)]
         self._slot_views = [self._layout.views(slot) for slot in self._slots]
