@@ -173,7 +173,8 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(cfg.loop.max_nonfinite_steps, ckpt.checkpoint_dir(self.run_dir))
         self.final_eval_done = False
         start = ckpt.restore_trainer_state(self, resume_path) if resume_path is not None else ckpt.ResumePoint()
-        if self.rollout_engine is None and not cfg.rollout.async_staleness:
+        # an environment run samples turn by turn through its episode runner: no single-turn engine to build
+        if self.rollout_engine is None and not cfg.rollout.async_staleness and cfg.env.id is None:
             self.rollout_engine = build.build_rollout_engine(cfg, self.model, self.tokenizer, device=self.device,
                                                              record_logprobs=self.driver.needs.rollout_logp)
         self.metrics, self.completion_log = build.build_logs(cfg, self.run_dir, start_step=start.step,
@@ -276,7 +277,8 @@ class Trainer:
         if batch.rollout_logp is None and self.driver.needs.rollout_logp:
             raise stages.missing_rollout_logprobs(obj, self.rollout_engine)
         stats.update(self.update(step, batch) if trainable else {})
-        self.rollout_engine.sync_weights(self.model)  # after this step's optimizer steps, before the next rollout
+        if self.rollout_engine is not None:  # None in environment runs: the episode runner samples from the model
+            self.rollout_engine.sync_weights(self.model)  # after this step's optimizer steps, before the next rollout
         t_end = time.perf_counter()
         tokens = float(scored.rollout.completion_mask.sum()) + float(batch.loss_mask.sum())
         stats.update({"time/generate_s": t_gen - t0, "time/score_s": t_score - t_gen, "time/train_s": t_end - t_score,
