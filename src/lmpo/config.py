@@ -448,6 +448,18 @@ def flat_aliases(table: Mapping[str, str | tuple[str, ...]]) -> Callable[[type],
     return decorate
 
 
+def coerced_and_checked(value: Any, f: dataclasses.Field, tp: Any, where: str) -> Any:
+    """``value`` coerced to the field's type ``tp`` and checked against its bounds (each item of a tuple; a nested
+    section checks itself); errors name ``where``."""
+    value = coerce(value, tp, where)
+    if isinstance(value, tuple):
+        for i, v in enumerate(value):
+            check_value(v, f.metadata, f"{where}[{i}]")
+    elif not dataclasses.is_dataclass(value):
+        check_value(value, f.metadata, where)
+    return value
+
+
 def _canonical(cls: type, data: Mapping[str, Any], where: str) -> dict:
     """``data`` with its flat names written as the nested sections they stand for (values coerced and checked
     under the flat name; a field set twice, under both names, with different values is a ConfigError)."""
@@ -460,12 +472,7 @@ def _canonical(cls: type, data: Mapping[str, Any], where: str) -> dict:
             continue
         spelled = f"{where}.{key}" if where else key
         f, tp = _leaf(cls, table[key][0])
-        value = coerce(value, tp, spelled)
-        if isinstance(value, tuple):
-            for i, v in enumerate(value):
-                check_value(v, f.metadata, f"{spelled}[{i}]")
-        elif not dataclasses.is_dataclass(value):
-            check_value(value, f.metadata, spelled)
+        value = coerced_and_checked(value, f, tp, spelled)
         for path in table[key]:
             *heads, leaf = path.split(".")
             node = out
@@ -553,12 +560,7 @@ def from_dict(cls: type, data: Mapping[str, Any] | None, where: str = "") -> Any
             raise unknown_key_error(cls, str(key), where)
         f, tp = types_[key]
         sub = f"{where}.{key}" if where else str(key)
-        value = coerce(value, tp, sub)
-        if isinstance(value, tuple):
-            for i, v in enumerate(value):
-                check_value(v, f.metadata, f"{sub}[{i}]")
-        elif not dataclasses.is_dataclass(value):
-            check_value(value, f.metadata, sub)
+        value = coerced_and_checked(value, f, tp, sub)
         kwargs[key] = value
     try:
         return cls(**kwargs)
