@@ -18,7 +18,8 @@ the built-in addition task's). Sections, each measured side by side in this one 
   on the same tensors + AdamW. Reported above the memory held before the step (weights, inputs).
 - ``mfu``: model FLOPs utilisation of lmpo's update (forward with gradient, objective, backward, gradient
   clipping, AdamW step) on the 1.5B model, bf16, 8 sequences × 1,024 tokens, with and without the fused
-  log-prob head: FLOPs = 6·N_body·tokens + 6·V·H·completion tokens + 12·L·H·S·tokens (PaLM's count, the
+  log-prob head and under ``torch.compile`` (as ``loop.compile: true``); ``--mfu-seqs 8 16`` adds 16
+  sequences (materialised logits, eager and compiled): FLOPs = 6·N_body·tokens + 6·V·H·completion tokens + 12·L·H·S·tokens (PaLM's count, the
   head counted only where logits are taken), over the GPU's dense bf16 peak.
 
 ``--dry-run`` runs every section with a two-layer model on the CPU in seconds (sizes shrunk, same code), so
@@ -75,7 +76,8 @@ class Setup:
         self.step_prompts, self.step_length, self.step_microbatch = (4, 8, 4) if dry else (16, 256, 32)
         self.step_steps = 3 if dry else 4
         self.memory_seqs, self.memory_prompt, self.memory_completion = (2, 16, 48) if dry else (8, 512, 3584)
-        self.mfu_seqs, self.mfu_prompt, self.mfu_completion = (2, 8, 24) if dry else (8, 128, 896)
+        self.mfu_prompt, self.mfu_completion = (8, 24) if dry else (128, 896)
+        self.mfu_seqs: tuple[int, ...] = (2,) if dry else (8,)  # batch sizes (sequences) of the MFU section
         self.mfu_repeats = 2 if dry else 5
         self.mfu_compile = not dry  # torch.compile's first call takes a minute or more: not in the dry run
         self.hf_lengths: tuple[int, ...] | None = None  # decode lengths with an HF baseline (None: all)
@@ -317,6 +319,7 @@ def _lmpo_memory(setup: Setup, tok, inputs) -> tuple[int, int]:
     from lmpo.objectives import Objective
 
     model = qwen2(setup.small, tok, setup, gradient_checkpointing=True).train()
+    assert model.is_gradient_checkpointing
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     objective = Objective.preset("grpo")
     return _step_peak(lambda: lmpo_update(model, optimizer, *inputs, objective), setup.device)
@@ -325,6 +328,9 @@ def _lmpo_memory(setup: Setup, tok, inputs) -> tuple[int, int]:
 def _trl_memory(setup: Setup, tok, inputs) -> tuple[int, int]:
     prompt_ids, completion_ids, adv = inputs
     trainer = _trl_trainer(setup, tok, qwen2(setup.small, tok, setup), None, 1, gradient_checkpointing=True)
+    # Trainer.train() turns gradient checkpointing on; compute_loss alone does not, so it is done here as there
+    trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
+    assert trainer.model.is_gradient_checkpointing, "TRL's model must checkpoint like lmpo's"
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # set by the Trainer's own loop, which is not run here
     model, optimizer = trainer.model, trainer.optimizer
@@ -381,12 +387,10 @@ def bench_mfu(setup: Setup) -> list[dict]:
     model = qwen2(setup.large, tok, setup)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=setup.device.type == "cuda")
-    seqs, P, T = setup.mfu_seqs, setup.mfu_prompt, setup.mfu_completion
-    prompt_ids, completion_ids, adv = _training_inputs(setup, shape["vocab_size"], seqs, P, T)
+    P, T = setup.mfu_prompt, setup.mfu_completion
     objective = Objective.preset("grpo")
     N, H, V, L = params(model), shape["hidden_size"], shape["vocab_size"], shape["num_hidden_layers"]
     S = P + T
-    flops = 6 * (N - V * H) * seqs * S + 6 * V * H * seqs * T + 12 * L * H * S * seqs * S
     peak, device_name = peak_flops(setup.device)
     rows = []
     variants = [("fused head", True, None), ("materialised logits", False, None)]
@@ -394,7 +398,12 @@ def bench_mfu(setup: Setup) -> list[dict]:
         from lmpo.trainer.stages import CompiledCalls
 
         variants.append(("materialised logits, torch.compile", False, CompiledCalls(model)))
-    for label, fused, forward in variants:
+    # the first batch size with every variant; larger ones (whose longer matrix products raise the tensor-core
+    # occupancy) with the materialised-logits variants only
+    runs = [(setup.mfu_seqs[0], v) for v in variants] + [(n, v) for n in setup.mfu_seqs[1:] for v in variants[1:]]
+    for seqs, (label, fused, forward) in runs:
+        prompt_ids, completion_ids, adv = _training_inputs(setup, shape["vocab_size"], seqs, P, T)
+        flops = 6 * (N - V * H) * seqs * S + 6 * V * H * seqs * T + 12 * L * H * S * seqs * S
         t_start = time.perf_counter()
         for _ in range(2):  # warm-up (and, compiled, the compilation)
             lmpo_update(model, optimizer, prompt_ids, completion_ids, adv, objective, fused, forward)
@@ -489,12 +498,17 @@ def main() -> int:
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     p.add_argument("--hf-lengths", type=int, nargs="*", default=None,
                    help="decode lengths that also time HF generate (default: all; HF takes ~2 min at 2,048)")
+    p.add_argument("--mfu-seqs", type=int, nargs="+", default=None,
+                   help="batch sizes (sequences of 1,024 tokens) of the MFU section: every variant at the first, "
+                        "the materialised-logits ones at the others (default: 8)")
     args = p.parse_args()
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA device: run with --dry-run", file=sys.stderr)
         return 2
     setup = Setup(args.dry_run)
     setup.hf_lengths = tuple(args.hf_lengths) if args.hf_lengths is not None else None
+    if args.mfu_seqs:
+        setup.mfu_seqs = tuple(args.mfu_seqs)
     if args.dry_run:
         torch.set_num_threads(1)
     out = Path(args.out)
