@@ -146,14 +146,24 @@ class _CompiledDecode:
     def cache_for(self, batch: int, max_len: int, repeats: int, device: torch.device) -> Cache:
         key = (batch, max_len, repeats, device)
         if self.cache is None or self.key != key:
-            self.position = torch.zeros(1, dtype=torch.long, device=device)
-            layers = self.model.config.get_text_config().num_hidden_layers
-            self.cache = Cache(layers=[_StaticBufferLayer(batch, max_len, repeats, self.position)
-                                       for _ in range(layers)])
+            self.cache, self.position = _static_cache(self.model, batch, max_len, repeats, device)
             self.key = key
-        for layer in self.cache.layers:
-            layer.reset()
-        return self.cache
+        return _reset(self.cache)
+
+
+def _static_cache(model: nn.Module, batch: int, max_len: int, repeats: int,
+                  device: torch.device) -> tuple[Cache, torch.Tensor]:
+    """A cache of ``_StaticBufferLayer``s (one per layer) and the (1,) write position they share."""
+    position = torch.zeros(1, dtype=torch.long, device=device)
+    layers = model.config.get_text_config().num_hidden_layers
+    return Cache(layers=[_StaticBufferLayer(batch, max_len, repeats, position) for _ in range(layers)]), position
+
+
+def _reset(cache: Cache) -> Cache:
+    """The cache, every layer rewound for a new prefill (the buffers are kept)."""
+    for layer in cache.layers:
+        layer.reset()
+    return cache
 
 
 # Static decode buffers are this many positions long, or a multiple of it.
@@ -193,17 +203,12 @@ class _GraphDecode:
         if self.key != key:
             self.graphs.clear()
             self.pool = None
-            self.position = torch.zeros(1, dtype=torch.long, device=device)
-            layers = self.model.config.get_text_config().num_hidden_layers
-            self.cache = Cache(layers=[_StaticBufferLayer(batch, max_len, repeats, self.position)
-                                       for _ in range(layers)])
+            self.cache, self.position = _static_cache(self.model, batch, max_len, repeats, device)
             self.input_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
             self.position_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
             self.mask = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
             self.key = key
-        for layer in self.cache.layers:
-            layer.reset()
-        return self.cache
+        return _reset(self.cache)
 
     def _forward(self, bucket: int) -> torch.Tensor:
         for layer in self.cache.layers:
