@@ -36,7 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from lmpo.envs.tools.base import Tool
+from lmpo.envs.tools.base import Tool, cap_output
 
 #: prepended to the user's code when no network namespace is available (see the module docstring)
 _SOCKET_GUARD = (
@@ -98,11 +98,10 @@ def _limits(cpu_time_s: int, memory_bytes: int):
 
 
 def _read(path: str, max_chars: int) -> str:
+    # whole files are small enough to read (RLIMIT_FSIZE stops them at _OUTPUT_FILE_BYTES), and the note then
+    # says how much was dropped, as a tool's capped output does
     with open(path, encoding="utf-8", errors="replace") as fh:
-        text = fh.read(max_chars + 1)
-    if len(text) > max_chars:
-        return text[:max_chars] + f"\n[output truncated at {max_chars} characters]"
-    return text
+        return cap_output(fh.read(), max_chars)[0]
 
 
 def run_python(code: str, *, timeout_s: float = 5.0, cpu_time_s: int = 2, memory_mb: int = 256,
