@@ -129,7 +129,13 @@ def test_shipped_lab_configs_validate(path):
     validate_lab_config(cfg)
     labels = [o.label or o.preset for o in cfg.grid.objectives]
     from lmpo.lab.claims import CLAIMS
+    from lmpo.lab.staleness import applies, parse_label
 
+    if applies(labels):  # the staleness study (docs/lab.md): its own claims, ≥ 8 seeds, no pass@k
+        assert all(parse_label(x) for x in labels) and {parse_label(x)[0] for x in labels} == {0, 1, 2, 4}
+        assert len(cfg.grid.seeds) >= 8
+        assert cfg.train.task.eval_examples >= 500 and cfg.train.loop.steps // cfg.train.eval.every_steps >= 3
+        return
     judged = [CLAIMS[n] for n in cfg.report.claims] if cfg.report.claims else list(CLAIMS.values())
     for claim in judged:  # every claim the lab judges can be judged
         for label in (claim.objective, claim.baseline):

@@ -40,6 +40,7 @@ from lmpo.lab.config import (
     updates_before_gradient,
 )
 from lmpo.lab.jobs import RESULT_FILES, RUN_SUBDIR
+from lmpo.lab.staleness import check_grid as check_staleness_grid
 from lmpo.trainer.config import config_from_dict, config_to_dict, validate_config
 
 
@@ -313,6 +314,7 @@ def validate_lab_config(cfg: LabConfig) -> None:
         if name not in CLAIMS:
             raise ConfigError(f"`report.claims` names {name!r}, which is not a claim of lmpo.lab.claims.CLAIMS "
                               f"({', '.join(CLAIMS)}).")
+    check_staleness_grid(cfg)  # a k<K>_<correction> label must say what its cell does
     plan_jobs(cfg)  # builds and validates every cell's trainer config and checks the fixed budget
 
 

@@ -49,8 +49,14 @@ def read_json(path: Path) -> Any:
 
 
 def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    # children too: a cell with rollout.async_staleness >= 1 generates in its rollout worker process, which the
+    # trainer joins before the job ends (its time is in RUSAGE_CHILDREN then); without it an async cell would
+    # report only its training half
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
 
 
 def run_job(job_dir: str | os.PathLike, log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -189,6 +195,10 @@ SERIES = {
     "rlvcr_expanded": "rlvcr/expanded_samples",
     "rlvcr_rows": "rlvcr/batch_seqs",
     "phi_mean": "ptrw/phi_mean",
+    "mismatch_kl": "mismatch/k3_kl",
+    "is_truncated_frac": "rollout/truncated_frac",
+    "is_masked_frac": "rollout/masked_frac",
+    "rejected_frac": "rollout/rejected_frac",
 }
 """Per-step series kept from a cell's metrics.jsonl: name → trainer metric key (docs/trainer.md)."""
 
@@ -212,7 +222,8 @@ def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     the reward curve per step), ``train_accuracy_auc``, ``entropy_start`` / ``entropy_min`` / ``entropy_end`` /
     ``entropy_change`` (windowed, ``lmpo.lab.stats.window_trajectory``), ``clip_frac`` (and its low / high
     parts), ``mask_frac`` (Clip-Cov / KL-Cov token fraction), ``length`` (mean sampled completion length),
-    ``kl_behaviour`` and ``steps_per_s`` (RL steps per second of step time, evaluation excluded).
+    ``kl_behaviour``, ``steps_per_s`` (RL steps per second of step time, evaluation excluded) and the staleness
+    study's ``mismatch_kl``, ``is_truncated_frac``, ``is_masked_frac`` and ``rejected_frac``.
     """
     from lmpo.trainer.metrics import read_jsonl
 
@@ -264,6 +275,11 @@ def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
         else float("nan"),
         "length": st.curve_area(series["length"]),
         "kl_behaviour": st.curve_area(series["kl_behaviour"]),
+        # the staleness study (lmpo.lab.staleness): nan where the cell logs no sampler log-probs / no correction
+        "mismatch_kl": st.curve_area(series["mismatch_kl"]),
+        "is_truncated_frac": st.curve_area(series["is_truncated_frac"]),
+        "is_masked_frac": st.curve_area(series["is_masked_frac"]),
+        "rejected_frac": st.curve_area(series["rejected_frac"]),
         "steps_per_s": len(train) / step_time if step_time > 0 else float("nan"),
         "nonfinite_values": float(nonfinite),
         "pass_at_k": float("nan"),

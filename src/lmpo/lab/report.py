@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from lmpo.lab import stats as st
-from lmpo.lab.claims import CLAIMS, FAILS, HOLDS, INVALID, NO_EFFECT, NOT_TESTABLE, judge_all
+from lmpo.lab.claims import CLAIMS, FAILS, HOLDS, INVALID, NO_EFFECT, NOT_RUN, NOT_TESTABLE, judge_all
 from lmpo.lab.config import (
     LabConfig,
     build_objective,
@@ -26,6 +26,8 @@ from lmpo.lab.config import (
 )
 from lmpo.lab.grid import Job
 from lmpo.lab.jobs import read_json, write_json_atomic
+from lmpo.lab.staleness import staleness_study
+from lmpo.lab.staleness import table_markdown as staleness_table
 
 TRAIN_METRICS: dict[str, str] = {
     "accuracy": "held-out greedy accuracy: mean of the last 3 evaluations (the endpoint)",
@@ -59,6 +61,11 @@ TRAIN_METRICS: dict[str, str] = {
     "eval_length": "mean held-out greedy completion length over the endpoint evaluations (tokens)",
     "endpoint_evals": "evaluations averaged into the endpoint",
     "kl_behaviour": "mean k3 KL(behaviour ‖ policy) over the optimizer steps",
+    "mismatch_kl": "mean k3 KL(sampler ‖ trainer) per token of the rollouts (`mismatch/k3_kl`; stale rollouts "
+                   "show it, docs/async.md)",
+    "is_truncated_frac": "mean share of token weights truncated by a `tis` correction",
+    "is_masked_frac": "mean share of token weights masked by a `mis` correction",
+    "rejected_frac": "mean share of sequences (or tokens) dropped by a rejection (e.g. the off-policy sequence mask)",
     "nonfinite_values": "non-finite reward or entropy values logged",
     "steps_per_s": "RL steps per second of step time (evaluation excluded)",
 }
@@ -321,6 +328,7 @@ def build_report(cfg: LabConfig, jobs: list[Job]) -> dict[str, Any]:
         verdicts = [v.__dict__ for v in judge_all(_claims(cfg), studies, cfg.report)]
         warm = {s: w["eval"].get("eval/accuracy") for s, w in sorted(data["warmups"].items())}
         tasks[task] = {"training": training, "gradients": gradients, "verdicts": verdicts,
+                       "staleness": staleness_study(training, studies["objectives"], cfg.report),
                        "warmup_accuracy": warm, "cpu_seconds": data["cpu_seconds"]}
     return {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "config": lab_config_to_dict(cfg),
             "objectives": {objective_label(e): {"objective": build_objective(e).to_dict(), "train": dict(e.train)}
@@ -401,6 +409,25 @@ def _scope(cfg: dict, data: dict) -> str:
             f"{train['loop']['device']}")
 
 
+def _verdict_table(cfg: dict, data: dict) -> list[str]:
+    out: list[str] = []
+    out += ["### Verdicts (rule v2)", "",
+            f"Scope: {_scope(cfg, data)}. Primary checks are Holm-corrected across the testable claims; "
+            "secondary checks are reported and do not vote. δ: the smallest effect of interest; MDE: the "
+            "smallest difference this run detects at 80% power.", "",
+            "| claim | objective vs baseline | gates | primary check | secondary checks | verdict |",
+            "|---|---|---|---|---|---|"]
+    for v in data["verdicts"]:
+        primary = [c for c in v["checks"] if c.get("primary")]
+        secondary = [c for c in v["checks"] if not c.get("primary")]
+        verdict = _MARK.get(v["verdict"], v["verdict"]) + (f" ({v['reason']})" if v["reason"] else "")
+        out.append(f"| {v['text']} ({v['source']}) | `{v['objective']}` vs `{v['baseline']}` | {_gates_cell(v)} | "
+                   f"{'; '.join(_check_cell(c) for c in primary) or '—'} | "
+                   f"{'; '.join(_check_cell(c) for c in secondary) or '—'} | {verdict} |")
+    out.append("")
+    return out
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     cfg = report["config"]
     baseline = cfg["report"]["baseline"]
@@ -413,20 +440,23 @@ def render_markdown(report: dict[str, Any]) -> str:
         if data["warmup_accuracy"]:
             accs = ", ".join(f"seed {s}: {_f(a)}" for s, a in data["warmup_accuracy"].items())
             out += [f"Held-out accuracy after the warm-up (the RL start): {accs}.", ""]
-        out += ["### Verdicts (rule v2)", "",
-                f"Scope: {_scope(cfg, data)}. Primary checks are Holm-corrected across the testable claims; "
-                "secondary checks are reported and do not vote. δ: the smallest effect of interest; MDE: the "
-                "smallest difference this run detects at 80% power.", "",
-                "| claim | objective vs baseline | gates | primary check | secondary checks | verdict |",
-                "|---|---|---|---|---|---|"]
-        for v in data["verdicts"]:
-            primary = [c for c in v["checks"] if c.get("primary")]
-            secondary = [c for c in v["checks"] if not c.get("primary")]
-            verdict = _MARK.get(v["verdict"], v["verdict"]) + (f" ({v['reason']})" if v["reason"] else "")
-            out.append(f"| {v['text']} ({v['source']}) | `{v['objective']}` vs `{v['baseline']}` | {_gates_cell(v)} | "
-                       f"{'; '.join(_check_cell(c) for c in primary) or '—'} | "
-                       f"{'; '.join(_check_cell(c) for c in secondary) or '—'} | {verdict} |")
-        out.append("")
+        stale = data.get("staleness")
+        if stale:
+            out += ["### Staleness study (rule v2)", "",
+                    f"Rows: staleness k (`rollout.async_staleness`); columns: the correction. Each cell: held-out "
+                    f"accuracy Δ vs `{stale['baseline']}` [95% t interval, paired by seed] → verdict of the "
+                    "non-inferiority check (δ = 25% of the baseline's RL accuracy gain; Holm across this table's "
+                    "checks); KL: mean k3 KL(sampler ‖ trainer) per token; the correction's activity (its gate). "
+                    "A diverged cell (held-out accuracy below its start by more than the margin) is an invalid run; "
+                    "a correction that does not act is not testable here.", "",
+                    *staleness_table(stale), ""]
+            gated = [v for v in stale["verdicts"] if v["reason"]]
+            out += [f"- `{v['objective']}`: {v['verdict']} ({v['reason']})" for v in gated] + ([""] if gated else [])
+        if stale and all(v["verdict"] == NOT_RUN for v in data["verdicts"]):
+            # a staleness grid names none of the registry's objectives: a table of "not run" rows says nothing
+            out += ["The registry's claims (docs/lab.md) are not run: none of their objectives is in this grid.", ""]
+        else:
+            out += _verdict_table(cfg, data)
         tr = data["training"]
         if tr:
             out += ["### Training study", "",
