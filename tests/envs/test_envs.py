@@ -271,3 +271,37 @@ def test_tool_arithmetic_task_splits_are_disjoint():
     for e in task.eval_examples():
         left, right = e.meta["expression"].split("*")
         assert int(left) * int(right) == int(e.answer) and len(left) == 3 and len(right) == 2
+
+
+def test_tool_arithmetic_shaped_rewards_are_options_and_off_by_default():
+    example = make_env_task("ToolArithmetic-v0").eval_examples()[2]
+    right_call = format_tool_call("calculator", {"expression": example.meta["expression"]})
+    wrong_call = format_tool_call("calculator", {"expression": example.meta["expression"] + "+1"})
+    wrong = str(int(example.answer) + 1)
+
+    def play(actions, **options):
+        env = make_env("ToolArithmetic-v0", **options)
+        env.reset(example, seed=0)
+        results = [env.step(a) for a in actions]
+        return [r.reward for r in results], results[-1].info
+
+    shaped = {"call_reward": 0.25, "tool_answer_reward": 0.5}
+    # off by default: the 0/1 outcome of v0
+    assert play([right_call, example.answer])[0] == [0.0, 1.0]
+    # right call, its output copied: every part earned, and the most of any episode
+    rewards, info = play([right_call, example.answer], **shaped)
+    assert rewards == [0.25, 1.5] and info["correct"] and info["used_tool_output"]
+    # right call, a wrong digit in the answer: the call's credit only
+    rewards, info = play([right_call, wrong], **shaped)
+    assert rewards == [0.25, 0.0] and not info["correct"] and not info["used_tool_output"]
+    # a wrong expression whose output is copied: the answer is wrong, the copy earns its credit
+    rewards, info = play([wrong_call, wrong], **shaped)
+    assert rewards == [0.0, 0.5] and not info["correct"] and info["used_tool_output"]
+    # the call's credit is earned once per episode, not per repeated call
+    assert play([right_call, right_call, example.answer], **shaped)[0] == [0.25, 0.0, 1.5]
+    # an answer without any call earns no copy credit, even when right
+    assert play([example.answer], **shaped)[0] == [1.0]
+    check_env(make_env("ToolArithmetic-v0", **shaped))
+    for bad in ({"call_reward": -0.1}, {"tool_answer_reward": 1.5}, {"call_reward": float("nan")}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))}=.*must be a number in \\[0, 1\\]"):
+            make_env("ToolArithmetic-v0", **bad)

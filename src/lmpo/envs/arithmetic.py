@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import re
 
@@ -76,26 +77,43 @@ class ToolArithmeticEnv(ToolEnv):
 
     ## Rewards
     1.0 when the final answer equals the expression's value, 0.0 otherwise; tool turns earn 0.0.
-    ``info["correct"]`` says whether the answer was right.
+    ``info["correct"]`` says whether the answer was right (success is judged on it alone, shaping or not).
+
+    Shaped rewards, off by default (each a constructor option, so ``env.options`` of a training config):
+    ``call_reward`` is added once per episode, on the first tool turn whose calculator output equals the
+    expression's value (the expression was copied into the call correctly); ``tool_answer_reward`` is added to
+    the final answer when its number equals the output of the episode's last calculator call (the tool's result
+    copied into the answer, right or wrong). They split the sparse 0/1 outcome into its two copying steps, so
+    that a group of episodes that all failed can still differ; the right answer after a right call always
+    earns the most (1 + ``call_reward`` + ``tool_answer_reward``). ``info["right_call"]`` and
+    ``info["used_tool_output"]`` say when each was earned.
 
     ## Episode End
     Terminated at the final answer. Truncated when ``max_turns`` turns pass without an answer (reward 0).
 
     ## Version
-    v0: first version.
+    v0: first version (the shaped rewards are options of v0: off, they leave its rewards unchanged).
 
     ``expert_action()`` calls the calculator on the example's ``meta["expression"]``, then answers.
 
     Args:
         max_turns: turns (tool turns and the answer) before the episode is truncated.
+        call_reward: shaped reward for calling the calculator on an expression with the right value (0: off).
+        tool_answer_reward: shaped reward for answering with the last calculator output (0: off).
         task_options: options of ``ToolArithmeticTask`` for the problems ``reset(None)`` draws.
     """
 
-    def __init__(self, max_turns: int = 4, **task_options) -> None:
+    def __init__(self, max_turns: int = 4, call_reward: float = 0.0, tool_answer_reward: float = 0.0,
+                 **task_options) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns} must be >= 1")
+        for name, value in (("call_reward", call_reward), ("tool_answer_reward", tool_answer_reward)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value <= 1):
+                raise ValueError(f"{name}={value!r} must be a number in [0, 1] (a fraction of the answer's reward "
+                                 "1.0, so that the right answer stays the best outcome); use 0 to turn it off")
         super().__init__([calculator_tool()])
         self.max_turns = max_turns
+        self.call_reward, self.tool_answer_reward = float(call_reward), float(tool_answer_reward)
         self._task = ToolArithmeticTask(**{"num_train": 1, "num_eval": 1, **task_options})
         self._answer: str | None = None
         self._turns = 0
@@ -107,6 +125,8 @@ class ToolArithmeticEnv(ToolEnv):
         if not (example.answer.lstrip("-").isdigit() and (example.messages or example.prompt)):
             raise ValueError(f"{self.env_id}: example needs an integer answer and a question, got {example!r}")
         self._answer, self._turns, self._called = example.answer, 0, False
+        self._last_output: int | None = None  # the last calculator output that is a number
+        self._right_call = False
         self._expression = example.meta.get("expression")
         messages = example.messages or [{"role": "user", "content": example.prompt}]
         return [dict(m) for m in messages], {"answer": example.answer}
@@ -117,11 +137,25 @@ class ToolArithmeticEnv(ToolEnv):
         self._turns += 1
         result = super().step(action)
         self._called = self._called or result.info["tool_calls"] - result.info["tool_errors"] > 0
+        if result.observation:
+            result = self._shape_tool_turn(result)
         if not result.terminated and self._turns >= self.max_turns:
             result = result._replace(truncated=True)
         if result.terminated or result.truncated:
             self._answer = None
         return result
+
+    def _shape_tool_turn(self, result: StepResult) -> StepResult:
+        """Record the turn's numeric calculator outputs; ``call_reward`` for the first right one."""
+        values = [int(m["content"]) for m in result.observation
+                  if m.get("name") == "calculator" and _NUMBER.fullmatch(m["content"].strip())]
+        if not values:
+            return result
+        self._last_output = values[-1]
+        right = not self._right_call and int(self._answer) in values
+        self._right_call = self._right_call or right
+        reward = result.reward + (self.call_reward if right else 0.0)
+        return result._replace(reward=reward, info={**result.info, "right_call": right})
 
     def expert_action(self) -> str:
         """Call the calculator on the expression, then answer with its value."""
@@ -135,4 +169,6 @@ class ToolArithmeticEnv(ToolEnv):
         numbers = _NUMBER.findall(strip_thinking(text))
         given = numbers[-1] if numbers else None
         correct = given is not None and int(given) == int(self._answer)
-        return StepResult([], 1.0 if correct else 0.0, True, False, {"correct": correct, "given": given})
+        used = given is not None and self._last_output is not None and int(given) == self._last_output
+        reward = (1.0 if correct else 0.0) + (self.tool_answer_reward if used else 0.0)
+        return StepResult([], reward, True, False, {"correct": correct, "given": given, "used_tool_output": used})

@@ -210,15 +210,23 @@ def objective_label(entry: ObjectiveEntry) -> str:
     return entry.label or entry.preset
 
 
+def _train_task_name(cfg: LabConfig) -> str:
+    """The train section's task as a directory name: the environment's id on a multi-turn lab (``env.id``; its
+    examples come from the environment's task, so ``task.name`` is unused there), else ``task.name``."""
+    if cfg.train.env.id:
+        return cfg.train.env.id.replace("/", "_")  # textarena/Game-v0 names one directory, not two
+    return cfg.train.task.name
+
+
 def task_entries(cfg: LabConfig) -> tuple[TaskEntry, ...]:
-    """The grid's tasks; without any, the train section's task under its own name."""
+    """The grid's tasks; without any, the train section's task (or environment) under its own name."""
     if cfg.grid.tasks:
         return cfg.grid.tasks
-    return (TaskEntry(label=cfg.train.task.name, task={}),)
+    return (TaskEntry(label=_train_task_name(cfg), task={}),)
 
 
 def task_label(entry: TaskEntry, cfg: LabConfig) -> str:
-    return entry.label or str(entry.task.get("name", cfg.train.task.name))
+    return entry.label or str(entry.task.get("name", _train_task_name(cfg)))
 
 
 def build_objective(entry: ObjectiveEntry):

@@ -219,6 +219,22 @@ def _gradient_jobs(cfg: LabConfig, root: Path, task: str, seeded: dict, has_warm
     return jobs
 
 
+def _check_multiturn(cfg: LabConfig) -> None:
+    """A lab on an environment (``train.env.id``): its cells train and evaluate on episodes, but the sampled
+    evaluation and the gradient study sample single-turn completions, which an environment's task has no prompt
+    string for; refuse them before any cell runs rather than fail after the cells."""
+    env_id = cfg.train.env.id
+    if not env_id:
+        return
+    if cfg.lab.sampled_eval_k:
+        raise ConfigError(f"`lab.sampled_eval_k` = {cfg.lab.sampled_eval_k} with `train.env.id` = {env_id!r}: the "
+                          "sampled pass@k evaluation plays single-turn completions, not episodes. Set "
+                          "lab.sampled_eval_k: 0 (each cell's held-out success is eval/accuracy).")
+    if cfg.gradients.enabled:
+        raise ConfigError(f"`gradients.enabled` = true with `train.env.id` = {env_id!r}: the gradient study samples "
+                          "single-turn rollouts, not episodes. Set gradients.enabled: false for a multi-turn lab.")
+
+
 def validate_lab_config(cfg: LabConfig) -> None:
     """Check the lab before any cell runs (each cell's trainer config is validated too). Raises ConfigError."""
     check_fields(cfg)  # ranges and choices of every field (the train section's too)
@@ -255,6 +271,7 @@ def validate_lab_config(cfg: LabConfig) -> None:
     if dup:
         raise ConfigError(f"grid objective label(s) {', '.join(dup)} appear more than once; give entries that "
                           "share a preset distinct `label`s.")
+    _check_multiturn(cfg)
     tasks = [task_label(t, cfg) for t in task_entries(cfg)]
     for t in tasks:
         if not _LABEL.match(t):

@@ -239,7 +239,8 @@ def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
         mask.append(masked / tokens if tokens and tokens > 0 else 0.0)
     series["mask_frac"] = mask
     ev = {"step": [int(r["step"]) for r in evals], "accuracy": [_float(r.get("eval/accuracy")) for r in evals],
-          "length": [_float(r.get("eval/length_mean")) for r in evals],
+          # a multi-turn cell's held-out length is the policy's tokens per greedy episode (its turns together)
+          "length": [_float(r.get("eval/length_mean", r.get("eval/episodes/policy_tokens_mean"))) for r in evals],
           "reward": [_float(r.get("eval/reward_mean")) for r in evals]}
     ent = st.window_trajectory(series["entropy"])
     rew = st.window_trajectory(series["reward"])
