@@ -9,6 +9,7 @@ import torch
 
 from lmpo.objectives.advantages import compute_advantages
 from lmpo.rlvcr.advantages import group_normalized_advantages, rlvcr_advantages
+from lmpo.rlvcr.config import RLVCRConfig
 
 S3 = math.sqrt(1.0 / 3.0)  # unbiased std of {1, 0, 1} and of {1, 0, 0}
 
@@ -246,3 +247,36 @@ def test_family_action_is_checked():
     r, g, o, tg, tr = hand_batch()
     with pytest.raises(ValueError, match="family_action"):
         rlvcr_advantages(r, g, o, tg, tr, family_action="share")
+
+
+def test_original_family_action_by_hand():
+    # The batch of test_split_family_action_by_hand with family_action = original: the success (row 0) keeps its
+    # whole action advantage 1.5, its expansions (rows 4–6) get no action advantage, so their final advantage is
+    # w·thinking alone. With split the worst expansions were still reinforced through their 1/4 share (row 6:
+    # 0.1125 > 0 for thinking below its family's mean); here every expansion whose thinking reward is below
+    # the family's mean gets a negative advantage (docs/rlvcr.md, "Collapse at small scale").
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    g = torch.zeros(7, dtype=torch.long)
+    o = torch.tensor([True, True, True, True, False, False, False])
+    tg = torch.tensor([0, -1, -1, -1, 0, 0, 0])
+    tr = torch.tensor([0.9, 0.0, 0.0, 0.0, 0.1, 0.5, 0.3])  # thinking [0.45, 0, 0, 0, −0.35, 0.05, −0.15]
+    adv, parts = rlvcr_advantages(r, g, o, tg, tr, thinking_weight=0.5, eps=0.0, family_action="original")
+    torch.testing.assert_close(parts["action"], torch.tensor([1.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0]))
+    assert float(parts["action"].sum()) == pytest.approx(0.0, abs=1e-6)  # GRPO's: the originals' alone
+    torch.testing.assert_close(adv, torch.tensor([0.975, -0.25, -0.25, -0.25, -0.175, 0.025, -0.075]))
+    torch.testing.assert_close(adv[4:], 0.5 * parts["thinking"][4:])
+    # w = 0: the expansions carry nothing and the originals are plain GRPO
+    adv0, _ = rlvcr_advantages(r, g, o, tg, tr, thinking_weight=0.0, eps=0.0, family_action="original")
+    torch.testing.assert_close(adv0, torch.tensor([1.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_original_family_action_gives_expansions_only_their_thinking_advantage(seed):
+    r, g, o, tg, tr = random_batch(seed)
+    adv, parts = rlvcr_advantages(r, g, o, tg, tr, thinking_weight=0.3, family_action="original")
+    plain = group_normalized_advantages(r[o], g[o])
+    torch.testing.assert_close(parts["action"][o], plain)
+    assert bool((parts["action"][~o] == 0).all())
+    torch.testing.assert_close(adv[~o], 0.3 * parts["thinking"][~o])
+    with pytest.raises(ValueError, match="family_action"):
+        RLVCRConfig(enabled=True, family_action="share")

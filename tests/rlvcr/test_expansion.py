@@ -11,7 +11,7 @@ from lmpo.models import build_tiny_model
 from lmpo.models.tokenizer import CharTokenizer
 from lmpo.rlvcr.advantages import rlvcr_advantages
 from lmpo.rlvcr.config import RLVCRConfig
-from lmpo.rlvcr.expansion import expand_thinking_levels, rlvcr_stage, score_thinking
+from lmpo.rlvcr.expansion import expand_thinking_levels, expansion_loss_mask, rlvcr_stage, score_thinking
 from lmpo.rlvcr.thinking import find_subsequence
 
 TOK = CharTokenizer()
@@ -208,3 +208,33 @@ def test_stage_splits_the_family_action_advantage_when_configured(model):
     assert float(split.parts["action"].sum()) == pytest.approx(float(originals.sum()), abs=1e-5)
     with pytest.raises(ValueError, match="family_action"):
         RLVCRConfig(enabled=True, family_action="share")
+
+
+def test_expansion_loss_thinking_masks_the_copied_action_of_expansions(expansion):
+    # docs/rlvcr.md, "Collapse at small scale": an expansion's action (and EOS) was copied from its original, not
+    # sampled after the regenerated thinking; with expansion_loss = thinking it leaves the loss, its
+    # "<think>…</think>" stays, and every original keeps its whole completion.
+    ro, ex = expansion
+    cm = ex.rollout.completion_mask.bool()
+    assert torch.equal(expansion_loss_mask(ex, "all"), cm)
+    mask = expansion_loss_mask(ex, "thinking")
+    assert torch.equal(mask[:6], cm[:6])
+    for r in range(6, len(ex.rollout)):
+        start, length = int(ex.action_start[r]), int(cm[r].sum())
+        assert 0 < start < length  # every expansion has an action after its thinking
+        assert mask[r, :start].all() and not mask[r, start:].any()
+        kept = TOK.decode(ex.rollout.completion_ids[r][mask[r]].tolist(), skip_special_tokens=True)
+        assert kept.startswith("<think>") and kept.endswith("</think>")
+    with pytest.raises(ValueError, match="expansion_loss"):
+        expansion_loss_mask(ex, "answer")
+    with pytest.raises(ValueError, match="expansion_loss"):
+        RLVCRConfig(enabled=True, expansion_loss="action")
+
+
+def test_stage_returns_the_expansion_loss_mask(model):
+    ro = make_rollout(PROMPTS, COMPLETIONS)
+    for mode in ("all", "thinking"):
+        out = rlvcr_stage(model, TOK, ro, REWARDS, RLVCRConfig(enabled=True, expansion_loss=mode),
+                          generator=torch.Generator().manual_seed(0))
+        assert torch.equal(out.loss_mask, expansion_loss_mask(out.expansion, mode))
+    assert int(out.loss_mask.sum()) < int(out.rollout.completion_mask.sum())

@@ -110,3 +110,31 @@ def test_config_section_and_shipped_config():
         config_from_dict({"rlvcr": {"thinking_weight": 2}})
     with pytest.raises(ConfigError, match="unknown config key `rlvcr.level`"):
         config_from_dict({"rlvcr": {"level": 4}})
+
+
+def test_expansion_loss_thinking_reaches_the_update(tmp_path, monkeypatch):
+    # The loop trains on the stage's loss mask: with expansion_loss = thinking the expanded rows' actions (the
+    # answer and EOS after "</think>") carry no loss token, the originals keep every completion token.
+    import lmpo.trainer.loop as loop_module
+
+    seen = []
+    real = loop_module.update_stage.update
+
+    def spy(step, batch, **kw):
+        seen.append(batch)
+        return real(step, batch, **kw)
+
+    monkeypatch.setattr(loop_module.update_stage, "update", spy)
+    train(tmp_path, expansion_loss="thinking")
+    assert len(seen) == 2
+    tok = CharTokenizer()
+    for batch in seen:
+        assert len(batch) == 8 + 12
+        for r in range(len(batch)):
+            kept = tok.decode(batch.completion_ids[r][batch.loss_mask[r]].tolist(), skip_special_tokens=False)
+            full = tok.decode(batch.completion_ids[r][batch.completion_ids[r] != tok.pad_token_id].tolist(),
+                              skip_special_tokens=False)
+            if r < 8:
+                assert batch.loss_mask[r].sum() > 0 and kept == full[:len(kept)]
+            else:  # an expansion: its thinking block only
+                assert kept.startswith("<think>") and kept.endswith("</think>")

@@ -26,7 +26,7 @@ from lmpo.objectives.objective import ADVANTAGE_SCALES
 
 Tensor = torch.Tensor
 
-FAMILY_ACTIONS = ("copy", "split")
+FAMILY_ACTIONS = ("copy", "split", "original")
 """How a thinking group's members share their original's action advantage (``rlvcr_advantages``)."""
 
 
@@ -110,7 +110,10 @@ def rlvcr_advantages(
         family_action: how a thinking group's members receive their original's action advantage: ``copy`` (each
             member gets all of it: the seed's formula; a success then weighs L samples in the gradient while a
             failure weighs one) or ``split`` (each of the n members gets ``A_action / n``: the family carries the
-            action weight of the one sampled completion, and the batch's advantages stay centred).
+            action weight of the one sampled completion, and the batch's advantages stay centred) or ``original``
+            (the original keeps all of it, each expansion gets 0: an expansion's advantage is its thinking
+            advantage alone, so thinking that makes the answer less likely is never reinforced by the answer's
+            success; docs/rlvcr.md, "Collapse at small scale").
     Returns:
         ``advantages`` (B,) and ``parts``: ``action`` (B,), ``thinking`` (B,), and detached 0-dim statistics
         ``rlvcr/...`` (the number of thinking groups and expanded samples, mean/abs-mean of each part).
@@ -142,7 +145,12 @@ def rlvcr_advantages(
             size = torch.zeros(n, dtype=dtype, device=rewards.device).index_add_(
                 0, inv, torch.ones_like(action[members]))
             donor = donor / size
-        action[members] = donor[inv]
+        if family_action == "original":
+            # the action was sampled after the original's thinking only: the expansions get none of its
+            # advantage and are judged by the thinking advantage alone
+            action[members] = torch.where(is_original[members], action[members], torch.zeros_like(action[members]))
+        else:
+            action[members] = donor[inv]
         tr = thinking_rewards[members].to(torch.float64)
         count = torch.zeros(n, dtype=torch.float64, device=rewards.device).index_add_(0, inv, torch.ones_like(tr))
         mean = torch.zeros(n, dtype=torch.float64, device=rewards.device).index_add_(0, inv, tr) / count

@@ -41,9 +41,15 @@ class RLVCRConfig:
     scale: str | None = _f(None, "Scaling of the action advantage: group | batch | none (default: the "
                            "objective's advantage_scale, so Dr. GRPO stays unscaled).", choices=ADVANTAGE_SCALES)
     family_action: str = _f("copy", "How the members of a thinking group receive their original's action "
-                            "advantage: copy (each gets all of it, the seed's formula) | split (each of the L gets "
-                            "1/L of it, so a success's family weighs one sample in the gradient, like a failure; "
-                            "docs/rlvcr.md, 'Collapse at small scale').", choices=("copy", "split"))
+                            "advantage: copy (each gets all of it, the method as published) | split (each of the L gets "
+                            "1/L of it, so a success's family weighs one sample in the gradient, like a failure) | "
+                            "original (the original keeps it, the expansions get none: their advantage is the "
+                            "thinking advantage alone); docs/rlvcr.md, 'Collapse at small scale'.",
+                            choices=("copy", "split", "original"))
+    expansion_loss: str = _f("all", "Which completion tokens of a regenerated (expanded) sample enter the loss: "
+                             "all (the method as published) | thinking (its thinking only: the action after it was "
+                             "copied from the original, not sampled after that thinking, so it gets no gradient; "
+                             "docs/rlvcr.md, 'Collapse at small scale').", choices=("all", "thinking"))
     eps: float = _f(1e-4, "ε in (r − mean_g)/(std_g + ε) of the action advantage (the objectives' GRPO "
                    "default).", gt=0)
 

@@ -294,6 +294,27 @@ def level_metrics(expansion: Expansion, confidence: Tensor, cost: Tensor, thinki
     return out
 
 
+def expansion_loss_mask(expansion: Expansion, mode: str) -> Tensor:
+    """(B', T) bool: the completion tokens each row trains on under ``rlvcr.expansion_loss`` = ``mode``.
+
+    ``all``: the completion mask (every row trains like a sampled completion). ``thinking``: an expanded row
+    keeps its tokens before ``action_start`` (the opening tag, the regenerated thinking and the closing tag)
+    and drops the action and EOS that follow: they were copied from the original, not sampled after this
+    thinking, so reinforcing or penalising them would teach the answer regardless of the thinking before it
+    (docs/rlvcr.md, "Collapse at small scale"). Originals always keep their whole completion.
+    """
+    if mode not in ("all", "thinking"):
+        raise ValueError(f"`rlvcr.expansion_loss` = {mode!r} must be one of all, thinking.")
+    mask = expansion.rollout.completion_mask.bool().clone()
+    if mode == "thinking":
+        T = mask.shape[1]
+        pos = torch.arange(T, device=mask.device).unsqueeze(0)
+        start = expansion.action_start.to(mask.device).unsqueeze(1)
+        drop = (~expansion.is_original).to(mask.device).unsqueeze(1) & (pos >= start)
+        mask &= ~drop
+    return mask
+
+
 @dataclass
 class StageOutput:
     """What the loop needs after the RLVCR stage: rows B' = originals then expansions."""
@@ -304,6 +325,7 @@ class StageOutput:
     metrics: dict[str, float]
     expansion: Expansion
     parts: dict[str, Tensor]
+    loss_mask: Tensor  # (B', T) bool, the completion tokens to train on (``expansion_loss_mask``)
 
 
 def rlvcr_stage(
@@ -354,4 +376,4 @@ def rlvcr_stage(
         metrics["rlvcr/confidence_mean"] = float(confidence[in_group.cpu()].mean())
     metrics["rlvcr/stage_s"] = time.perf_counter() - t0
     return StageOutput(rollout=exp.rollout, advantages=adv, keep=new_keep, metrics=metrics, expansion=exp,
-                       parts=parts)
+                       parts=parts, loss_mask=expansion_loss_mask(exp, cfg.expansion_loss))

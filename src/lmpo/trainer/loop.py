@@ -264,6 +264,7 @@ class Trainer:
                              temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                              generator=torch.Generator(dev).manual_seed(seed_for(cfg.loop.seed, step, 5)))
             ro, adv, keep, full = rl.rollout, rl.advantages, rl.keep, RolloutBatch.from_rollout(rl.rollout, dev)
+            full = full.with_(loss_mask=rl.loss_mask.to(dev))  # rlvcr.expansion_loss: which tokens expansions train
             stats.update(rl.metrics)
         if cfg.env.id is not None and cfg.env.turn_discount is not None:  # per-turn credit: (B, T) advantages
             eb = got.played.episode_batch
