@@ -145,6 +145,7 @@ def test_a_staleness_lab_runs_in_worker_processes_and_reproduces(tmp_path, small
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    assert (cell / "run" / "checkpoints" / "step_00000002").exists(), "the cell wrote no step-2 checkpoint in 600 s"
     assert not (cell / "summary.json").exists(), "the lab finished the cell before it could be killed"
     resumed = run_lab(lab_config_from_dict(yaml.safe_load(path.read_text())), inline=True)
     assert f"train/{TASK}/k1_tis/seed0" in resumed.ran
