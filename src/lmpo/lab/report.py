@@ -28,6 +28,7 @@ from lmpo.lab.grid import Job
 from lmpo.lab.jobs import read_json, write_json_atomic
 from lmpo.lab.staleness import staleness_study
 from lmpo.lab.staleness import table_markdown as staleness_table
+from lmpo.lab.stats import fmt as _f
 
 TRAIN_METRICS: dict[str, str] = {
     "accuracy": "held-out greedy accuracy: mean of the last 3 evaluations (the endpoint)",
@@ -352,14 +353,6 @@ def write_report(cfg: LabConfig, root: Path, jobs: list[Job]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 # Markdown
 # ----------------------------------------------------------------------------------------------------
-
-
-def _f(x: Any, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "—"
-    if isinstance(x, float) and x != 0 and (abs(x) < 10 ** -digits or abs(x) >= 10 ** 4):
-        return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
 def _ci(d: dict | None, digits: int = 3) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from lmpo.config import ConfigError
 from lmpo.lab.claims import Activity, Check, Claim, Sesoi, judge_all
+from lmpo.lab.stats import fmt as _f
 
 BASELINE = "k0_none"
 """The synchronous (on-policy) baseline every staleness cell is compared with."""
@@ -160,12 +161,6 @@ def staleness_study(training: Mapping[str, Any] | None, objectives: Mapping[str,
         rows.setdefault(k, {})[column] = cell
     return {"baseline": BASELINE, "verdicts": [v.__dict__ for v in verdicts],
             "rows": {k: rows[k] for k in sorted(rows)}}
-
-
-def _f(x: Any, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "—"
-    return f"{x:.{digits}g}" if abs(x) < 1e-2 and x != 0 else f"{x:.{digits}f}"
 
 
 def table_markdown(study: Mapping[str, Any]) -> list[str]:

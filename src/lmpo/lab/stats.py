@@ -29,6 +29,15 @@ import numpy as np
 Interval = tuple[float, float]
 
 
+def fmt(x, digits: int = 3) -> str:
+    """A number for the report's tables: "—" for None or non-finite, scientific below 10^-digits or from 10^4."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    if isinstance(x, float) and x != 0 and (abs(x) < 10 ** -digits or abs(x) >= 10 ** 4):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
 def _array(values: Sequence[float] | np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=np.float64).reshape(-1)
 
