@@ -19,6 +19,7 @@ timings.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -268,6 +269,7 @@ def _kill_and_resume(tmp: Path, job: Job, seed: int, shard: int = 0, shards: int
     of one job run on several cores): kill the job there, resume until it completes, compare with the reference."""
     fresh, resume, labels = job.fresh, job.resume, job.labels
     reference = _final_state(job.ref, job)
+    run = functools.partial(run_child, prepare=_no_plots)
     planned = list(enumerate(_planned_tries(labels, seed, job.kills)))[shard::shards]
     t0 = time.perf_counter()
     report = {"ticks": len(labels), "tries": 0, "reproduced": 0, "restarted": 0, "resume_kills": 0,
@@ -275,17 +277,17 @@ def _kill_and_resume(tmp: Path, job: Job, seed: int, shard: int = 0, shards: int
     for n, (k, resume_kill) in planned:
         d = tmp / f"try{n:02d}"
         d.mkdir()
-        assert run_child(fresh, d, kill_at=k) == "killed", (d / "child.log").read_text()[-3000:]
+        assert run(fresh, d, kill_at=k) == "killed", (d / "child.log").read_text()[-3000:]
         for attempt in range(4):  # resume (killed once more in a few tries) until the run completes
             kill_at = resume_kill if attempt == 0 else None
-            code = run_child(resume, d, kill_at=kill_at)
+            code = run(resume, d, kill_at=kill_at)
             if code == "killed":
                 report["resume_kills"] += 1
                 continue
             last = (d / "child.log").read_text().strip().splitlines()[-1]
             if code == 2 and ("no checkpoint" in last or "holds no run" in last):
                 report["restarted"] += 1  # killed before the first checkpoint: start again, as the message says
-                code = run_child([*fresh, "--overwrite"], d)
+                code = run([*fresh, "--overwrite"], d)
             assert code == 0, (d / "child.log").read_text()[-3000:]
             break
         else:
@@ -295,6 +297,17 @@ def _kill_and_resume(tmp: Path, job: Job, seed: int, shard: int = 0, shards: int
         report["reproduced"] += 1
     report["seconds_per_try"] = round((time.perf_counter() - t0) / max(1, report["tries"]), 2)
     return report
+
+
+def _no_plots() -> None:
+    """(In a try's child) no training-curve PNGs at the end of the run: ~2 CPU seconds of matplotlib per
+    completed SAC run, drawn after the last checkpoint and metrics row from them (so no kill point and nothing
+    compared here). The reference runs and the Ctrl-C tests' resumed runs still draw them, and tests/sac and
+    tests/trainer check the plots themselves."""
+    import lmpo.sac.train as sac_train
+    import lmpo.trainer.loop as loop
+
+    sac_train.plot_runs = loop.plot_runs = lambda run_dirs, *a, **k: []
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -476,7 +489,10 @@ SAC_ARGS = ["--quiet", "--no-eval", "--heldout_fraction", "0.25", "--num_envs", 
             "--net.policy_hidden", "8", "--net.q_hidden", "8", "--net.action_embed_dim", "8",
             "--replay.transitions_per_batch", "8", "--replay.teacher_anneal_env_steps", "40",
             "--env.window_chars", "4", "--env.max_steps", "8", "--env.nce_pretrain_steps", "2",
-            "--env.use_jieba_lexicon", "false"]
+            "--env.use_jieba_lexicon", "false",
+            # a small train-only text (4.5k characters; the CPU preset's default is the 345k of classical/): the
+            # same mixed supervised batches (corpus_share) at a quarter of the CPU per run (|Σ| 919, not 6,225)
+            "--extra_train_corpus", "classical/sishu/zhongyong.json"]
 
 
 def _ctrl_c_after(cls, method: str, calls: int):
