@@ -137,6 +137,7 @@ def _fresh_copy(source: Path, tmp_path: Path) -> Path:
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["trainer", "sac"])
 def test_planted_objects_are_refused_never_run(finished_runs, kind, tmp_path, monkeypatch):
     import torch

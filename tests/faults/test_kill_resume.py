@@ -447,6 +447,7 @@ KILL_SHARDS = {"trainer": 2, "sac": 4, "async": 2, "multiturn": 2}
 SEEDS = {"trainer": 12, "sac": 4, "async": 7, "multiturn": 3}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, shard", [(name, shard) for name in SEEDS for shard in range(KILL_SHARDS[name])])
 def test_kill_anywhere_then_resume_reproduces_the_run(jobs, name, shard, tmp_path):
     shards = KILL_SHARDS[name]

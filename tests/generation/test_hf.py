@@ -1,12 +1,15 @@
 """HFRollout on the tiny model: shapes, left padding, EOS masking, groups, seeding, greedy and sampled output
 against a cache-free slow loop, sampler log-probs against teacher forcing, prefill once, finished rows dropped."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from lmpo.generation import HFRollout, Rollout, RolloutEngine, sequence_logprobs
 from lmpo.generation.hf import _filter_top_k_top_p, sample_categorical
 from lmpo.models import load_model_and_tokenizer
+from lmpo.models.presets import MODEL_PRESETS
 
 PROMPTS = ["12+34=", "5+6=", "rev abc="]
 
@@ -16,10 +19,9 @@ def tiny():
     return load_model_and_tokenizer("tiny", seed=0)
 
 
-@pytest.fixture(scope="module")
-def eos_heavy(tiny):
-    """The tiny model with the EOS logit raised, so that rows stop at different steps."""
-    model, tok = load_model_and_tokenizer("tiny", seed=0)
+def _eos_heavy(preset: str):
+    """A preset's model with the EOS logit raised, so that rows stop at different steps."""
+    model, tok = load_model_and_tokenizer(preset, seed=0)
     bias_hook = model.lm_head.register_forward_hook(
         lambda mod, inp, out: (
             out + torch.nn.functional.one_hot(torch.tensor(tok.eos_token_id), out.shape[-1]) * 3.5
@@ -27,6 +29,20 @@ def eos_heavy(tiny):
     )
     yield model, tok
     bias_hook.remove()
+
+
+@pytest.fixture(scope="module")
+def eos_heavy(tiny):
+    """The tiny model with the EOS logit raised, so that rows stop at different steps."""
+    yield from _eos_heavy("tiny")
+
+
+@pytest.fixture
+def eos_heavy_two_layers(monkeypatch):
+    """``eos_heavy`` with 2 of the tiny preset's 4 layers: torch.compile traces and lowers every layer, so the
+    compiled-decode test compiles half as much; 2 layers still check the static cache's per-layer buffers."""
+    monkeypatch.setitem(MODEL_PRESETS, "tiny-2-layers", replace(MODEL_PRESETS["tiny"], num_layers=2))
+    yield from _eos_heavy("tiny-2-layers")
 
 
 def test_shapes_padding_groups(tiny):
@@ -248,9 +264,9 @@ def test_greedy_loop_matches_hf_generate_with_rows_finishing_early(tiny):
 
 
 @pytest.mark.slow  # ~60 s on a cold torch.compile cache (CPU)
-def test_compiled_decode_step_samples_what_the_eager_loop_samples(eos_heavy):
+def test_compiled_decode_step_samples_what_the_eager_loop_samples(eos_heavy_two_layers):
     # rows finish at different steps (the compiled loop keeps them in the batch, masked); one engine, one shape
-    model, tok = eos_heavy
+    model, tok = eos_heavy_two_layers
     compiled = HFRollout(model, tok, max_new_tokens=8, temperature=1.0, record_logprobs=True, compile_decode=True)
     eager = HFRollout(model, tok, max_new_tokens=8, temperature=1.0, record_logprobs=True)
     for kwargs in ({"greedy": True}, {"seed": 1}, {"seed": 2}):

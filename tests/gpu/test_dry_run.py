@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_reports_every_section(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OUT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/run.sh"), "--dry-run"], cwd=ROOT, env=env,

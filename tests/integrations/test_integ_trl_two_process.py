@@ -27,6 +27,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_loss_and_gradients_of_one(tmp_path):
     out = tmp_path / "two.pt"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1] / "src"), str(HERE),

@@ -127,6 +127,7 @@ def test_a_changed_config_is_refused_in_a_finished_lab_directory(finished_lab, s
         run_lab(lab_config_from_dict(changed), inline=True)
 
 
+@pytest.mark.slow
 def test_killing_a_lab_mid_cell_and_rerunning_loses_nothing(finished_lab, tmp_path, small_model_dir):
     """A second lab of the same config, in a fresh directory, killed inside a cell and run again: its report
     equals the uninterrupted lab's (so a fresh run also reproduces the numbers)."""
@@ -156,6 +157,7 @@ def test_killing_a_lab_mid_cell_and_rerunning_loses_nothing(finished_lab, tmp_pa
     assert _comparable(resumed.report) == _comparable(result.report)
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_numbers_of_an_inline_run(tmp_path, small_model_dir):
     """Two cells in two worker processes at once: the same numbers as the same lab run inline."""
     train = {**smoke_config(tmp_path, small_model_dir)["train"], "sft": {"steps": 0}}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from lmpo.cli import SAC_COMMANDS
 from lmpo.sac import cli as sac_cli
 from lmpo.textenv import sample_text_path
@@ -22,6 +24,7 @@ def main(argv: list[str]) -> int:
     return int(args.func(args) or 0)
 
 
+@pytest.mark.slow
 def test_cli_train_sample_gate(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LMPO_CACHE_DIR", str(tmp_path / "cache"))
     run = tmp_path / "run"

@@ -307,6 +307,7 @@ def _same(a, b, where: str) -> None:
         assert a == b, (where, a, b)
 
 
+@pytest.mark.slow  # the module fixture `trained` (a SAC run, ~10 s)
 def test_heldout_file_gives_the_training_time_numbers(trained, capsys):
     from lmpo.sac.gate import load_runs, rescore_on_file
 
@@ -341,6 +342,7 @@ def test_heldout_file_gives_the_training_time_numbers(trained, capsys):
     assert info["leaked_paragraphs"] >= 1 and info["chars_outside_alphabet"] >= 5
 
 
+@pytest.mark.slow  # the module fixture `trained` (a SAC run, ~10 s)
 def test_heldout_bad_inputs(trained, tmp_path):
     d, run, _ = trained
     with pytest.raises(InputError, match=r"--heldout .*missing.json'?: no such file or directory; give a held-out"):

@@ -20,7 +20,6 @@ from lmpo.rewards.builtin import (
     prompt_text,
     register_reward,
 )
-from lmpo.rewards.model import RewardModel
 from lmpo.rewards.scorer import RewardScorer, RewardSpec, get_reward_fn, load_reward_fn
 
 __all__ = [
@@ -41,3 +40,14 @@ __all__ = [
     "prompt_text",
     "register_reward",
 ]
+
+
+def __getattr__(name: str):
+    # RewardModel imports transformers (~4 s of CPU): a process-pool reward worker, which imports this package to
+    # call a pure-Python reward, does not pay for it (PEP 562 lazy attribute; `from lmpo.rewards import
+    # RewardModel` works as before)
+    if name == "RewardModel":
+        from lmpo.rewards.model import RewardModel
+
+        return RewardModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
