@@ -117,9 +117,11 @@ def test_ctrl_c_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
 
 
 def test_an_error_in_a_step_stops_the_worker(tmp_path):
-    tr = _trainer(tmp_path / "run", 2)
+    tr = _trainer(tmp_path / "run", 2, rollout={"async_timeout_s": 500.0, "async_start_timeout_s": 900.0})
+    timeouts = []
 
     def fail(step, loss):
+        timeouts.append((tr.pipeline.engine.timeout_s, tr.pipeline.engine.start_timeout_s))
         if step == 2:
             raise RuntimeError("injected")
         return loss
@@ -129,6 +131,7 @@ def test_an_error_in_a_step_stops_the_worker(tmp_path):
         tr.train()
     assert tr.pids and all(_gone(pid) for pid in tr.pids)
     assert tr.rollout_engine is None
+    assert timeouts[0] == (500.0, 900.0)  # the config's timeouts reach the worker
 
 
 @pytest.mark.parametrize("sections, field", [
@@ -155,3 +158,5 @@ def test_a_model_object_needs_a_factory_and_idle_fields_are_refused(tmp_path):
                 model_factory=FACTORY, rollout_engine=HFRollout(model, tok))
     with pytest.raises(ConfigError, match="`rollout.async_threads` = 2 has no effect"):
         validate_config(small_config(tmp_path, rollout={"async_threads": 2}))
+    with pytest.raises(ConfigError, match="`rollout.async_start_timeout_s` = 60.0 has no effect"):
+        validate_config(small_config(tmp_path, rollout={"async_start_timeout_s": 60.0}))

@@ -200,7 +200,8 @@ def build_async_rollout(cfg: TrainConfig, model, model_factory, *, device: torch
     if held is None:
         held = [dict(model_tensors(model))] * k
     engine = AsyncRollout(model_factory, model, staleness=k, device=device, threads=ro.async_threads,
-                          timeout_s=ro.async_timeout_s, log=log, initial_weights=held[0],
+                          timeout_s=ro.async_timeout_s, start_timeout_s=ro.async_start_timeout_s, log=log,
+                          initial_weights=held[0],
                           **_engine_options(cfg, device, record_logprobs=True))
     try:
         for weights in held[1:]:

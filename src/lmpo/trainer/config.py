@@ -181,9 +181,13 @@ class RolloutConfig:
                               "the timing, decides everything (docs/async.md). 0 = generate in the training "
                               "process, before each update (the synchronous loop).", ge=0)
     async_threads: int = _f(1, "Torch threads of the rollout worker (`async_staleness` >= 1); the training process "
-                            "keeps `loop.num_threads`.", ge=1)
+                            "keeps `loop.num_threads`.", ge=1, needs="async_staleness")
     async_timeout_s: float = _f(600.0, "Seconds without any message from a busy rollout worker after which it is "
-                                "reported hung and the run stops (`async_staleness` >= 1).", gt=0)
+                                "reported hung and the run stops (`async_staleness` >= 1).", gt=0,
+                                needs="async_staleness")
+    async_start_timeout_s: float = _f(600.0, "Seconds a (re)started rollout worker may take to import torch and "
+                                      "build its model before it is reported hung (`async_staleness` >= 1); raise "
+                                      "it on a machine shared with other jobs.", gt=0, needs="async_staleness")
     vllm_gpu_memory_utilization: float = _f(0.3, "Fraction of the GPU's memory vLLM may take for its weights and KV "
                                             "cache (`engine: vllm`); the rest is left to training.", gt=0, lt=1,
                                             hint="e.g. 0.3 leaves most of the GPU to training.")
@@ -785,7 +789,7 @@ def _check_async(cfg: TrainConfig) -> None:
     ro = cfg.rollout
     k = ro.async_staleness
     if k == 0:
-        idle = [f for f, default in (("async_threads", 1), ("async_timeout_s", 600.0)) if getattr(ro, f) != default]
+        idle = idle_fields(ro, "async_staleness")
         if idle:
             raise ConfigError(f"`rollout.{idle[0]}` = {getattr(ro, idle[0])!r} has no effect while "
                               "`rollout.async_staleness` = 0 (generation runs in the training process). Set "
