@@ -208,7 +208,13 @@ def test_bad_requests_and_a_worker_that_cannot_start():
 
 
 _SCRIPT = textwrap.dedent("""
-    import functools, time
+    import functools, signal, sys, time
+    # Ctrl-C as in a terminal, whatever this pytest worker passed down (an ignored or blocked SIGINT is inherited
+    # through exec); what was inherited goes to stderr, which the test prints if the process does not exit
+    print("inherited SIGINT:", signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []),
+          file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     import torch
     torch.set_num_threads(1)
     from lmpo.generation.worker import AsyncRollout
