@@ -191,6 +191,17 @@ def run_child(argv: list[str], cwd: Path, kill_at: int | None = None, labels_fil
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        # SIGKILL is delivered asynchronously: until the worker has died (and been reaped), its copy of the lock
+        # file holds the run directory, and a resume started at once is refused as a second writer
+        gone_by = time.monotonic() + 60
+        while time.monotonic() < gone_by:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"the process group of the killed child {pid} is still alive after 60 s")
         return "killed"
     return os.WEXITSTATUS(status)
 
