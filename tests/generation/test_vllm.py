@@ -178,6 +178,11 @@ def test_adapter_sync_wiring_with_a_recording_vllm(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "vllm.lora", ModuleType("vllm.lora"))
     monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # VLLMRollout fills in the rank-0 rendezvous variables it finds unset (os.environ.setdefault); set here, they
+    # are undone after the test instead of leaking into later tests of this process and their subprocesses
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(key, value)
     model, tok = _lora_policy()
     engine = VLLMRollout(model, tok, max_new_tokens=2, lora_sync="adapter")
     llm = _FakeLLM.instances[-1]

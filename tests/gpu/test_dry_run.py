@@ -16,12 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_reports_every_section(tmp_path):
-    # without the rendezvous variables an in-process TRL test of this pytest worker may have left behind
-    # (accelerate writes MASTER_PORT while its process group still holds that port): TRL's trainer here would
-    # try to listen on it and fail with EADDRINUSE
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-                                                            "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    env.update(PYTHON=sys.executable, OUT_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    env = {**os.environ, "PYTHON": sys.executable, "OUT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/run.sh"), "--dry-run"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
