@@ -127,6 +127,52 @@ def test_a_changed_config_is_refused_in_a_finished_lab_directory(finished_lab, s
         run_lab(lab_config_from_dict(changed), inline=True)
 
 
+def test_jobs_written_before_a_new_trainer_field_are_kept_while_it_sits_at_its_default(finished_lab):
+    # Every job.json as an lmpo without `rlvcr.expansion_loss` wrote it: the field at its default reproduces the
+    # earlier behaviour, so the finished jobs are reused, not refused; a plan that sets it otherwise is refused.
+    cfg, result = finished_lab
+    files = sorted(Path(cfg.lab.dir).rglob("job.json"))
+    saved = {f: f.read_text() for f in files}
+    try:
+        for f in files:
+            record = json.loads(saved[f])
+            del record["spec"]["train"]["rlvcr"]["expansion_loss"]
+            f.write_text(json.dumps(record))
+        again = run_lab(cfg, inline=True)
+        assert again.ran == [] and len(again.skipped) == len(result.ran)
+        changed = smoke_config(cfg.lab.dir, cfg.train.model.name)
+        changed["train"].setdefault("rlvcr", {})["expansion_loss"] = "thinking"
+        with pytest.raises(ConfigError, match="different configuration"):
+            run_lab(lab_config_from_dict(changed), inline=True)
+    finally:
+        for f, text in saved.items():
+            f.write_text(text)
+
+
+def test_same_spec_drops_only_new_fields_at_their_default():
+    from lmpo.lab.runner import same_spec
+    from lmpo.trainer.config import TrainConfig, config_to_dict
+
+    new = {"train": config_to_dict(TrainConfig()), "sampled_eval_k": 8}
+    old = json.loads(json.dumps(new))
+    assert same_spec(old, new)
+    del old["train"]["rollout"]["async_start_timeout_s"]          # written before the field existed
+    assert same_spec(old, new)
+    new["train"]["rollout"]["async_start_timeout_s"] = 5.0         # the plan sets it off its default
+    assert not same_spec(old, new)
+    new["train"]["rollout"]["async_start_timeout_s"] = old_default = config_to_dict(TrainConfig())["rollout"][
+        "async_start_timeout_s"]
+    assert same_spec(old, new) and old_default == 600.0
+    old["train"]["optim"]["lr"] = 0.5                              # a changed value is another configuration
+    assert not same_spec(old, new)
+    old["train"]["optim"]["lr"] = new["train"]["optim"]["lr"]
+    old["train"]["rollout"]["gone"] = 1                            # a field the plan no longer has: another config
+    assert not same_spec(old, new)
+    del old["train"]["rollout"]["gone"]
+    assert not same_spec({**old, "sampled_eval_k": 4}, new)        # outside `train`, every key must be equal
+    assert not same_spec(None, new)
+
+
 @pytest.mark.slow
 def test_killing_a_lab_mid_cell_and_rerunning_loses_nothing(finished_lab, tmp_path, small_model_dir):
     """A second lab of the same config, in a fresh directory, killed inside a cell and run again: its report

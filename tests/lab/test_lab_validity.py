@@ -12,7 +12,7 @@ from lmpo.lab.jobs import summarise_run
 from lmpo.lab.report import run_validity
 
 
-def _write(run_dir, evals, *, coef=None, expanded=None, steps=10):
+def _write(run_dir, evals, *, coef=None, expanded=None, acting=None, steps=10):
     rows = []
     for s in range(1, steps + 1):
         row = {"kind": "train", "step": s, "reward/mean": 0.1 * s, "entropy/mean": 0.2 - 0.01 * s,
@@ -21,6 +21,8 @@ def _write(run_dir, evals, *, coef=None, expanded=None, steps=10):
             row["entropy/coef"] = coef[s - 1]
         if expanded is not None:
             row["rlvcr/expanded_samples"], row["rlvcr/batch_seqs"] = expanded[s - 1]
+        if acting is not None:
+            row["rlvcr/acting_rows"], row["rlvcr/trained_rows"] = acting[s - 1]
         rows.append(row)
     for step, acc in evals:
         rows.append({"kind": "eval", "step": step, "eval/accuracy": acc, "eval/length_mean": 20.0 + step})
@@ -44,11 +46,14 @@ def test_endpoint_is_the_mean_of_the_last_three_evaluations(tmp_path):
 def test_activity_measures_of_the_training_cells(tmp_path):
     coef = [0.0] * 6 + [0.005, 0.01, 0.0, 0.005]           # 3 of 10 steps with a bonus
     expanded = [(0, 64)] * 5 + [(36, 100)] * 5            # 180 of 820 trained rows are expansions
-    m = _write(tmp_path / "b", [(0, 0.4), (10, 0.5)], coef=coef, expanded=expanded)["metrics"]
+    acting = [(0, 64)] * 5 + [(10, 80)] * 5               # 50 of 720 rows that train a token carry A_think
+    m = _write(tmp_path / "b", [(0, 0.4), (10, 0.5)], coef=coef, expanded=expanded, acting=acting)["metrics"]
     assert m["entropy_coef_active"] == pytest.approx(0.3)
     assert m["rlvcr_expanded_frac"] == pytest.approx(180 / 820)
+    assert m["rlvcr_acting_frac"] == pytest.approx(50 / 720)
     plain = _write(tmp_path / "c", [(0, 0.4), (10, 0.5)])["metrics"]
     assert plain["entropy_coef_active"] == 0.0 and plain["rlvcr_expanded_frac"] == 0.0
+    assert plain["rlvcr_acting_frac"] == 0.0
     assert math.isnan(plain["ptrw_phi_gap"])
 
 

@@ -11,7 +11,13 @@ from lmpo.models import build_tiny_model
 from lmpo.models.tokenizer import CharTokenizer
 from lmpo.rlvcr.advantages import rlvcr_advantages
 from lmpo.rlvcr.config import RLVCRConfig
-from lmpo.rlvcr.expansion import expand_thinking_levels, expansion_loss_mask, rlvcr_stage, score_thinking
+from lmpo.rlvcr.expansion import (
+    Expansion,
+    expand_thinking_levels,
+    expansion_loss_mask,
+    rlvcr_stage,
+    score_thinking,
+)
 from lmpo.rlvcr.thinking import find_subsequence
 
 TOK = CharTokenizer()
@@ -231,10 +237,74 @@ def test_expansion_loss_thinking_masks_the_copied_action_of_expansions(expansion
         RLVCRConfig(enabled=True, expansion_loss="action")
 
 
+def test_expansion_loss_sampled_trains_only_what_the_regeneration_sampled():
+    # Hand-built family: the original "<think>7+8=15 5+6+1=12</think>125" and two regenerations that repeat the
+    # start of its scratchpad. Under `sampled` an expansion trains from its first token that differs from the
+    # original's (the shared prefix is the original's text, taught once) to the end of what it sampled: the
+    # closing tag only when the regeneration wrote it, never the copied action.
+    prompts = ["57+68="] * 3
+    think = ["7+8=15 5+6+1=12", "7+8=", "7+9=16"]
+    comps = [f"<think>{t}</think>125" for t in think]
+    ro = make_rollout(prompts, comps)
+    ids, cm = ro.completion_ids, ro.completion_mask.bool()
+    opened = len(TOK("<think>", add_special_tokens=False)["input_ids"])
+    closed = len(TOK("</think>", add_special_tokens=False)["input_ids"])
+    n_think = [len(TOK(t, add_special_tokens=False)["input_ids"]) for t in think]
+    starts = torch.tensor([opened + n + closed for n in n_think])
+    # row 1 was cut at its budget of 4 (the closing tag was added); row 2 closed its thinking itself
+    sampled_end = torch.tensor([int(cm[0].sum()), opened + n_think[1], opened + n_think[2] + closed])
+    ex = Expansion(rollout=ro, rewards=torch.ones(3), source=torch.tensor([0, 0, 0]),
+                   is_original=torch.tensor([True, False, False]), thinking_group_id=torch.tensor([0, 0, 0]),
+                   level=torch.tensor([3, 1, 2]), thinking_tokens=torch.tensor(n_think), action_start=starts,
+                   successes=1, unparseable=0, sampled_end=sampled_end)
+    mask = expansion_loss_mask(ex, "sampled")
+    assert torch.equal(mask[0], cm[0])  # the original keeps its whole completion
+    # row 1 repeats "<think>7+8=" and then only has the forced closing tag: nothing of it was sampled anew
+    assert torch.equal(ids[1, :opened + n_think[1]], ids[0, :opened + n_think[1]]) and not mask[1].any()
+    # row 2: "<think>7+" is shared; "9=16" and the closing tag it wrote were sampled; the action was copied
+    assert TOK.decode(ids[2][mask[2]].tolist()) == "9=16</think>"
+    assert not mask[2, int(starts[2]):].any()
+    # `sampled` only removes tokens from `thinking`, which keeps the forced tag of row 1
+    thinking = expansion_loss_mask(ex, "thinking")
+    assert (mask & ~thinking).sum() == 0 and thinking[1, opened + n_think[1]:int(starts[1])].all()
+    # without sampled_end (unknown), the thinking block up to the action counts as sampled
+    unknown = expansion_loss_mask(Expansion(**{**ex.__dict__, "sampled_end": None}), "sampled")
+    assert TOK.decode(ids[1][unknown[1]].tolist()) == "</think>"
+    assert torch.equal(unknown[2], mask[2])
+    # trained on another prompt (train_with_instruction), the repeated start is not the original's text in the
+    # original's context: it trains, from the first token the regeneration sampled (after the copied "<think>")
+    instructed = make_rollout(["57+68=", "[think 4]57+68=", "[think 8]57+68="], comps)
+    other = Expansion(**{**ex.__dict__, "rollout": instructed, "sampled_start": torch.tensor([0, opened, opened])})
+    mask2 = expansion_loss_mask(other, "sampled")
+    assert TOK.decode(ids[1][mask2[1]].tolist()) == "7+8="
+    assert TOK.decode(ids[2][mask2[2]].tolist()) == "7+9=16</think>"
+
+
+def test_sampled_end_marks_where_the_regeneration_stopped_sampling(expansion):
+    ro, ex = expansion
+    cm = ex.rollout.completion_mask
+    close = len(TOK("</think>", add_special_tokens=False)["input_ids"])
+    assert ex.sampled_end[:6].tolist() == cm[:6].sum(1).tolist()  # originals: everything was sampled
+    assert ex.sampled_start[:6].tolist() == [0] * 6
+    for r in range(6, len(ex.rollout)):
+        end, start = int(ex.sampled_end[r]), int(ex.action_start[r])
+        # the thinking ends at start − close; the regeneration either wrote the tag (end = start) or not
+        assert end in (start, start - close)
+        # it begins after the copied opening tag, at the original's own opening
+        opening = TOK.decode(ex.rollout.completion_ids[r, :int(ex.sampled_start[r])].tolist())
+        assert opening.strip() == "<think>"
+
+
 def test_stage_returns_the_expansion_loss_mask(model):
     ro = make_rollout(PROMPTS, COMPLETIONS)
-    for mode in ("all", "thinking"):
+    for mode in ("all", "thinking", "sampled"):
         out = rlvcr_stage(model, TOK, ro, REWARDS, RLVCRConfig(enabled=True, expansion_loss=mode),
                           generator=torch.Generator().manual_seed(0))
         assert torch.equal(out.loss_mask, expansion_loss_mask(out.expansion, mode))
-    assert int(out.loss_mask.sum()) < int(out.rollout.completion_mask.sum())
+        # acting rows: kept, training at least one token, with a non-zero thinking advantage
+        trains = out.keep & out.loss_mask.any(dim=1)
+        acting = trains & (out.expansion.thinking_group_id >= 0) & (out.parts["thinking"] != 0)
+        assert out.metrics["rlvcr/acting_rows"] == float(acting.sum()) > 0
+        assert out.metrics["rlvcr/trained_rows"] == float(trains.sum())
+        if mode != "all":
+            assert int(out.loss_mask.sum()) < int(out.rollout.completion_mask.sum())

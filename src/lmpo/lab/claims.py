@@ -94,7 +94,7 @@ class Activity:
     ``gradients`` / ``weight_diff_frac``: share of valid tokens whose gradient weight ``∂loss/∂logp_t`` differs
     from the claim baseline's on the same batch by more than 1% (relative), pooled over the gradient study's
     snapshots and batches. A ``training`` metric (``clip_high_frac``, ``mask_frac``, ``entropy_coef_active``,
-    ``rlvcr_expanded_frac``) is the mean over the variant's seeds."""
+    ``rlvcr_acting_frac``) is the mean over the variant's seeds."""
 
     study: str
     metric: str
@@ -237,8 +237,8 @@ _CLAIM_LIST = [
           "SAPO (arXiv 2511.20347)", "sapo", "grpo", _snr(), (_ACC,), activity=_acts()),
     Claim("rlvcr_shorter", "RLVCR teaches shorter thinking at equal accuracy.", "docs/rlvcr.md", "rlvcr", "grpo",
           Check("training", "eval_length", "less", Sesoi(0.10, "eval_length"), "shorter held-out completions"),
-          (_ACC,), activity=Activity("training", "rlvcr_expanded_frac", 0.05, "share of trained rows that are "
-                                                                           "thinking-level expansions")),
+          (_ACC,), activity=Activity("training", "rlvcr_acting_frac", 0.05, "share of trained rows that carry "
+                                                                         "a thinking advantage")),
 ]
 
 CLAIMS: Mapping[str, Claim] = MappingProxyType({c.name: c for c in _CLAIM_LIST})

@@ -194,6 +194,8 @@ SERIES = {
     "entropy_coef": "entropy/coef",
     "rlvcr_expanded": "rlvcr/expanded_samples",
     "rlvcr_rows": "rlvcr/batch_seqs",
+    "rlvcr_acting": "rlvcr/acting_rows",
+    "rlvcr_trained": "rlvcr/trained_rows",
     "phi_mean": "ptrw/phi_mean",
     "mismatch_kl": "mismatch/k3_kl",
     "is_truncated_frac": "rollout/truncated_frac",
@@ -251,6 +253,7 @@ def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     accuracy = st.last_mean(after, endpoint) if endpoint else float("nan")
     coef = [v for v in series["entropy_coef"] if v == v]
     rows_trained = [(e, n) for e, n in zip(series["rlvcr_expanded"], series["rlvcr_rows"]) if n == n and n > 0]
+    rows_acting = [(a, n) for a, n in zip(series["rlvcr_acting"], series["rlvcr_trained"]) if n == n and n > 0]
     nonfinite = sum(1 for name in ("reward", "entropy") for v in series[name] if not math.isfinite(v) and v == v)
     metrics = {
         "accuracy": accuracy,
@@ -272,6 +275,8 @@ def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
         "entropy_coef_active": sum(1 for v in coef if v > 0) / len(coef) if coef else 0.0,
         "rlvcr_expanded_frac": (sum(e for e, _ in rows_trained) / sum(n for _, n in rows_trained)
                                 if rows_trained else 0.0),
+        "rlvcr_acting_frac": (sum(a for a, _ in rows_acting) / sum(n for _, n in rows_acting)
+                              if rows_acting else 0.0),
         "ptrw_phi_gap": 1.0 - st.curve_area(series["phi_mean"]) if any(v == v for v in series["phi_mean"])
         else float("nan"),
         "length": st.curve_area(series["length"]),

@@ -57,6 +57,8 @@ TRAIN_METRICS: dict[str, str] = {
     "mask_frac": "mean fraction of tokens masked (Clip-Cov) or penalised (KL-Cov)",
     "entropy_coef_active": "share of steps with a non-zero entropy coefficient (adaptive entropy control)",
     "rlvcr_expanded_frac": "share of trained rows that are RLVCR thinking-level expansions",
+    "rlvcr_acting_frac": "share of trained rows (with at least one trained token) that carry an RLVCR thinking "
+                         "advantage",
     "ptrw_phi_gap": "1 − mean Gaussian trust-region factor φ (PTRW; 0 = the soft region never acts)",
     "length": "mean sampled completion length (tokens)",
     "eval_length": "mean held-out greedy completion length over the endpoint evaluations (tokens)",

@@ -48,6 +48,46 @@ def _job_record(job: Job) -> dict[str, Any]:
     return {"kind": job.kind, "key": job.key, "spec": job.spec, "deps": list(job.deps), "labels": job.labels}
 
 
+def _without_new_defaults(old: Any, new: Any, defaults: Any) -> Any:
+    """``new`` less the keys that ``old`` lacks and whose value in ``new`` is the field's default."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    out = {}
+    for key, value in new.items():
+        default = defaults.get(key, _MISSING) if isinstance(defaults, dict) else _MISSING
+        if key not in old and default is not _MISSING and value == default:
+            continue
+        out[key] = _without_new_defaults(old.get(key), value, default)
+    return out
+
+
+_MISSING = object()
+
+
+def same_spec(old: Any, new: dict[str, Any]) -> bool:
+    """Whether a stored job ``spec`` describes the job planned as ``new``.
+
+    Equal specs are the same job. A spec written by an earlier lmpo lacks the trainer-config fields added
+    since; such a field changes nothing while it sits at its default, which reproduces the earlier behaviour
+    (a new field must default to it), so those fields are dropped from ``new`` before comparing. Any other
+    difference (a changed value, a field the stored spec has and the plan lacks) is another configuration.
+    """
+    if not isinstance(old, dict) or set(old) != set(new):
+        return False
+    if old == new:
+        return True
+    from lmpo.trainer.config import TrainConfig, config_to_dict
+
+    defaults = config_to_dict(TrainConfig())
+    for key, value in new.items():
+        other = old[key]
+        if key == "train" and isinstance(value, dict):
+            value = _without_new_defaults(other, value, defaults)
+        if other != value:
+            return False
+    return True
+
+
 def _prepare(job: Job) -> None:
     """Write the job's ``job.json``; refuse a directory that holds another configuration's job."""
     path = job.dir / JOB_FILE
@@ -56,6 +96,8 @@ def _prepare(job: Job) -> None:
         old = read_json(path)
         if old.get("spec") == record["spec"]:
             return
+        if same_spec(old.get("spec"), record["spec"]):
+            return  # written by an lmpo without some trainer fields that sit at their defaults here: keep it
         if job.done():
             raise ConfigError(f"{job.dir} holds the finished result of a different configuration of {job.key}; "
                               "run the changed lab into a fresh `lab.dir` (or delete that directory to re-run "

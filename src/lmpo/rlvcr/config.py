@@ -49,7 +49,10 @@ class RLVCRConfig:
     expansion_loss: str = _f("all", "Which completion tokens of a regenerated (expanded) sample enter the loss: "
                              "all (the method as published) | thinking (its thinking only: the action after it was "
                              "copied from the original, not sampled after that thinking, so it gets no gradient; "
-                             "docs/rlvcr.md, 'Collapse at small scale').", choices=("all", "thinking"))
+                             "docs/rlvcr.md, 'Collapse at small scale') | sampled (only the tokens its "
+                             "regeneration sampled, from the first that differs from its original's: not the shared "
+                             "prefix, a closing tag the budget forced, or the action).",
+                             choices=("all", "thinking", "sampled"))
     eps: float = _f(1e-4, "ε in (r − mean_g)/(std_g + ε) of the action advantage (the objectives' GRPO "
                    "default).", gt=0)
 

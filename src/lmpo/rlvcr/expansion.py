@@ -40,6 +40,8 @@ from lmpo.rlvcr.thinking import (
 
 Tensor = torch.Tensor
 
+EXPANSION_LOSS_MODES = ("all", "thinking", "sampled")
+
 
 @dataclass
 class Expansion:
@@ -53,6 +55,12 @@ class Expansion:
     level:             (B',) long, thinking level 1 … L inside a family, 0 outside.
     thinking_tokens:   (B',) long, thinking length in tokens, −1 where no thinking block was found.
     action_start:      (B',) long, offset of the action in the completion, −1 where no block was found.
+    sampled_start:     (B',) long, offset in the completion where the tokens the policy sampled begin: 0 for an
+                       original, the end of the copied opening tag for an expanded row. None: unknown (an
+                       ``Expansion`` built by hand), read as 0.
+    sampled_end:       (B',) long, where they end: an expanded row's regenerated thinking, plus the closing tag
+                       when the regeneration wrote it itself (not when the budget or an EOS cut it); an
+                       original's completion length. None: unknown, read as ``action_start``.
     successes:         originals with reward > success_threshold.
     unparseable:       successful originals that were not expanded because no ``open…close`` block was found.
     """
@@ -67,6 +75,8 @@ class Expansion:
     action_start: Tensor
     successes: int
     unparseable: int
+    sampled_start: Tensor | None = None
+    sampled_end: Tensor | None = None
 
     @property
     def num_expanded(self) -> int:
@@ -172,7 +182,7 @@ def expand_thinking_levels(
             if lvl != level[i]:
                 requests[lvl].append(i)
 
-    new_rows: list[tuple[int, int, list[int], list[int], str, int, int]] = []
+    new_rows: list[tuple[int, int, list[int], list[int], str, int, int, int]] = []
     for lvl in range(1, L + 1):
         rows = requests[lvl]
         if not rows:
@@ -188,12 +198,15 @@ def expand_thinking_levels(
             span = spans[i]
             produced = [t for t, m in zip(gen_ids[k], gen_mask[k]) if m]
             thinking = cut_generated_thinking(produced, close_ids, stop_ids, budget)
+            # the regeneration closed its thinking itself (its tag right after the kept thinking)
+            closed = produced[len(thinking):len(thinking) + len(close_ids)] == list(close_ids)
             completion = (bodies[i][:span.open_end] + thinking + bodies[i][span.close_start:]
                           + full[i][len(bodies[i]):])  # the original's EOS, when it had one
             prompt = (tokenizer(instructed[k])["input_ids"] if cfg.train_with_instruction else prompt_rows[i])
             prompt_text = instructed[k] if cfg.train_with_instruction else rollout.prompts[i]
             start = span.open_end + len(thinking) + (span.close_end - span.close_start)
-            new_rows.append((i, lvl, list(prompt), completion, prompt_text, len(thinking), start))
+            sampled_end = span.open_end + len(thinking) + (len(close_ids) if closed else 0)
+            new_rows.append((i, lvl, list(prompt), completion, prompt_text, len(thinking), start, sampled_end))
     # Families stay contiguous (original's group order, then level), whatever order the levels were generated in.
     new_rows.sort(key=lambda r: (group[r[0]], r[1]))
 
@@ -223,6 +236,8 @@ def expand_thinking_levels(
         level=torch.tensor(level + [r[1] for r in new_rows], dtype=torch.long),
         thinking_tokens=torch.tensor(thinking_tokens + [r[5] for r in new_rows], dtype=torch.long),
         action_start=torch.tensor(action_start + [r[6] for r in new_rows], dtype=torch.long),
+        sampled_start=torch.tensor([0] * B + [spans[r[0]].open_end for r in new_rows], dtype=torch.long),
+        sampled_end=torch.tensor([len(c) for c in full] + [r[7] for r in new_rows], dtype=torch.long),
         successes=int(sum(success)),
         unparseable=unparseable,
     )
@@ -301,18 +316,35 @@ def expansion_loss_mask(expansion: Expansion, mode: str) -> Tensor:
     keeps its tokens before ``action_start`` (the opening tag, the regenerated thinking and the closing tag)
     and drops the action and EOS that follow: they were copied from the original, not sampled after this
     thinking, so reinforcing or penalising them would teach the answer regardless of the thinking before it
-    (docs/rlvcr.md, "Collapse at small scale"). Originals always keep their whole completion.
+    (docs/rlvcr.md, "Collapse at small scale"). ``sampled``: only the tokens the regeneration sampled
+    (not the copied opening tag, not a closing tag added where the budget or an EOS cut the thinking, not the
+    copied action), and of those, on a row trained on its original's prompt, only from the first one where it
+    differs from the original's completion: the shared prefix (the start of a scratchpad the regeneration
+    repeated) is the same text in the same context as the original's, taught once by the original. Originals always keep their whole completion.
     """
-    if mode not in ("all", "thinking"):
-        raise ValueError(f"`rlvcr.expansion_loss` = {mode!r} must be one of all, thinking.")
+    if mode not in EXPANSION_LOSS_MODES:
+        raise ValueError(f"`rlvcr.expansion_loss` = {mode!r} must be one of {', '.join(EXPANSION_LOSS_MODES)}.")
     mask = expansion.rollout.completion_mask.bool().clone()
-    if mode == "thinking":
-        T = mask.shape[1]
-        pos = torch.arange(T, device=mask.device).unsqueeze(0)
-        start = expansion.action_start.to(mask.device).unsqueeze(1)
-        drop = (~expansion.is_original).to(mask.device).unsqueeze(1) & (pos >= start)
-        mask &= ~drop
-    return mask
+    if mode == "all":
+        return mask
+    T = mask.shape[1]
+    pos = torch.arange(T, device=mask.device).unsqueeze(0)
+    expanded = (~expansion.is_original).to(mask.device).unsqueeze(1)
+    end = expansion.action_start if mode == "thinking" or expansion.sampled_end is None else expansion.sampled_end
+    keep = pos < end.to(mask.device).unsqueeze(1)
+    if mode == "sampled":
+        src = expansion.source.to(mask.device)
+        ids = expansion.rollout.completion_ids.to(mask.device)
+        same = (ids == ids[src]) & mask & mask[src]
+        # the first differing position is the count of leading equal tokens; it counts on the same prompt only
+        shared = torch.cumprod(same.long(), dim=1).sum(dim=1)
+        p_ids, p_mask = expansion.rollout.prompt_ids.to(mask.device), expansion.rollout.prompt_mask.to(mask.device)
+        same_prompt = ((p_ids == p_ids[src]) | (p_mask == 0)).all(dim=1) & (p_mask == p_mask[src]).all(dim=1)
+        start = (expansion.sampled_start.to(mask.device) if expansion.sampled_start is not None
+                 else torch.zeros_like(shared))
+        start = torch.where(same_prompt, torch.maximum(start, shared), start)
+        keep &= pos >= start.unsqueeze(1)
+    return mask & (~expanded | keep)
 
 
 @dataclass
@@ -374,6 +406,11 @@ def rlvcr_stage(
         metrics[k] = float(parts[k])
     if in_group.any():
         metrics["rlvcr/confidence_mean"] = float(confidence[in_group.cpu()].mean())
+    loss_mask = expansion_loss_mask(exp, cfg.expansion_loss)
+    trains = new_keep & loss_mask.to(dev).any(dim=1)
+    # the rows through which RLVCR changes the update: a thinking advantage on a row that trains a token
+    metrics["rlvcr/acting_rows"] = float((trains & in_group & (parts["thinking"] != 0)).sum())
+    metrics["rlvcr/trained_rows"] = float(trains.sum())
     metrics["rlvcr/stage_s"] = time.perf_counter() - t0
     return StageOutput(rollout=exp.rollout, advantages=adv, keep=new_keep, metrics=metrics, expansion=exp,
-                       parts=parts, loss_mask=expansion_loss_mask(exp, cfg.expansion_loss))
+                       parts=parts, loss_mask=loss_mask)
