@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from lmpo.cli import main
+from sac_helpers import SMALL_CORPUS_ARGS
 
 TRAIN_BASE = {
     "model": {"name": "tiny"},
@@ -43,9 +44,7 @@ SAC_ARGS = ["--quiet", "--eval_max_positions", "20", "--eval_generations", "1", 
             "--threads", "1", "--net.embed_dim", "8", "--net.gru_hidden", "8", "--net.policy_hidden", "8",
             "--net.q_hidden", "8", "--net.action_embed_dim", "8", "--replay.transitions_per_batch", "8",
             "--env.window_chars", "4", "--env.max_steps", "8", "--env.nce_pretrain_steps", "2",
-            "--env.use_jieba_lexicon", "false",
-            # a 4.5k-character train-only text, not the CPU preset's 345k of classical/ (same files, less CPU)
-            "--extra_train_corpus", "classical/sishu/zhongyong.json"]
+            "--env.use_jieba_lexicon", "false", *SMALL_CORPUS_ARGS]
 
 
 class _Opens:

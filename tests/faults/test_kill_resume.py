@@ -38,6 +38,7 @@ import lmpo.checkpoints as ckmod
 import lmpo.runs as runsmod
 from lmpo.cli import main
 from lmpo.models.presets import MODEL_PRESETS, ModelPreset
+from sac_helpers import SMALL_CORPUS_ARGS
 
 #: kills per job by where the tick is (label prefix; "other": any tick no prefix claims), drawn in this order, plus
 #: DOUBLE_KILLS tries whose resume is killed once more
@@ -501,10 +502,7 @@ SAC_ARGS = ["--quiet", "--no-eval", "--heldout_fraction", "0.25", "--num_envs", 
             "--net.policy_hidden", "8", "--net.q_hidden", "8", "--net.action_embed_dim", "8",
             "--replay.transitions_per_batch", "8", "--replay.teacher_anneal_env_steps", "40",
             "--env.window_chars", "4", "--env.max_steps", "8", "--env.nce_pretrain_steps", "2",
-            "--env.use_jieba_lexicon", "false",
-            # a small train-only text (4.5k characters; the CPU preset's default is the 345k of classical/): the
-            # same mixed supervised batches (corpus_share) at a quarter of the CPU per run (|Σ| 919, not 6,225)
-            "--extra_train_corpus", "classical/sishu/zhongyong.json"]
+            "--env.use_jieba_lexicon", "false", *SMALL_CORPUS_ARGS]
 
 
 def _ctrl_c_after(cls, method: str, calls: int):

@@ -10,6 +10,7 @@ import pytest
 from lmpo.cli import SAC_COMMANDS
 from lmpo.sac import cli as sac_cli
 from lmpo.textenv import sample_text_path
+from sac_helpers import SMALL_CORPUS_ARGS
 
 
 def main(argv: list[str]) -> int:
@@ -38,9 +39,7 @@ def test_cli_train_sample_gate(tmp_path, capsys, monkeypatch):
         "--net.embed_dim", "16", "--net.gru_hidden", "32", "--net.policy_hidden", "32", "--net.q_hidden", "32",
         "--net.action_embed_dim", "16", "--replay.transitions_per_batch", "32",
         "--env.window_chars", "8", "--env.max_steps", "16", "--env.nce_pretrain_steps", "5",
-        "--env.use_jieba_lexicon", "false",
-        # a 4.5k-character train-only text, not the CPU preset's 345k of classical/ (same code path, less CPU)
-        "--extra_train_corpus", "classical/sishu/zhongyong.json",
+        "--env.use_jieba_lexicon", "false", *SMALL_CORPUS_ARGS,
     ]
     assert main(args) == 0
     out = capsys.readouterr().out

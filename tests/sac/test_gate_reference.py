@@ -14,6 +14,7 @@ from lmpo.errors import InputError
 from lmpo.sac.evaluate import agent_generate, best_orders, left_padded_window, repeat_share
 from lmpo.sac.gate import _kind, judge, leaked_paragraphs
 from lmpo.textenv import Alphabet, Compliance, sample_text_path
+from sac_helpers import SMALL_CORPUS_ARGS
 
 
 # ---------------------------------------------------------------------------------------------- decoding
@@ -249,9 +250,7 @@ TRAIN = [
     "--net.embed_dim", "16", "--net.gru_hidden", "32", "--net.policy_hidden", "32", "--net.q_hidden", "32",
     "--net.action_embed_dim", "16", "--replay.transitions_per_batch", "32",
     "--env.window_chars", "8", "--env.max_steps", "16", "--env.nce_pretrain_steps", "5",
-    "--env.use_jieba_lexicon", "false",
-    # a 4.5k-character train-only text, not the CPU preset's 345k of classical/: same code path, a quarter of the CPU
-    "--extra_train_corpus", "classical/sishu/zhongyong.json",
+    "--env.use_jieba_lexicon", "false", *SMALL_CORPUS_ARGS,
 ]
 
 
