@@ -10,6 +10,11 @@ learning: it shows that the task is within the tiny model's reach and gives RL a
 
 ``--save DIR`` writes the warmed-up model and its tokenizer (chat template included) as a Hugging Face model
 directory, which ``model.name: DIR`` loads as the starting policy of an RL run (docs/multiturn.md, "Training").
+
+``--memory-fraction F`` makes a share F of the demonstrations come from an expert who answers from memory, with
+the right number and no tool call: imitation then learns both behaviours, and whether a question gets the
+calculator is left to the policy. The tiny model cannot multiply in its head, so its answers from memory are
+wrong; RL on such a warm-up has to learn to call the tool (docs/multiturn.md, "Learning to call the tool").
 """
 
 from __future__ import annotations
@@ -20,12 +25,17 @@ import time
 
 import torch
 
-from lmpo.envs import EpisodeBudget, make_env_task
+from lmpo.envs import EpisodeBudget, make_env, make_env_task
 from lmpo.generation.episodes import HFTurnSampler, collate_episodes, episode_metrics, run_episodes
 from lmpo.models import build_chat_tokenizer, build_tiny_model
 from lmpo.models.saving import write_hf_files
 
 ENV = "ToolArithmetic-v0"
+
+
+def answers_from_memory():
+    """ToolArithmetic-v0 whose expert answers at once with the right number (no calculator call)."""
+    return make_env(ENV, expert="memory")
 
 
 def evaluate(model, tokenizer, examples, budget, show: int = 0) -> dict[str, float]:
@@ -47,6 +57,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--memory-fraction", type=float, default=0.0,
+                        help="share of the demonstrations that answer from memory, without the calculator")
     parser.add_argument("--show", type=int, default=3, help="held-out conversations printed after training")
     parser.add_argument("--save", default=None, help="write the trained model and tokenizer to this directory")
     args = parser.parse_args()
@@ -62,8 +74,17 @@ def main() -> None:
     before = evaluate(model, tokenizer, held_out, budget)
     print(f"[{time.monotonic() - start:.0f}s] held-out before: {before}", flush=True)
 
-    demos = run_episodes(None, tokenizer, ENV, task.train_examples(seed=args.seed)[: args.train_examples],
+    if not 0.0 <= args.memory_fraction <= 1.0:
+        parser.error(f"--memory-fraction {args.memory_fraction} must be in [0, 1]")
+    examples = task.train_examples(seed=args.seed)[: args.train_examples]
+    from_memory = round(args.memory_fraction * len(examples))
+    # every k-th demonstration answers from memory, so both kinds cover the whole range of questions
+    memory_rows = set(torch.linspace(0, len(examples) - 1, from_memory).round().long().tolist()) if from_memory else set()
+    demos = run_episodes(None, tokenizer, ENV, [x for i, x in enumerate(examples) if i not in memory_rows],
                          expert=True, budget=budget)
+    if memory_rows:
+        demos += run_episodes(None, tokenizer, answers_from_memory, [examples[i] for i in sorted(memory_rows)],
+                              expert=True, budget=budget)
     batch = collate_episodes(demos, tokenizer.pad_token_id)
     input_ids, attention = batch.input_ids, batch.full_attention_mask
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -94,7 +115,7 @@ def main() -> None:
         write_hf_files(args.save, model, tokenizer)
     after = evaluate(model, tokenizer, held_out, budget, show=args.show)
     print(json.dumps({
-        "demonstrations": len(demos), "demo_tokens_per_episode": round(batch.attention_mask.sum().item() / len(demos), 1),
+        "demonstrations": len(demos), "from_memory": len(memory_rows), "demo_tokens_per_episode": round(batch.attention_mask.sum().item() / len(demos), 1),
         "prompt_width": P, "steps": args.steps, "episodes_per_step": args.episodes_per_step, "lr": args.lr,
         "loss_first_10": round(sum(losses[:10]) / 10, 4), "loss_last_10": round(sum(losses[-10:]) / 10, 4),
         "held_out_before": before, "held_out_after": after, "eval_examples": len(held_out),

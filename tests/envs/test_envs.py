@@ -273,6 +273,25 @@ def test_tool_arithmetic_task_splits_are_disjoint():
         assert int(left) * int(right) == int(e.answer) and len(left) == 3 and len(right) == 2
 
 
+def test_tool_arithmetic_expert_can_answer_from_memory():
+    example = make_env_task("ToolArithmetic-v0").eval_examples()[3]
+    for expert, turns in (("calculator", 2), ("memory", 1)):
+        env = make_env("ToolArithmetic-v0", expert=expert)
+        env.reset(example)
+        actions, rewards, done = [], [], False
+        while not done:
+            actions.append(env.expert_action())
+            result = env.step(actions[-1])
+            rewards.append(result.reward)
+            done = result.terminated or result.truncated
+        assert len(actions) == turns and rewards[-1] == 1.0 and result.info["correct"]
+        assert ("<tool_call>" in actions[0]) == (expert == "calculator")
+    assert actions == [example.answer]
+    check_env(make_env("ToolArithmetic-v0", expert="memory"))
+    with pytest.raises(ValueError, match="expert"):
+        make_env("ToolArithmetic-v0", expert="oracle")
+
+
 def test_tool_arithmetic_shaped_rewards_are_options_and_off_by_default():
     example = make_env_task("ToolArithmetic-v0").eval_examples()[2]
     right_call = format_tool_call("calculator", {"expression": example.meta["expression"]})

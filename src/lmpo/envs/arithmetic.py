@@ -94,19 +94,27 @@ class ToolArithmeticEnv(ToolEnv):
     ## Version
     v0: first version (the shaped rewards are options of v0: off, they leave its rewards unchanged).
 
-    ``expert_action()`` calls the calculator on the example's ``meta["expression"]``, then answers.
+    ``expert_action()`` calls the calculator on the example's ``meta["expression"]``, then answers; with
+    ``expert="memory"`` it answers at once with the right number (demonstrations of a second behaviour, for a
+    warm-up that leaves the choice to call the tool to the policy).
 
     Args:
         max_turns: turns (tool turns and the answer) before the episode is truncated.
         call_reward: shaped reward for calling the calculator on an expression with the right value (0: off).
         tool_answer_reward: shaped reward for answering with the last calculator output (0: off).
+        expert: what ``expert_action()`` demonstrates: ``"calculator"`` (call it, then answer) or ``"memory"``
+            (answer at once). It changes no reward or observation.
         task_options: options of ``ToolArithmeticTask`` for the problems ``reset(None)`` draws.
     """
 
     def __init__(self, max_turns: int = 4, call_reward: float = 0.0, tool_answer_reward: float = 0.0,
-                 **task_options) -> None:
+                 expert: str = "calculator", **task_options) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns} must be >= 1")
+        if expert not in ("calculator", "memory"):
+            raise ValueError(f"expert={expert!r} must be 'calculator' (call the tool, then answer) or 'memory' "
+                             "(answer at once)")
+        self.expert = expert
         for name, value in (("call_reward", call_reward), ("tool_answer_reward", tool_answer_reward)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value <= 1):
                 raise ValueError(f"{name}={value!r} must be a number in [0, 1] (a fraction of the answer's reward "
@@ -161,7 +169,7 @@ class ToolArithmeticEnv(ToolEnv):
         """Call the calculator on the expression, then answer with its value."""
         if self._answer is None:
             raise RuntimeError(f"{self.env_id}: no episode is running")
-        if self._called or self._expression is None:
+        if self._called or self._expression is None or self.expert == "memory":
             return self._answer
         return format_tool_call("calculator", {"expression": self._expression})
 
