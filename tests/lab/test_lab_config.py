@@ -152,7 +152,9 @@ def test_shipped_lab_configs_validate(path):
     assert cfg.train.loop.steps // cfg.train.eval.every_steps >= 3
     assert cfg.lab.sampled_eval_k >= 2
     for rlvcr in [o for o in cfg.grid.objectives if (o.label or o.preset) == "rlvcr"]:
-        assert rlvcr.train["rlvcr"]["family_action"] == "split"  # docs/rlvcr.md, "Collapse at small scale"
+        # docs/rlvcr.md, "The third cause, and the fix": the calibrated arm the lab judges
+        assert {k: rlvcr.train["rlvcr"].get(k) for k in ("family_action", "expansion_loss", "instruction")} == {
+            "family_action": "original", "expansion_loss": "sampled", "instruction": "{prompt}"}
     assert cfg.train.loop.minibatches_per_step * cfg.train.loop.epochs_per_step > 1  # off-policy
     assert cfg.train.rollout.max_new_tokens >= 16
 
