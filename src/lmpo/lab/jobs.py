@@ -215,6 +215,12 @@ def _float(v: Any) -> float:
         return float("nan")
 
 
+def _pooled_share(counts: list[float], totals: list[float]) -> float:
+    """Σ count / Σ total over the steps that logged a positive total (0 when none did)."""
+    pairs = [(c, n) for c, n in zip(counts, totals) if n == n and n > 0]
+    return sum(c for c, _ in pairs) / sum(n for _, n in pairs) if pairs else 0.0
+
+
 def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     """A cell's series (per RL step and per evaluation) and its scalar metrics, from ``metrics.jsonl``.
 
@@ -252,8 +258,6 @@ def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     endpoint = min(ENDPOINT_EVALS, len(after))  # docs/lab.md: a lab schedules at least ENDPOINT_EVALS
     accuracy = st.last_mean(after, endpoint) if endpoint else float("nan")
     coef = [v for v in series["entropy_coef"] if v == v]
-    rows_trained = [(e, n) for e, n in zip(series["rlvcr_expanded"], series["rlvcr_rows"]) if n == n and n > 0]
-    rows_acting = [(a, n) for a, n in zip(series["rlvcr_acting"], series["rlvcr_trained"]) if n == n and n > 0]
     nonfinite = sum(1 for name in ("reward", "entropy") for v in series[name] if not math.isfinite(v) and v == v)
     metrics = {
         "accuracy": accuracy,
@@ -273,10 +277,8 @@ def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
         "clip_high_frac": st.curve_area(series["clip_high_frac"]),
         "mask_frac": st.curve_area(series["mask_frac"]),
         "entropy_coef_active": sum(1 for v in coef if v > 0) / len(coef) if coef else 0.0,
-        "rlvcr_expanded_frac": (sum(e for e, _ in rows_trained) / sum(n for _, n in rows_trained)
-                                if rows_trained else 0.0),
-        "rlvcr_acting_frac": (sum(a for a, _ in rows_acting) / sum(n for _, n in rows_acting)
-                              if rows_acting else 0.0),
+        "rlvcr_expanded_frac": _pooled_share(series["rlvcr_expanded"], series["rlvcr_rows"]),
+        "rlvcr_acting_frac": _pooled_share(series["rlvcr_acting"], series["rlvcr_trained"]),
         "ptrw_phi_gap": 1.0 - st.curve_area(series["phi_mean"]) if any(v == v for v in series["phi_mean"])
         else float("nan"),
         "length": st.curve_area(series["length"]),

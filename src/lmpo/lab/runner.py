@@ -13,6 +13,7 @@ every job in this process, one after another (tests, notebooks); the numbers are
 
 from __future__ import annotations
 
+import functools
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmpo.config import changed_keys
 from lmpo.errors import RunError
 from lmpo.lab.config import ConfigError, LabConfig, lab_config_to_dict
 from lmpo.lab.grid import Job, plan_jobs, validate_lab_config
@@ -48,20 +50,24 @@ def _job_record(job: Job) -> dict[str, Any]:
     return {"kind": job.kind, "key": job.key, "spec": job.spec, "deps": list(job.deps), "labels": job.labels}
 
 
-def _without_new_defaults(old: Any, new: Any, defaults: Any) -> Any:
-    """``new`` less the keys that ``old`` lacks and whose value in ``new`` is the field's default."""
-    if not (isinstance(old, dict) and isinstance(new, dict)):
-        return new
-    out = {}
-    for key, value in new.items():
-        default = defaults.get(key, _MISSING) if isinstance(defaults, dict) else _MISSING
-        if key not in old and default is not _MISSING and value == default:
-            continue
-        out[key] = _without_new_defaults(old.get(key), value, default)
-    return out
+@functools.cache
+def _train_defaults() -> dict[str, Any]:
+    from lmpo.trainer.config import TrainConfig, config_to_dict
+
+    return config_to_dict(TrainConfig())
 
 
-_MISSING = object()
+def _default_at(dotted: str) -> Any:
+    """The default trainer-config value at ``dotted`` (``rollout.async_start_timeout_s``), or ``_ABSENT``."""
+    value: Any = _train_defaults()
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _ABSENT
+        value = value[part]
+    return value
+
+
+_ABSENT = "<absent>"  # how lmpo.config.changed_keys marks a key one side lacks
 
 
 def same_spec(old: Any, new: dict[str, Any]) -> bool:
@@ -69,23 +75,18 @@ def same_spec(old: Any, new: dict[str, Any]) -> bool:
 
     Equal specs are the same job. A spec written by an earlier lmpo lacks the trainer-config fields added
     since; such a field changes nothing while it sits at its default, which reproduces the earlier behaviour
-    (a new field must default to it), so those fields are dropped from ``new`` before comparing. Any other
-    difference (a changed value, a field the stored spec has and the plan lacks) is another configuration.
+    (a new field must default to it), so a ``train`` leaf the stored spec lacks and the plan holds at its
+    default is no difference. Any other difference (a changed value, a field the stored spec has and the plan
+    lacks, any key outside ``train``) is another configuration.
     """
     if not isinstance(old, dict) or set(old) != set(new):
         return False
-    if old == new:
-        return True
-    from lmpo.trainer.config import TrainConfig, config_to_dict
-
-    defaults = config_to_dict(TrainConfig())
-    for key, value in new.items():
-        other = old[key]
-        if key == "train" and isinstance(value, dict):
-            value = _without_new_defaults(other, value, defaults)
-        if other != value:
-            return False
-    return True
+    if any(old[key] != value for key, value in new.items() if key != "train"):
+        return False
+    if not (isinstance(old.get("train"), dict) and isinstance(new.get("train"), dict)):
+        return old.get("train") == new.get("train")
+    return all(was == _ABSENT and now == _default_at(key)
+               for key, was, now in changed_keys(old["train"], new["train"]))
 
 
 def _prepare(job: Job) -> None:
@@ -94,10 +95,8 @@ def _prepare(job: Job) -> None:
     record = _job_record(job)
     if path.exists():
         old = read_json(path)
-        if old.get("spec") == record["spec"]:
-            return
         if same_spec(old.get("spec"), record["spec"]):
-            return  # written by an lmpo without some trainer fields that sit at their defaults here: keep it
+            return  # the same job (possibly written by an lmpo without some trainer fields, at their defaults)
         if job.done():
             raise ConfigError(f"{job.dir} holds the finished result of a different configuration of {job.key}; "
                               "run the changed lab into a fresh `lab.dir` (or delete that directory to re-run "

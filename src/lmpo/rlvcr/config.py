@@ -12,6 +12,9 @@ from lmpo.config import ConfigError, check_fields
 from lmpo.config import option as _f
 from lmpo.objectives.objective import ADVANTAGE_SCALES
 
+EXPANSION_LOSS_MODES = ("all", "thinking", "sampled")
+"""Values of ``rlvcr.expansion_loss``: which completion tokens of an expanded row train (docs/rlvcr.md)."""
+
 
 @dataclass(frozen=True)
 class RLVCRConfig:
@@ -52,7 +55,7 @@ class RLVCRConfig:
                              "docs/rlvcr.md, 'Collapse at small scale') | sampled (only the tokens its "
                              "regeneration sampled, from the first that differs from its original's: not the shared "
                              "prefix, a closing tag the budget forced, or the action).",
-                             choices=("all", "thinking", "sampled"))
+                             choices=EXPANSION_LOSS_MODES)
     eps: float = _f(1e-4, "ε in (r − mean_g)/(std_g + ε) of the action advantage (the objectives' GRPO "
                    "default).", gt=0)
 

@@ -27,7 +27,7 @@ import torch
 
 from lmpo.generation import HFRollout, Rollout, eos_token_ids
 from lmpo.rlvcr.advantages import rlvcr_advantages
-from lmpo.rlvcr.config import RLVCRConfig
+from lmpo.rlvcr.config import EXPANSION_LOSS_MODES, RLVCRConfig
 from lmpo.rlvcr.thinking import (
     assign_levels,
     cut_generated_thinking,
@@ -39,8 +39,6 @@ from lmpo.rlvcr.thinking import (
 )
 
 Tensor = torch.Tensor
-
-EXPANSION_LOSS_MODES = ("all", "thinking", "sampled")
 
 
 @dataclass
@@ -320,7 +318,8 @@ def expansion_loss_mask(expansion: Expansion, mode: str) -> Tensor:
     (not the copied opening tag, not a closing tag added where the budget or an EOS cut the thinking, not the
     copied action), and of those, on a row trained on its original's prompt, only from the first one where it
     differs from the original's completion: the shared prefix (the start of a scratchpad the regeneration
-    repeated) is the same text in the same context as the original's, taught once by the original. Originals always keep their whole completion.
+    repeated) is the same text in the same context as the original's, taught once by the original. Originals
+    always keep their whole completion.
     """
     if mode not in EXPANSION_LOSS_MODES:
         raise ValueError(f"`rlvcr.expansion_loss` = {mode!r} must be one of {', '.join(EXPANSION_LOSS_MODES)}.")
