@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from lmpo.lab import stats as st
+from lmpo.lab.fits import fit_study
 from lmpo.lab.claims import CLAIMS, FAILS, HOLDS, INVALID, NO_EFFECT, NOT_RUN, NOT_TESTABLE, judge_all
 from lmpo.lab.config import (
     LabConfig,
@@ -130,7 +131,8 @@ def _claims(cfg: LabConfig):
 
 def training_study(cfg: LabConfig, summaries: dict[str, dict[int, dict]]) -> dict[str, Any]:
     """Per-objective statistics over seeds (t intervals), paired comparisons with the baselines (t intervals,
-    paired t-tests, minimum detectable effects), the validity of every objective's runs, curves with bands."""
+    paired t-tests, minimum detectable effects), the validity of every objective's runs, curves with bands, and
+    the compute–performance fits (``lmpo.lab.fits``)."""
     rp = cfg.report
     kw = {"confidence": rp.confidence}
     labels = list(summaries)
@@ -156,7 +158,8 @@ def training_study(cfg: LabConfig, summaries: dict[str, dict[int, dict]]) -> dic
         for label in labels}
     validity = {label: run_validity(summaries[label], rp.divergence_margin) for label in labels}
     return {"metrics": per_objective, "comparisons": comparisons, "one_sample": one_sample, "validity": validity,
-            "curves": {label: _curves(summaries[label], rp) for label in labels}}
+            "curves": {label: _curves(summaries[label], rp) for label in labels},
+            "fits": fit_study(summaries, sorted(_baselines(cfg)), confidence=rp.confidence)}
 
 
 def run_validity(by_seed: dict[int, dict], margin: float) -> dict[str, Any]:
@@ -423,6 +426,31 @@ def _verdict_table(cfg: dict, data: dict) -> list[str]:
     return out
 
 
+def _fit_cell(d: dict | None, digits: int = 3) -> str:
+    if not d:
+        return "—"
+    if d.get("ci") is None:
+        return f"not fitted ({d.get('reason') or 'no interval'})"
+    return f"{_f(d['mean'], digits)} [{_f(d['ci'][0], digits)}, {_f(d['ci'][1], digits)}]"
+
+
+def _fit_table(fits: dict | None, baseline: str) -> list[str]:
+    """The compute–performance fits (ScaleRL's sigmoid): ceiling A and efficiency B per objective with t intervals
+    over seeds, and their paired differences to the baseline; a fit that did not converge says so, with no number."""
+    if not fits:
+        return []
+    out = ["### Compute–performance fits", "",
+           f"R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) per seed, held-out accuracy against C = {fits['unit']}; "
+           f"mean over seeds [t interval]; Δ: paired difference to `{baseline}` (docs/lab.md, \"Compute–performance "
+           "fits\").", "",
+           "| objective | ceiling A | efficiency B | C_mid | Δ A | Δ B |", "|---|---|---|---|---|---|"]
+    for label, f in fits["objectives"].items():
+        comp = fits["comparisons"].get(label, {}).get(baseline) or {}
+        out.append(f"| `{label}` | {_fit_cell(f['a'])} | {_fit_cell(f['b'], 2)} | {_fit_cell(f['c_mid'], 1)} | "
+                   f"{_fit_cell(comp.get('a'))} | {_fit_cell(comp.get('b'), 2)} |")
+    return out + [""]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     cfg = report["config"]
     baseline = cfg["report"]["baseline"]
@@ -471,6 +499,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                     f"{_f(m['clip_frac']['mean'])} | {_f(m['mask_frac']['mean'])} | "
                     f"{_f(m['length']['mean'], 1)} / {_f(m['eval_length']['mean'], 1)} | {_f(m['steps_per_s']['mean'], 2)} |")
             out.append("")
+            out += _fit_table(tr.get("fits"), baseline)
         gr = data["gradients"]
         if gr:
             out += ["### Gradient study", "",
