@@ -8,7 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from lmpo.lab.fits import SigmoidFit, compare_fits, compute_curve, fit_over_seeds, fit_sigmoid, fit_study, sigmoid
+from lmpo.lab.fits import (
+    SigmoidFit,
+    compare_fits,
+    compute_curve,
+    fit_over_seeds,
+    fit_sigmoid,
+    fit_study,
+    sigmoid,
+)
 
 COMPUTE = np.linspace(0, 100, 21)
 

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from lmpo.lab import stats as st
-from lmpo.lab.fits import fit_study
 from lmpo.lab.claims import CLAIMS, FAILS, HOLDS, INVALID, NO_EFFECT, NOT_RUN, NOT_TESTABLE, judge_all
 from lmpo.lab.config import (
     LabConfig,
@@ -25,6 +24,7 @@ from lmpo.lab.config import (
     task_entries,
     task_label,
 )
+from lmpo.lab.fits import fit_study
 from lmpo.lab.grid import Job
 from lmpo.lab.jobs import read_json, write_json_atomic
 from lmpo.lab.staleness import staleness_study
