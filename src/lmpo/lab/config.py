@@ -54,6 +54,16 @@ class LabSection:
                              "(the rollout's temperature) for pass@k and avg@k (0: off).", ge=0)
     progress: str = _f("auto", "auto (a live status line on a terminal, plain lines otherwise) | lines | quiet "
                        "(nothing).", choices=("auto", "lines", "quiet"))
+    launcher: str = _f("local", "local (each job a worker process on this machine) | ray (each job a Ray task: "
+                       "the lab's jobs spread over a Ray cluster; docs/lab.md, 'Running on a Ray cluster').",
+                       choices=("local", "ray"))
+    ray_address: str = _f("", "With launcher ray: the cluster to submit to ('auto': the one this machine belongs to, "
+                          "or 'ray://HEAD:10001'); empty: start a Ray instance on this machine (127.0.0.1 only) "
+                          "for the lab's duration.")
+    resources: dict = _f({}, "With launcher ray: what one job of each kind reserves, "
+                         "`{warmup|train|gradients: {cpus: N, gpus: N}}` (default 1 CPU, 0 GPUs each).")
+    max_retries: int = _f(2, "With launcher ray: how many times a job whose worker process or node was lost is "
+                          "started again (it resumes from its newest checkpoint).", ge=0)
 
 
 @dataclass(frozen=True)

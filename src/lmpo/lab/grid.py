@@ -235,9 +235,23 @@ def _check_multiturn(cfg: LabConfig) -> None:
                           "single-turn rollouts, not episodes. Set gradients.enabled: false for a multi-turn lab.")
 
 
+def _check_resources(resources: dict) -> None:
+    """``lab.resources``: ``{kind: {cpus: N, gpus: N}}`` for the Ray launcher, every number ≥ 0."""
+    for kind, spec in resources.items():
+        if kind not in RESULT_FILES:
+            raise ConfigError(f"`lab.resources` names job kind {kind!r}; the kinds are {', '.join(RESULT_FILES)}.")
+        if not isinstance(spec, dict) or set(spec) - {"cpus", "gpus"}:
+            raise ConfigError(f"`lab.resources.{kind}` = {spec!r}; give a mapping with `cpus` and/or `gpus`, "
+                              "e.g. `{cpus: 1, gpus: 0.5}`.")
+        for key, value in spec.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ConfigError(f"`lab.resources.{kind}.{key}` = {value!r}; give a number ≥ 0.")
+
+
 def validate_lab_config(cfg: LabConfig) -> None:
     """Check the lab before any cell runs (each cell's trainer config is validated too). Raises ConfigError."""
     check_fields(cfg)  # ranges and choices of every field (the train section's too)
+    _check_resources(cfg.lab.resources)
     if not cfg.grid.seeds:
         raise ConfigError("`grid.seeds` is empty; give at least one seed (five or more for intervals).")
     if len(set(cfg.grid.seeds)) != len(cfg.grid.seeds):

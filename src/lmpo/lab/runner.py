@@ -7,7 +7,9 @@ configuration than the one planned is refused, so that results of two configs ne
 
 Each job runs as ``python -m lmpo.lab.worker JOB_DIR`` with its console in ``JOB_DIR/log.txt``; on Linux a
 worker dies with the lab process, and a worker holds an exclusive lock on ``JOB_DIR/.lock`` while it runs, so
-a second lab started on the same directory waits for it instead of running it twice. ``inline=True`` runs
+a second lab started on the same directory waits for it instead of running it twice. With ``lab.launcher: ray``
+the same worker command runs inside a Ray task per job (its kind's ``lab.resources``; a lost worker's task is
+retried and resumes from the job's checkpoint). ``inline=True`` runs
 every job in this process, one after another (tests, notebooks); the numbers are the same.
 """
 
@@ -157,6 +159,81 @@ class _Process:
         self.log.close()
 
 
+_BUSY = 75  # lmpo.lab.worker's exit status when another process holds the job
+
+
+def _run_worker_task(job_dir: str, busy_wait_s: float = 120.0) -> int:
+    """The body of one Ray task: ``python -m lmpo.lab.worker JOB_DIR`` on the node Ray chose, its console appended
+    to the job's log. A retried task can start while the lost attempt's worker still releases the job's lock:
+    it waits for the lock instead of failing."""
+    deadline = time.monotonic() + busy_wait_s
+    while True:
+        with open(Path(job_dir) / LOG_FILE, "a", encoding="utf-8") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} (ray task)\n")
+            log.flush()
+            code = subprocess.run([sys.executable, "-m", "lmpo.lab.worker", job_dir], stdout=log,
+                                  stderr=subprocess.STDOUT,
+                                  preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None).returncode
+        if code != _BUSY or time.monotonic() > deadline:
+            return code
+        time.sleep(1.0)
+
+
+class _RayLauncher:
+    """Submits jobs as Ray tasks (``lab.launcher: ray``) with the resources of their kind, and a lost worker's task
+    retried ``lab.max_retries`` times; results land in the job directories, as with local workers (a cluster of
+    several nodes needs the lab directory on a file system they share)."""
+
+    def __init__(self, cfg: LabConfig) -> None:
+        import os
+
+        import ray
+
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        if self.started:
+            # the worker processes import lmpo from where this process does (a source checkout on PYTHONPATH too)
+            env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                       "runtime_env": {"env_vars": env}}
+            if cfg.lab.ray_address:
+                ray.init(address=cfg.lab.ray_address, **options)
+            else:  # a private instance on this machine, reachable on 127.0.0.1 only
+                ray.init(address="local", num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **options)
+        self.task = ray.remote(_run_worker_task)
+        self.resources = cfg.lab.resources
+        self.max_retries = cfg.lab.max_retries
+
+    def start(self, job: Job) -> _RayJob:
+        spec = self.resources.get(job.kind, {})
+        ref = self.task.options(num_cpus=spec.get("cpus", 1), num_gpus=spec.get("gpus", 0),
+                                max_retries=self.max_retries, retry_exceptions=False).remote(str(job.dir))
+        return _RayJob(self.ray, ref)
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()
+
+
+class _RayJob:
+    def __init__(self, ray, ref) -> None:
+        self.ray, self.ref = ray, ref
+
+    def poll(self) -> int | None:
+        ready, _ = self.ray.wait([self.ref], timeout=0)
+        if not ready:
+            return None
+        try:
+            return int(self.ray.get(self.ref))
+        except self.ray.exceptions.RayError:  # lost more often than lab.max_retries allows
+            return 1
+
+    def stop(self) -> None:
+        ready, _ = self.ray.wait([self.ref], timeout=0)
+        if not ready:
+            self.ray.cancel(self.ref, force=True)
+
+
 def _tail(path: Path, lines: int = 5) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
@@ -197,8 +274,16 @@ def run_lab(cfg: LabConfig, *, inline: bool = False, report_only: bool = False, 
     if todo:
         progress.note(f"{root}: {len(jobs)} jobs, {len(skipped)} already finished, {len(todo)} to run"
                       + (" (inline)" if inline else f" ({cfg.lab.jobs} at a time)"))
-    ran = _run_inline(todo, by_key, progress, log) if inline else _run_parallel(todo, by_key, cfg.lab.jobs,
-                                                                                progress, poll_s)
+    if inline:
+        ran = _run_inline(todo, by_key, progress, log)
+    elif cfg.lab.launcher == "ray" and todo:
+        launcher = _RayLauncher(cfg)
+        try:
+            ran = _run_parallel(todo, by_key, cfg.lab.jobs, progress, poll_s, start=launcher.start)
+        finally:
+            launcher.close()
+    else:
+        ran = _run_parallel(todo, by_key, cfg.lab.jobs, progress, poll_s)
     progress.close()
     if progress.failed:
         first = by_key[progress.failed[0]]
@@ -248,9 +333,12 @@ def _run_inline(todo: list[Job], by_key: dict[str, Job], progress: Progress,
     return ran
 
 
-def _run_parallel(todo: list[Job], by_key: dict[str, Job], jobs: int, progress: Progress, poll_s: float) -> list[str]:
+def _run_parallel(todo: list[Job], by_key: dict[str, Job], jobs: int, progress: Progress, poll_s: float,
+                  start: Callable[[Job], Any] = _Process) -> list[str]:
+    """Keep ``jobs`` jobs running, dependencies first; ``start`` launches one (a local worker process, or a Ray
+    task) and returns a handle with ``poll()`` (``None`` while it runs, else its exit status) and ``stop()``."""
     pending = list(todo)
-    running: dict[str, _Process] = {}
+    running: dict[str, Any] = {}
     failed: set[str] = set()
     ran: list[str] = []
     try:
@@ -283,7 +371,7 @@ def _run_parallel(todo: list[Job], by_key: dict[str, Job], jobs: int, progress: 
                     if _locked(job.dir):
                         continue  # an orphaned worker of a killed lab still runs it: wait for its result
                     pending.remove(job)
-                    running[job.key] = _Process(job)
+                    running[job.key] = start(job)
                     progress.start(job.key)
             if not running and pending and all(_ready(j, by_key, failed) == "wait" for j in pending):
                 if not any(_locked(j.dir) for j in pending) and not any(
