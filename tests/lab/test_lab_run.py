@@ -47,7 +47,7 @@ def test_smoke_lab_writes_every_output_with_finite_numbers(finished_lab):
     assert len(result.ran) == 2 + 4 + 8 and not result.skipped
     for name in ("lab.json", "lab.md", "lab.yaml"):
         assert (root / name).stat().st_size > 0
-    for stem in ("accuracy", "reward", "entropy", "final", "gradients", "clipping"):
+    for stem in ("accuracy", "reward", "entropy", "final", "fits", "gradients", "clipping"):
         png = root / "plots" / f"{TASK}_{stem}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for label in ("grpo", "gspo"):
@@ -56,6 +56,12 @@ def test_smoke_lab_writes_every_output_with_finite_numbers(finished_lab):
     report = json.loads((root / "lab.json").read_text())
     assert report == json.loads(json.dumps(result.report))
     task = report["tasks"][TASK]
+    for label in ("grpo", "gspo"):  # every seed fitted (or refused with its reason), its points kept
+        fits = task["training"]["fits"]["objectives"][label]
+        assert set(fits["fits"]) == set(fits["points"]) == {"0", "1"}
+        assert all(f["status"] in ("converged", "unbounded", "failed") for f in fits["fits"].values())
+        assert fits["a"]["ci"] is not None or fits["a"]["reason"]
+    assert "### Compute–performance fits" in (root / "lab.md").read_text()
     for label in ("grpo", "gspo"):
         metrics = task["training"]["metrics"][label]
         for name in ("accuracy", "reward_auc", "entropy_start", "entropy_min", "entropy_end", "clip_frac",

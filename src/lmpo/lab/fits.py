@@ -240,10 +240,14 @@ def fit_study(summaries: Mapping[str, Mapping[Any, Mapping[str, Any]]], baseline
               confidence: float = 0.95) -> dict[str, Any]:
     """The lab's fits: per objective, :func:`fit_over_seeds` on every seed's :func:`compute_curve`, and per
     baseline the paired :func:`compare_fits` of ``A`` and ``B``."""
-    fits = {label: {seed: fit_sigmoid(*compute_curve(summary)) for seed, summary in sorted(by_seed.items())}
-            for label, by_seed in summaries.items()}
+    curves = {label: {seed: compute_curve(summary) for seed, summary in sorted(by_seed.items())}
+              for label, by_seed in summaries.items()}
+    fits = {label: {seed: fit_sigmoid(*curve) for seed, curve in by_seed.items()} for label, by_seed in curves.items()}
     out: dict[str, Any] = {"unit": "completion tokens per row, summed over RL steps", "comparisons": {},
                            "objectives": {label: summarise_fits(f, confidence=confidence) for label, f in fits.items()}}
+    for label, by_seed in curves.items():  # the points, so that a reader can refit and the plot can show them
+        out["objectives"][label]["points"] = {str(seed): {"compute": c, "accuracy": y}
+                                              for seed, (c, y) in by_seed.items()}
     for label in fits:
         for base in baselines:
             if base != label and base in fits:

@@ -7,6 +7,8 @@ objectives over seeds).
   every panel.
 - ``<task>_final.png``: held-out accuracy, reward area and final entropy per objective with intervals (one
   row per objective), the baseline's mean as a vertical line.
+- ``<task>_fits.png``: held-out accuracy against compute per objective, every seed's points and its fitted
+  sigmoid (``lmpo.lab.fits``; a seed whose fit did not converge shows its points only, dashed).
 - ``<task>_gradients.png``: gradient SNR and cosine to the on-policy direction per objective, one bar per
   snapshot, with jackknife intervals over the batches.
 - ``<task>_clipping.png``: clip fractions (low / high) and mask fractions per objective, training study and
@@ -61,6 +63,8 @@ def draw_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
                 written.append(_curves(data["training"], baseline, key, title, out_dir / f"{task}_{stem}.png", task,
                                        report["config"]["report"]["confidence"]))
             written.append(_final(data["training"], baseline, out_dir / f"{task}_final.png", task))
+            if data["training"].get("fits"):
+                written.append(_fits(data["training"]["fits"], out_dir / f"{task}_fits.png", task))
         if data.get("gradients"):
             written.append(_gradients(data["gradients"], out_dir / f"{task}_gradients.png", task))
         if data.get("training") or data.get("gradients"):
@@ -118,6 +122,40 @@ def _curves(training: dict, baseline: str, key: str, title: str, path: Path, tas
     smoothed = f", moving average over {width} steps" if width > 1 else ""
     return _save(fig, path, f"{task}: {title}, mean over seeds with {confidence:.0%} t band{smoothed} "
                  f"(grey: {baseline})")
+
+
+def _fits(fits: dict, path: Path, task: str) -> Path:
+    """One panel per objective (5 per row): each seed's (compute, accuracy) points and its fitted sigmoid."""
+    import numpy as np
+
+    from lmpo.lab.fits import sigmoid
+
+    plt = _plt()
+    labels = list(fits["objectives"])
+    cols = min(5, len(labels))
+    rows = -(-len(labels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 0.6, 2.1 * rows + 0.8), sharex=True, sharey=True,
+                             squeeze=False)
+    for ax in axes.flat[len(labels):]:
+        ax.set_visible(False)
+    for ax, label in zip(axes.flat, labels):
+        entry = fits["objectives"][label]
+        for i, (seed, pts) in enumerate(entry.get("points", {}).items()):
+            color = f"C{i % 10}"
+            fit = entry["fits"].get(seed, {})
+            converged = fit.get("status") == "converged"
+            ax.plot(pts["compute"], pts["accuracy"], "o" if converged else "o--", color=color, ms=2.5, lw=0.6,
+                    alpha=0.8)
+            if converged:
+                grid = np.linspace(0.0, max(pts["compute"]), 100)
+                ax.plot(grid, sigmoid(grid, fit["r0"], fit["a"], fit["b"], fit["c_mid"]), color=color, lw=1)
+        a = entry["a"]
+        ax.set_title(f"{label}: A {_v(a['mean']):.3f}" if a.get("ci") else f"{label}: A not fitted", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("compute (tokens per row)", fontsize=8)
+    return _save(fig, path, f"{task}: held-out accuracy against compute, each seed's points and fitted sigmoid")
 
 
 def _final(training: dict, baseline: str, path: Path, task: str) -> Path:
