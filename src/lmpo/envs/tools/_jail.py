@@ -11,7 +11,7 @@ Standard library only (it runs without ``site``) and never imported by lmpo. Thr
   the child does; the kernel then kills whatever is left in the namespace before the supervisor's wait returns.
 - the *child*: a user namespace of its own whose uid 0 is the unprivileged uid 65534 outside (the caller's own
   uid when the caller is not root), no capabilities, ``no_new_privs``, rlimits, a seccomp filter that refuses
-  ``socket(AF_UNIX)``, then ``execve`` of ``python -I -B main.py``.
+  ``socket(AF_UNIX)`` and new namespaces, then ``execve`` of ``python -I -B main.py``.
 
 SPEC (JSON): python, cpu_time_s, memory_mb, max_processes, output_bytes, timeout_s, caller (pid), fds (code,
 stdout, stderr), python_dirs (directories the interpreter needs), env.
@@ -37,8 +37,14 @@ AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP = 1, 4, 22, 24
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 SECCOMP_MODE_FILTER = 2
-#: machine -> (audit arch, mount_setattr, socket) syscall numbers
-ARCHES = {"x86_64": (0xC000003E, 442, 41), "aarch64": (0xC00000B7, 442, 198)}
+#: machine -> audit arch and the syscall numbers the jail uses or filters
+ARCHES = {
+    "x86_64": {"audit": 0xC000003E, "mount_setattr": 442, "socket": 41, "clone": 56, "unshare": 272,
+               "setns": 308, "clone3": 435, "io_uring_setup": 425},
+    "aarch64": {"audit": 0xC00000B7, "mount_setattr": 442, "socket": 198, "clone": 220, "unshare": 97,
+                "setns": 268, "clone3": 435, "io_uring_setup": 425},
+}
+NAMESPACE_FLAGS = 0x02000000 | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 WORK = "/tmp"
 
 
@@ -65,10 +71,10 @@ def mount(source, target, fstype, flags, data=None) -> None:
     check(libc.mount(*args, ctypes.c_ulong(flags), None if data is None else data.encode()), f"mount {target}")
 
 
-def make_read_only(path: str, arch: tuple) -> None:
+def make_read_only(path: str, arch: dict) -> None:
     """Read-only and nosuid on ``path`` and every mount below it (``mount_setattr``, Linux 5.12)."""
     attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
-    check(libc.syscall(ctypes.c_long(arch[1]), ctypes.c_long(AT_FDCWD), path.encode(),
+    check(libc.syscall(ctypes.c_long(arch["mount_setattr"]), ctypes.c_long(AT_FDCWD), path.encode(),
                        ctypes.c_long(AT_RECURSIVE), attr, ctypes.c_long(len(attr))), f"mount_setattr {path}")
 
 
@@ -82,7 +88,7 @@ def closed_ancestor(path: str) -> str | None:
     return None
 
 
-def build_filesystem(spec: dict, arch: tuple, as_root: bool) -> None:
+def build_filesystem(spec: dict, arch: dict, as_root: bool) -> None:
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here propagates to the caller's mounts
     # as root the child runs as uid 65534, which cannot enter e.g. /root where the interpreter may live: keep
     # handles on the interpreter's directories, hide the closed ancestor under a tmpfs and bind them back
@@ -109,17 +115,24 @@ def build_filesystem(spec: dict, arch: tuple, as_root: bool) -> None:
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this pid namespace's processes only
 
 
-def seccomp_filter(arch: tuple) -> bytes:
-    """BPF: another architecture (i386 calls) kills, x32 calls fail, ``socket(AF_UNIX, …)`` fails with EACCES:
-    path-bound Unix sockets are reachable through a read-only mount, so the family is refused instead."""
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, kill, deny = 0x7FFF0000, 0x80000000, 0x00050000 | 13
-    insns = [
-        (ld, 0, 0, 4), (jeq, 1, 0, arch[0]), (ret, 0, 0, kill),
-        (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, deny),
-        (jeq, 0, 3, arch[2]), (ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, deny),
-        (ret, 0, 0, allow),
-    ]
+def seccomp_filter(arch: dict) -> bytes:
+    """The BPF program: another architecture's calls (i386) kill; x32 calls, ``unshare``, ``setns`` and
+    ``clone`` with a namespace flag fail with EPERM (user namespaces need no privilege: without this the code
+    could make one and hold every capability in it); ``clone3`` and ``io_uring_setup`` (whose arguments a filter
+    cannot read, or whose operations it never sees) fail with ENOSYS, so that libc falls back to ``clone``;
+    ``socket(AF_UNIX, …)`` fails with EACCES: path-bound Unix sockets are reachable through a read-only mount."""
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, kill, errno = 0x7FFF0000, 0x80000000, 0x00050000
+    eperm, eacces, enosys = errno | 1, errno | 13, errno | 38
+    insns = [(ld, 0, 0, 4), (jeq, 1, 0, arch["audit"]), (ret, 0, 0, kill),
+             (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
+    for name, action in (("unshare", eperm), ("setns", eperm), ("clone3", enosys), ("io_uring_setup", enosys)):
+        insns += [(jeq, 0, 1, arch[name]), (ret, 0, 0, action)]
+    for name, test, value, action in (("socket", jeq, 1, eacces), ("clone", jset, NAMESPACE_FLAGS, eperm)):
+        # the call's first argument (offset 16 of seccomp_data; its low 32 bits) decides
+        insns += [(jeq, 0, 4, arch[name]), (ld, 0, 0, 16), (test, 0, 1, value), (ret, 0, 0, action),
+                  (ret, 0, 0, allow)]
+    insns.append((ret, 0, 0, allow))
     return b"".join(struct.pack("HBBI", *i) for i in insns)
 
 
@@ -127,7 +140,7 @@ class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def drop_privileges(arch: tuple) -> None:
+def drop_privileges(arch: dict) -> None:
     """No capabilities now or after execve (empty bounding set), no_new_privs, the seccomp filter."""
     last_cap = int(open("/proc/sys/kernel/cap_last_cap").read())
     for cap in range(last_cap + 1):
@@ -142,7 +155,7 @@ def drop_privileges(arch: tuple) -> None:
     check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
-def child(spec: dict, arch: tuple, as_root: bool, ready_w: int, go_r: int) -> None:
+def child(spec: dict, arch: dict, as_root: bool, ready_w: int, go_r: int) -> None:
     """Set up the child; the caller reports any exception (status pipe)."""
     import resource
 
@@ -176,7 +189,7 @@ def child(spec: dict, arch: tuple, as_root: bool, ready_w: int, go_r: int) -> No
     os.execve(spec["python"], [spec["python"], "-I", "-B", "main.py"], spec["env"])
 
 
-def init(spec: dict, arch: tuple, as_root: bool, status_w: int) -> None:
+def init(spec: dict, arch: dict, as_root: bool, status_w: int) -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     # pid 1 ignores signals it has no handler for: a handler makes the alarm (a backstop should the

@@ -50,7 +50,7 @@ _SOCKET_GUARD = (
     "del _s, _no_network\n"
 )
 _OUTPUT_FILE_BYTES = 1 << 20
-_JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
+JAIL_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
 #: weakest first
 MODES = ("none", "network", "jail")
 _ENV = {"PATH": "/usr/bin:/bin", "PYTHONIOENCODING": "utf-8",
@@ -223,19 +223,26 @@ def _result(fds: dict, returncode: int | None, limit: str | None, cpu_s: float |
                          seconds=time.monotonic() - start)
 
 
+def jail_spec(fds: dict, *, timeout_s: float, cpu_time_s: int, memory_mb: int, max_processes: int,
+              python: str = sys.executable) -> dict:
+    """The SPEC argument of ``_jail.py`` (its docstring): ``python`` runs the program."""
+    python_dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                   os.path.dirname(os.path.realpath(sys.executable))} if python == sys.executable else {
+                   os.path.dirname(os.path.dirname(os.path.realpath(python)))}
+    return {"python": python, "cpu_time_s": cpu_time_s, "memory_mb": memory_mb, "max_processes": max_processes,
+            "output_bytes": _OUTPUT_FILE_BYTES, "timeout_s": timeout_s, "caller": os.getpid(), "fds": fds,
+            "python_dirs": sorted(python_dirs), "env": {**_ENV, "HOME": "/tmp"}}
+
+
 def _run_jail(code: str, *, timeout_s: float, cpu_time_s: int, memory_mb: int, max_processes: int,
               max_output_chars: int) -> SandboxResult:
     fds = {"code": _memfile("code", code.encode("utf-8", errors="surrogatepass")),
            "stdout": _memfile("stdout"), "stderr": _memfile("stderr")}
     try:
-        python_dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                       os.path.dirname(os.path.realpath(sys.executable))}
-        spec = {"python": sys.executable, "cpu_time_s": cpu_time_s, "memory_mb": memory_mb,
-                "max_processes": max_processes, "output_bytes": _OUTPUT_FILE_BYTES, "timeout_s": timeout_s,
-                "caller": os.getpid(), "fds": fds, "python_dirs": sorted(python_dirs),
-                "env": {**_ENV, "HOME": "/tmp"}}
+        spec = jail_spec(fds, timeout_s=timeout_s, cpu_time_s=cpu_time_s, memory_mb=memory_mb,
+                         max_processes=max_processes)
         start = time.monotonic()
-        with subprocess.Popen([sys.executable, "-I", "-S", "-B", _JAIL, json.dumps(spec)], stdin=subprocess.DEVNULL,
+        with subprocess.Popen([sys.executable, "-I", "-S", "-B", JAIL_SCRIPT, json.dumps(spec)], stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=tuple(fds.values()),
                               env={}, start_new_session=True) as proc:
             try:  # the jail enforces the wall clock itself; this backstop covers a jail that hangs
