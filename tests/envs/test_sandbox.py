@@ -7,6 +7,7 @@ the reproductions are those of the probes that broke the earlier, network-namesp
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import shutil
 import signal
@@ -373,12 +374,12 @@ def test_jail_as_an_unprivileged_user():
            "stderr": sandbox._memfile("stderr")}
     spec = sandbox.jail_spec(fds, timeout_s=10, cpu_time_s=2, memory_mb=128, max_processes=8, python=python)
     done = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", python, "-I", "-S",
-                           "-B", sandbox.JAIL_SCRIPT, json.dumps(spec)], capture_output=True, text=True,
+                           "-B", sandbox.JAIL_SCRIPT, marshal.dumps(spec).hex()], capture_output=True,
                           pass_fds=tuple(fds.values()), env={}, timeout=60)
     stdout = os.pread(fds["stdout"], 1 << 16, 0).decode()
     for fd in fds.values():
         os.close(fd)
-    status = json.loads(done.stdout)
+    status = marshal.loads(done.stdout)
     if "unshare(CLONE_NEWUSER)" in status.get("error", ""):
         pytest.skip(f"user namespaces are not allowed to users here: {status['error']}")
     assert status.get("exit") == 0, (status, stdout)

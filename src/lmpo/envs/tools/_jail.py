@@ -4,7 +4,7 @@ Standard library only (it runs without ``site``) and never imported by lmpo. Thr
 
 - the *supervisor* (this script; the caller's child, in the caller's namespaces): dies with the caller
   (``PR_SET_PDEATHSIG``), enters new mount, pid, network, IPC and UTS namespaces (first a user namespace of its
-  own when not run as root), forks the init and enforces the wall clock. It prints one JSON status line.
+  own when not run as root), forks the init and enforces the wall clock. It writes its status (``marshal``) to stdout.
 - the *init* (pid 1 of the new pid namespace; dies with the supervisor): builds the filesystem view (read-only
   root, one size-capped tmpfs for ``/tmp`` = the work directory, ``/dev/shm``, ``/run`` and ``/var/tmp``, a
   ``/proc`` of the new pid namespace), writes the program, forks the child, reaps every process and exits when
@@ -13,15 +13,16 @@ Standard library only (it runs without ``site``) and never imported by lmpo. Thr
   uid when the caller is not root), no capabilities, ``no_new_privs``, rlimits, a seccomp filter that refuses
   ``socket(AF_UNIX)`` and new namespaces, then ``execve`` of ``python -I -B main.py``.
 
-SPEC (JSON): python, cpu_time_s, memory_mb, max_processes, output_bytes, timeout_s, caller (pid), fds (code,
+SPEC (``marshal``, hex): python, cpu_time_s, memory_mb, max_processes, output_bytes, timeout_s, caller (pid), fds (code,
 stdout, stderr), python_dirs (directories the interpreter needs), env.
 """
 
+import _signal as signal  # the C module: ``signal`` imports enum, which the jail's start-up can do without
 import ctypes
-import json
+import io
+import marshal
 import os
 import select
-import signal
 import struct
 import sys
 
@@ -63,7 +64,7 @@ def write(path: str, text: str) -> None:
 
 
 def report(fd: int, status: dict) -> None:
-    os.write(fd, json.dumps(status).encode() + b"\n")
+    os.write(fd, marshal.dumps(status))
 
 
 def mount(source, target, fstype, flags, data=None) -> None:
@@ -229,7 +230,7 @@ def init(spec: dict, arch: dict, as_root: bool, status_w: int) -> None:
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    spec = marshal.loads(bytes.fromhex(sys.argv[1]))
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != spec["caller"]:
         return  # the caller died before the parent-death signal was set
@@ -261,15 +262,19 @@ def main() -> None:
         os.kill(pid, signal.SIGKILL)
         limit = "wall_clock"
     os.waitpid(pid, 0)  # returns once the kernel has killed and reaped every process of the namespace
-    status = {"limit": limit}
+    reports = []
     with os.fdopen(status_r, "rb") as fh:  # EOF: every process that held the pipe is gone
-        for line in reversed(fh.read().splitlines()):  # a setup error (written first) wins
-            status.update(json.loads(line))
-    print(json.dumps(status), flush=True)
+        stream = io.BytesIO(fh.read())
+        while stream.tell() < len(stream.getbuffer()):
+            reports.append(marshal.load(stream))
+    status = {"limit": limit}
+    for one in reversed(reports):  # a setup error (written first) wins
+        status.update(one)
+    sys.stdout.buffer.write(marshal.dumps(status))
 
 
 if __name__ == "__main__":
     try:
         main()
     except OSError as e:
-        print(json.dumps({"error": str(e)}), flush=True)
+        sys.stdout.buffer.write(marshal.dumps({"error": str(e)}))

@@ -25,7 +25,7 @@ a test in ``tests/envs/test_sandbox.py`` that fails if it stops holding.
 from __future__ import annotations
 
 import functools
-import json
+import marshal
 import os
 import resource
 import select
@@ -242,7 +242,7 @@ def _run_jail(code: str, *, timeout_s: float, cpu_time_s: int, memory_mb: int, m
         spec = jail_spec(fds, timeout_s=timeout_s, cpu_time_s=cpu_time_s, memory_mb=memory_mb,
                          max_processes=max_processes)
         start = time.monotonic()
-        with subprocess.Popen([sys.executable, "-I", "-S", "-B", JAIL_SCRIPT, json.dumps(spec)], stdin=subprocess.DEVNULL,
+        with subprocess.Popen([sys.executable, "-I", "-S", "-B", JAIL_SCRIPT, marshal.dumps(spec).hex()], stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=tuple(fds.values()),
                               env={}, start_new_session=True) as proc:
             try:  # the jail enforces the wall clock itself; this backstop covers a jail that hangs
@@ -252,9 +252,9 @@ def _run_jail(code: str, *, timeout_s: float, cpu_time_s: int, memory_mb: int, m
                 proc.communicate()
                 raise SandboxError(f"the sandbox's jail did not end {timeout_s + 30:.0f} s after it "
                                    "started") from None
-        try:
-            status = json.loads(out.decode().strip().splitlines()[-1])
-        except (IndexError, ValueError):
+        try:  # written by the jail's supervisor before and after the program, never by the program
+            status = marshal.loads(out)
+        except (EOFError, ValueError, TypeError):
             raise SandboxError(f"the sandbox's jail failed (exit status {proc.returncode}): "
                                f"{err.decode(errors='replace').strip()[-500:]}") from None
         if "error" in status:
