@@ -32,6 +32,7 @@ from lmpo.envs.tools import (
     run_tool_call,
     sandbox,
 )
+from lmpo.errors import InputError
 
 jail = pytest.mark.skipif(isolation().mode != "jail", reason=f"no jail here: {isolation().reason}")
 
@@ -48,7 +49,7 @@ def test_jail_in_force_as_root():
     iso = isolation()
     assert iso.mode == "jail", iso.reason
     assert set(iso.properties) >= {"network", "processes", "process_count", "privileges", "filesystem",
-                                   "dies_with_caller", "cpu_time", "memory", "output", "environment"}
+                                   "dies_with_caller", "wall_clock", "cpu_time", "memory", "output", "environment"}
     assert iso.missing == () and network_isolation() == "netns"
 
 
@@ -438,7 +439,7 @@ def test_require_refuses_a_weaker_mode(monkeypatch):
         run_python("print(1)", require="jail")
     with pytest.raises(SandboxError, match="`sandbox.require` = 'jail'"):
         python_tool(require="jail")
-    with pytest.raises(SandboxError, match="not a sandbox mode"):
+    with pytest.raises(InputError, match="not a sandbox mode"):
         sandbox.check_require("strict")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -39,7 +39,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from lmpo.envs.tools.base import Tool, cap_output
-from lmpo.errors import RunError
+from lmpo.errors import InputError, RunError
 
 #: prepended to the user's code in mode "none" (see the module docstring)
 _SOCKET_GUARD = (
@@ -71,6 +71,7 @@ _JAIL_PROPERTIES = {
     "privileges": "no capabilities, no_new_privs, seccomp (socket(AF_UNIX) refused)",
     "filesystem": "read-only root; one tmpfs of memory_mb writable at /tmp (work dir), /dev/shm, /run, /var/tmp",
     "dies_with_caller": "parent-death signal on the jail's supervisor and init",
+    "wall_clock": "the whole tree (its pid namespace) killed at timeout_s",
     "memory": "RLIMIT_AS per process: the tree holds at most max_processes x memory_mb, plus the tmpfs",
 }
 
@@ -112,7 +113,7 @@ def isolation() -> Isolation:
                                   "privileges": f"{user}, " + _JAIL_PROPERTIES["privileges"]})
     reason = f"jail unavailable: {reason}"
     weaker = {"wall_clock": "process group killed (a setsid child escapes)", **_COMMON}
-    missing = tuple(k for k in _JAIL_PROPERTIES if k != "network")
+    missing = tuple(k for k in _JAIL_PROPERTIES if k not in ("network", "wall_clock", "memory"))
     unshare = _unshare_flags()
     if unshare:
         return Isolation("network", {"network": f"unshare {' '.join(unshare[1:])}", **weaker}, missing, reason)
@@ -159,8 +160,8 @@ def check_require(require: str | None) -> Isolation:
     """The isolation in force, refused (:class:`SandboxError`) when weaker than ``require``; ``None`` accepts
     the strongest available, with a one-line warning when that is weaker than a jail."""
     if require is not None and require not in MODES:
-        raise SandboxError(f"`sandbox.require` = {require!r} is not a sandbox mode; use one of "
-                           f"{', '.join(MODES)} (jail is the strongest).")
+        raise InputError(f"`sandbox.require` = {require!r} is not a sandbox mode; use one of "
+                         f"{', '.join(MODES)} (jail is the strongest).")
     iso = isolation()
     if require is None:
         if iso.mode != "jail":
