@@ -169,9 +169,18 @@ def test_calculator_values(expression, value):
     ("1 +", "not an expression"),
     ("1+" * 150 + "1", "longer than 200"),
     ("sqrt(-1)", "sqrt"),
+    ("9" * 190 + "**64", "more than 100 digits"),  # str() of the power would pass Python's 4,300-digit guard
+    ("9" * 101, "more than 100 digits"),
+    ("(-8)**0.5", "not a real number"),
+    ("round(2, -10**9)", "digits -1000000000 beyond"),  # 10**(10**9): minutes of uninterruptible work
+    ("round(2.5, 10**9)", "digits 1000000000 beyond"),
+    ("round(1, 1.5)", "round:"),
+    ("1e308*10", "not finite"),
 ])
 def test_calculator_refuses(expression, error):
+    start = time.monotonic()
     with pytest.raises(CalculatorError, match=error):
         calculate(expression)
+    assert time.monotonic() - start < 0.5  # refused before any large computation
     result = run_tool_call([calculator_tool()], ToolCall("calculator", {"expression": expression}))
     assert not result.ok and error in result.output

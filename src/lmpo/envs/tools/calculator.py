@@ -3,7 +3,10 @@
 Allowed: integer and decimal literals, ``+ - * / // % **``, unary ``+ -``, parentheses and the functions
 ``abs``, ``round``, ``min``, ``max``, ``sqrt``. Anything else (names, attributes, calls of other functions,
 strings, comprehensions…) is refused before evaluation. Work is bounded: expressions up to
-``MAX_EXPRESSION_CHARS`` characters, exponents up to ``MAX_EXPONENT``, results up to ``MAX_DIGITS`` digits.
+``MAX_EXPRESSION_CHARS`` characters, exponents up to ``MAX_EXPONENT``, numbers (literals, intermediate values and
+results) up to ``MAX_DIGITS`` digits, ``round``'s digits up to ``MAX_DIGITS``; every operation is then a few
+arithmetic steps on numbers of at most ``MAX_DIGITS * MAX_EXPONENT`` digits. Complex results are refused.
+Every refusal is a :class:`CalculatorError`.
 
 >>> calculate("(12+30)*2")
 '84'
@@ -33,11 +36,17 @@ class CalculatorError(ValueError):
     """The expression is not allowed or cannot be evaluated; the message says why."""
 
 
+_LARGEST = 10**MAX_DIGITS
+
+
 def _check_size(value: int | float) -> int | float:
-    if isinstance(value, int) and len(str(abs(value))) > MAX_DIGITS:
+    # compared, never converted to text: str() of a huge int is itself slow and refused past 4,300 digits
+    if isinstance(value, int) and abs(value) >= _LARGEST:
         raise CalculatorError(f"result has more than {MAX_DIGITS} digits")
     if isinstance(value, float) and not math.isfinite(value):
         raise CalculatorError("result is not finite")
+    if not isinstance(value, (int, float)):
+        raise CalculatorError(f"result is not a real number ({type(value).__name__})")
     return value
 
 
@@ -45,7 +54,7 @@ def _eval(node: ast.AST) -> int | float:
     if isinstance(node, ast.Expression):
         return _eval(node.body)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return _check_size(node.value)
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval(node.left), _eval(node.right)
         if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
@@ -57,13 +66,16 @@ def _eval(node: ast.AST) -> int | float:
         except OverflowError:
             raise CalculatorError("result is too large") from None
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_eval(node.operand))
+        return _check_size(_UNARY[type(node.op)](_eval(node.operand)))
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
             and not node.keywords):
         args = [_eval(a) for a in node.args]
+        if node.func.id == "round" and len(args) == 2 and isinstance(args[1], int) and abs(args[1]) > MAX_DIGITS:
+            # round(2, -10**9) computes 10**(10**9): minutes of work no thread timeout can interrupt
+            raise CalculatorError(f"round: digits {args[1]} beyond ±{MAX_DIGITS}")
         try:
             return _check_size(_FUNCTIONS[node.func.id](*args))
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, ArithmeticError) as e:
             raise CalculatorError(f"{node.func.id}: {e}") from None
     raise CalculatorError(f"{type(node).__name__} is not allowed (numbers, + - * / // % **, parentheses and "
                           f"{', '.join(_FUNCTIONS)} only)")
@@ -83,7 +95,12 @@ def calculate(expression: str) -> str:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as e:
         raise CalculatorError(f"not an expression: {e.msg}") from None
-    value = _eval(tree)
+    try:
+        value = _eval(tree)
+    except (ArithmeticError, ValueError, TypeError, RecursionError, MemoryError) as e:
+        if isinstance(e, CalculatorError):
+            raise
+        raise CalculatorError(f"cannot evaluate: {type(e).__name__}: {e}") from None
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() and abs(value) < 1e15 else format(value, ".12g")
     return str(value)
