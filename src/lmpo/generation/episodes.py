@@ -351,11 +351,18 @@ class EpisodeRunner:
 
     def _env_failed(self, episode: Episode, index: int, turn: int | None, what: str, error: BaseException) -> None:
         where = "reset" if turn is None else f"turn {turn}"
+        detail = " ".join(str(error).split())[:500]
         message = (f"environment {episode.env_id or '?'} failed at {where} of episode {index} "
-                   f"(seed {episode.seed}): {what}: {type(error).__name__}: {error}")
+                   f"(seed {episode.seed}): {what}: {type(error).__name__}: {detail}")
         if self.on_env_error == "raise":
-            raise EnvError(message + ". Fix the environment, or run with on_env_error='truncate' to end such "
-                           "episodes as truncated (counted in episodes/end_env_error).") from error
+            if isinstance(error, TimeoutError):
+                fix = (f"Find why it hangs, or raise `env.step_timeout_s` (now {self.step_timeout_s:g} s; "
+                       "EpisodeRunner(step_timeout_s=...))")
+            else:
+                fix = "Fix the environment (lmpo.envs.check_env finds most such faults)"
+            raise EnvError(f"{message}. {fix}, or set `env.on_env_error: truncate` (EpisodeRunner(on_env_error="
+                           "'truncate')) to end such episodes as truncated, counted in episodes/end_env_error."
+                           ) from error
         episode._end("env_error", message)
 
     def run(self, env: str | Callable[[], LMEnv], examples: Sequence[Example | None], completions_per_example: int = 1,
