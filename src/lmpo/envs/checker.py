@@ -130,9 +130,10 @@ def episode_succeeded(rewards: Sequence[float], infos: Sequence[dict]) -> bool:
 
 
 def expert_budget_problem(episode, budget: EpisodeBudget, turn_tokens: Sequence[int] = (),
-                          prefix: str = "budget") -> str | None:
+                          prefix: str = "budget", require_success: bool = True) -> str | None:
     """Why an expert episode played under ``budget`` is no demonstration, or None: a budget cut it (named as
-    ``{prefix}.<field>`` with its value and what the expert needed) or it ended without success.
+    ``{prefix}.<field>`` with its value and what the expert needed), the environment failed, or (with
+    ``require_success``) it ended without success.
 
     ``episode``: an ``lmpo.generation.episodes.Episode`` played with ``expert=True``; ``turn_tokens``: the
     tokens each expert turn needed (its text and the stop token), when known.
@@ -152,7 +153,7 @@ def expert_budget_problem(episode, budget: EpisodeBudget, turn_tokens: Sequence[
                 "it (or the environment's own turn limit is higher than the budget's)")
     if reason == "env_error":
         return f"the environment failed during the expert's episode: {episode.error}"
-    if not episode_succeeded(episode.rewards, episode.infos):
+    if require_success and not episode_succeeded(episode.rewards, episode.infos):
         return (f"the expert's episode ended ({reason}) without success (return {episode.episode_return:g}): the "
                 "expert or the reward is wrong, and its demonstrations would teach failing")
     return None
@@ -220,33 +221,45 @@ def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: in
     env.close()
 
 
-class _Recording:
-    """An environment whose ``expert_action`` texts are recorded (how many tokens each needed), otherwise the
-    environment itself."""
+class _Unclosed:
+    """The environment under check as the episode driver sees it, except that the driver's ``close`` after its
+    episode does not close it (``check_env`` goes on with it and closes it once, at the end)."""
 
     def __init__(self, env: LMEnv) -> None:
-        self.env, self.texts = env, []
+        self.env = env
 
     def expert_action(self) -> str:
-        text = _call(self.env, "expert_action()", self.env.expert_action)
-        self.texts.append(text)
-        return text
+        return _call(self.env, "expert_action()", self.env.expert_action)
 
-    def close(self) -> None:  # check_env closes the environment itself, once
+    def close(self) -> None:
         pass
 
     def __getattr__(self, name: str):
         return getattr(self.env, name)
 
 
+def play_expert(runner, factory: Callable[[], LMEnv], example: Example | None, seed: int):
+    """One expert episode of ``factory()``'s environment through ``runner`` (an ``EpisodeRunner``): the episode
+    and the tokens each expert turn needed (its text and the stop token), which the budget may have cut."""
+    texts: list[str] = []
+
+    def recording():
+        env = factory()
+        expert = env.expert_action
+        env.expert_action = lambda: texts.append(expert()) or texts[-1]
+        return env
+
+    episode = runner.run(recording, [example], 1, seed=seed, expert=True)[0]
+    needed = [len(runner.tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]
+    return episode, needed
+
+
 def _check_expert_under_budget(env: LMEnv, example: Example | None, seed: int, budget: EpisodeBudget, tokenizer,
                                chat_template: str | None) -> None:
     from lmpo.generation.episodes import EpisodeRunner
 
-    recording = _Recording(env)
     runner = EpisodeRunner(None, tokenizer, budget, chat_template=chat_template, on_env_error="truncate")
-    episode = runner.run(lambda: recording, [example], 1, seed=seed, expert=True)[0]
-    needed = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in recording.texts]
+    episode, needed = play_expert(runner, lambda: _Unclosed(env), example, seed)
     problem = expert_budget_problem(episode, budget, needed)
     if problem is not None:
         raise _fail(env, problem)

@@ -25,7 +25,7 @@ import torch
 
 from lmpo.config import ConfigError, flat_aliases
 from lmpo.config import option as _f
-from lmpo.envs import ENVS, EpisodeBudget, make_env
+from lmpo.envs import ENVS, EpisodeBudget, LMEnv, make_env
 from lmpo.envs.base import is_registered, unknown_env_message
 from lmpo.envs.plugins import import_env_modules
 from lmpo.errors import InputError
@@ -91,10 +91,14 @@ def validate_env(cfg, objective) -> None:
         if changed:
             raise ConfigError(f"`env.{changed[0]}` is set but `env.id` is not: it only acts on multi-turn runs. Set "
                               "env.id to an environment (e.g. ToolArithmetic-v0) or remove it.")
+        if cfg.sft.demonstrations:
+            raise ConfigError("`sft.demonstrations` is set but `env.id` is not: it mixes the experts of a "
+                              "multi-turn warm-up. Set env.id or remove sft.demonstrations.")
         return
     import_env_modules(env.imports)
     if not is_registered(env.id):
         raise ConfigError(unknown_env_message(env.id, "`env.id` names no registered environment:"))
+    _check_warmup(cfg)
     if ENVS[env.id].task is None:
         raise ConfigError(f"`env.id` = {env.id!r} registers no task, so the trainer has no examples to reset it on; "
                           "register it with `task=` (lmpo.envs.register_env).")
@@ -112,9 +116,6 @@ def validate_env(cfg, objective) -> None:
          "the environment's rewards are the episode's rewards; remove rewards.functions"),
         (cfg.rewards.overlong_buffer_len > 0, f"`rewards.overlong_buffer_len` = {cfg.rewards.overlong_buffer_len}",
          "overlong shaping measures single completions; use env.budget and objective.mask_truncated_completions"),
-        (cfg.sft.steps > 0, f"`sft.steps` = {cfg.sft.steps}",
-         "the supervised warm-up trains single-turn answers; warm up on expert episodes instead "
-         "(examples/multiturn/sft_tool_arithmetic.py --save DIR, then model.name: DIR) and set sft.steps: 0"),
         (cfg.eval.samples_per_prompt > 0, f"`eval.samples_per_prompt` = {cfg.eval.samples_per_prompt}",
          "pass@k samples single completions; set it to 0 (evaluation plays greedy episodes)"),
         ("teacher" in objective.needs or bool(cfg.teacher.name), "a distillation teacher",
@@ -126,6 +127,22 @@ def validate_env(cfg, objective) -> None:
     for bad, what, fix in refused:
         if bad:
             raise ConfigError(f"{what} is not supported with `env.id` = {env.id!r} (multi-turn training): {fix}.")
+
+
+def _check_warmup(cfg) -> None:
+    """``sft.steps`` > 0 on an environment needs its expert; the demonstration shares must fit in one."""
+    sft, env = cfg.sft, cfg.env
+    if sft.steps <= 0:
+        return
+    factory = ENVS[env.id].factory
+    if isinstance(factory, type) and issubclass(factory, LMEnv) and factory.expert_action is LMEnv.expert_action:
+        raise ConfigError(f"`sft.steps` = {sft.steps} with `env.id` = {env.id!r}: the warm-up imitates the "
+                          f"environment's expert, and {factory.__name__} has none (no expert_action). Implement "
+                          "expert_action (docs/multiturn.md, \"Experts and demonstrations\") or set sft.steps: 0.")
+    total = sum(source.fraction for source in sft.demonstrations)
+    if total > 1 + 1e-9:
+        raise ConfigError(f"`sft.demonstrations` fractions sum to {total:g}: they are shares of one warm-up's "
+                          "demonstrations (the rest come from env.options); make them sum to at most 1.")
 
 
 def check_estimator(estimator, env_id: str, name: str, turn_discount: float | None = None) -> None:
@@ -142,8 +159,15 @@ def check_estimator(estimator, env_id: str, name: str, turn_discount: float | No
                           "reinforce_plus_plus or another estimator of episode returns.")
 
 
-def check_chat_template(tokenizer, env, model_name: str) -> None:
-    """Episodes are rendered with a chat template: the tokenizer's or ``env.chat_template``."""
+def ensure_chat_template(tokenizer, env, model_name: str) -> None:
+    """Episodes are rendered with a chat template: the tokenizer's or ``env.chat_template``; a built-in preset's
+    character tokenizer (``model.name: tiny``) gets ``lmpo.models.chat.TINY_CHAT_TEMPLATE``, which renders the
+    environment's tool schemas compactly."""
+    from lmpo.models import MODEL_PRESETS
+    from lmpo.models.chat import TINY_CHAT_TEMPLATE
+
+    if env.chat_template is None and not getattr(tokenizer, "chat_template", None) and model_name in MODEL_PRESETS:
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE
     if env.chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise InputError(f"`env.id` = {env.id!r}: multi-turn episodes are rendered with a chat template, and the "
                          f"tokenizer of model {model_name!r} has none. Use a chat model, or give the Jinja template "
@@ -157,9 +181,11 @@ def make_runner(model, tokenizer, env, *, temperature: float, top_p: float = 1.0
                          on_env_error=env.on_env_error, step_timeout_s=env.step_timeout_s)
 
 
-def env_factory(env):
-    """A callable building a fresh environment of ``env`` (its id and options) per episode."""
-    return lambda: make_env(env.id, **env.options)
+def env_factory(env, options: dict | None = None):
+    """A callable building a fresh environment of ``env`` (its id and options, with ``options`` laid over them)
+    per episode."""
+    merged = {**env.options, **(options or {})}
+    return lambda: make_env(env.id, **merged)
 
 
 def episodes_to_rollout(episodes: Sequence[Episode], tokenizer, device: torch.device
