@@ -731,7 +731,8 @@ def render_reference(cls: type, prefix: str = "") -> str:
                 continue
             # entries of a list that may be sections themselves (reward models in rewards.functions)
             if typing.get_origin(tp) is tuple:
-                for arg in typing.get_args(typing.get_args(tp)[0]):
+                item = typing.get_args(tp)[0]
+                for arg in typing.get_args(item) or (item,):
                     if is_config_class(arg):
                         subs.append((arg, f"{key}[]"))
             meaning = f.metadata.get("help", "")

@@ -489,8 +489,9 @@ class DemonstrationSource:
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """Optional supervised warm-up before RL: on the task's reference answers, or with `env.id` set on the
-    environment's expert episodes (docs/multiturn.md, "Warm-up")."""
+    """Optional supervised warm-up before RL: the task's reference answers, or an environment's expert episodes.
+
+    With ``env.id`` set the warm-up imitates the environment's expert (docs/multiturn.md, "Warm-up")."""
 
     steps: int = _f(0, "Supervised optimizer steps (0 = no warm-up). With `env.id`: steps on expert episodes "
                     "(`expert_action`), played with the chat template and `env.budget` of the RL episodes; a "
