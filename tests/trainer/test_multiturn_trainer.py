@@ -347,10 +347,16 @@ def test_turn_discount_refuses_estimators_with_inputs(tmp_path):
                     objective={"advantage_estimator": "reinforce_plus_plus"})
 
 
-def test_lmpo_eval_refuses_a_multiturn_run(tmp_path):
-    """`lmpo eval RUN` plays no episodes: a multi-turn run's own task would silently be the single-turn default."""
+def test_lmpo_eval_plays_a_multiturn_runs_held_out_episodes_as_the_trainer_did(tmp_path):
+    """`lmpo eval RUN` on an episode run: the held-out success the trainer logged last, and the same episodes."""
     from lmpo.errors import InputError
-    from lmpo.trainer.eval_cli import _run_task_examples
+    from lmpo.trainer.eval_cli import evaluate_model
 
-    with pytest.raises(InputError, match="multi-turn episodes"):
-        _run_task_examples(config_from_dict(env_config(tmp_path)))
+    result = env_trainer(tmp_path / "run", "GuessNumber-v0", loop={"steps": 1}).train()
+    evaluated = evaluate_model(str(tmp_path / "run"), None, device="cpu", samples_per_prompt=2)
+    assert evaluated.n == 4 and evaluated.accuracy == result.eval_after["eval/accuracy"]
+    for key in ("turns_mean", "policy_tokens_mean", "truncated_fraction"):
+        assert evaluated.episodes[f"episodes/{key}"] == result.eval_after[f"eval/episodes/{key}"]
+    assert {"pass@1", "pass@2", "avg@2"} <= set(evaluated.passk) and "success " in evaluated.summary()
+    with pytest.raises(InputError, match="--max-new-tokens"):
+        evaluate_model(str(tmp_path / "run"), None, max_new_tokens=8)
