@@ -242,6 +242,10 @@ def test_checker_plays_the_expert_under_the_budget_and_names_the_field_that_cuts
         check_env(make_env("ToolArithmetic-v0"), examples, budget=EpisodeBudget(1, 256, 96), tokenizer=tokenizer)
     with pytest.raises(EnvCheckError, match=r"cut at turn \d by `budget.max_total_tokens` = 60"):
         check_env(make_env("ToolArithmetic-v0"), examples, budget=EpisodeBudget(4, 60, 96), tokenizer=tokenizer)
+    from lmpo.generation.episodes import run_episodes
+
+    with pytest.warns(UserWarning, match="2 of 2 expert episodes were cut by the budget's max_new_tokens_per_turn = 40"):
+        run_episodes(None, tokenizer, "ToolArithmetic-v0", examples, expert=True, budget=EpisodeBudget(4, 256, 40))
 
 
 # ------------------------------------------------------------------------------------------------------
