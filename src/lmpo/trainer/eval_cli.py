@@ -269,7 +269,9 @@ def register_eval(subparsers: argparse._SubParsersAction, name: str) -> None:
                     "directory or hub name, or a run directory of `lmpo train`: its model/ or newest checkpoint, "
                     "and its own task when --task is left out) on TASK: a built-in task's held-out split, every row of a "
                     "JSON/JSONL/Parquet file (TRL's standard or conversational format), or one split of a "
-                    "saved `datasets` directory. Prints accuracy with a 95%% Wilson confidence interval.",
+                    "saved `datasets` directory. Prints accuracy with a 95%% Wilson confidence interval. A run of "
+                    "a multi-turn environment (env.id) without --task plays its held-out episodes greedily (success "
+                    "as the trainer judges it; --samples K: pass@k of K sampled episodes per example).",
     )
     p.add_argument("model", metavar="MODEL_OR_RUN",
                    help="built-in preset, Hugging Face model directory / name, or `lmpo train` run directory")
