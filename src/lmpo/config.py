@@ -397,8 +397,11 @@ def flat_aliases(table: Mapping[str, str | tuple[str, ...]]) -> Callable[[type],
     * keyword arguments: ``EnvConfig(nce_tau=0.1)`` (applied on top of a section passed as well);
     * attribute reads: ``cfg.nce_tau`` (the first path of a name with several).
 
-    The table is checked when the class is defined: each path names a field of a section, no path is the
-    target of two names, and no flat name is a field itself.
+    A path without a dot renames a field of the class itself: the YAML spelling of a field whose name is a Python
+    keyword (``{"import": "imports"}`` lets a config write ``env: {import: [...]}``).
+
+    The table is checked when the class is defined: each path names a field (of a section, or of the class), no
+    path is the target of two names, and no flat name is a field itself.
     """
 
     def decorate(cls: type) -> type:
@@ -409,9 +412,9 @@ def flat_aliases(table: Mapping[str, str | tuple[str, ...]]) -> Callable[[type],
             if name in names or not paths:
                 raise TypeError(f"{cls.__name__}: flat name {name!r} is a field itself or names no field")
             for path in paths:
-                if "." not in path or path in seen:
-                    raise TypeError(f"{cls.__name__}: alias {name!r} → {path!r} is no section field or is "
-                                    f"already the target of {seen.get(path)!r}")
+                if path in seen:
+                    raise TypeError(f"{cls.__name__}: alias {name!r} → {path!r} is already the target of "
+                                    f"{seen[path]!r}")
                 try:
                     _leaf(cls, path)
                 except KeyError:
@@ -428,8 +431,7 @@ def flat_aliases(table: Mapping[str, str | tuple[str, ...]]) -> Callable[[type],
                 for name, value in flat.items():
                     for path in norm[name]:
                         head, *rest = path.split(".")
-                        section = kwargs.get(head, _default(fields[head]))
-                        kwargs[head] = _with(section, rest, value)
+                        kwargs[head] = _with(kwargs.get(head, _default(fields[head])), rest, value) if rest else value
             init(self, *args, **kwargs)
 
         def __getattr__(self, name: str) -> Any:
@@ -729,7 +731,8 @@ def render_reference(cls: type, prefix: str = "") -> str:
                 continue
             # entries of a list that may be sections themselves (reward models in rewards.functions)
             if typing.get_origin(tp) is tuple:
-                for arg in typing.get_args(typing.get_args(tp)[0]):
+                item = typing.get_args(tp)[0]
+                for arg in typing.get_args(item) or (item,):
                     if is_config_class(arg):
                         subs.append((arg, f"{key}[]"))
             meaning = f.metadata.get("help", "")

@@ -68,6 +68,56 @@ def _env_base(d: Path) -> None:
     (d / "base.yaml").write_text(yaml.safe_dump({**BASE, "task": {"eval_examples": 4}}))
 
 
+#: a user's environment file with a fault chosen by its `fault` option (`env.options.fault`), and one without an
+#: expert, for the rows of environments that misbehave
+FAULTY_ENV = """
+import math
+import time
+
+from lmpo.envs import GuessNumberEnv, GuessNumberTask, LMEnv, register_env
+
+
+@register_env("Faulty-v0", task=GuessNumberTask)
+class FaultyEnv(GuessNumberEnv):
+    def __init__(self, fault="raise"):
+        super().__init__()
+        self.fault = fault
+
+    def step(self, action):
+        if self.fault == "raise":
+            raise ConnectionError("the game server went away")
+        if self.fault == "hang":
+            time.sleep(3600)
+        result = super().step(action)
+        if self.fault == "role":
+            return result._replace(observation=[{"role": "assistant", "content": "Higher."}])
+        return result._replace(reward=math.nan)
+
+
+@register_env("NoExpert-v0", task=GuessNumberTask)
+class NoExpertEnv(GuessNumberEnv):
+    expert_action = LMEnv.expert_action
+"""
+
+
+def _faulty_env(d: Path) -> None:
+    """The multi-turn base config and the faulty environment file (the untrained tiny model ends most of its turns
+    within the default 256-token turn budget, so that the environment gets to answer them)."""
+    _env_base(d)
+    (d / "faulty_env.py").write_text(FAULTY_ENV)
+
+
+def _plain_model(d: Path) -> None:
+    """A saved tiny model whose character tokenizer has no chat template."""
+    from lmpo.models import CharTokenizer, build_tiny_model
+
+    _env_base(d)
+    tok = CharTokenizer()
+    build_tiny_model(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32).save_pretrained(
+        d / "plain_model")
+    tok.save_pretrained(d / "plain_model")
+
+
 def _stored_run(d: Path) -> None:
     """A trainer run directory with its config and metrics but no checkpoint yet."""
     from lmpo.trainer.config import config_from_dict, save_config
@@ -196,8 +246,28 @@ CASES: list[Case] = [
          "DAPO dynamic sampling with an environment", setup=_env_base),
     Case("env-remax", (*T, "--env.id", "GuessNumber-v0", "--objective.advantage_estimator", "remax"),
          "an estimator that needs a greedy single-turn baseline, with an environment", setup=_env_base),
-    Case("env-no-chat-template", (*T, "--env.id", "GuessNumber-v0"),
-         "an environment with a model whose tokenizer has no chat template", setup=_env_base),
+    Case("env-no-chat-template", (*T, "--env.id", "GuessNumber-v0", "--model.name", "plain_model"),
+         "an environment with a model whose tokenizer has no chat template", setup=_plain_model),
+    Case("env-import-missing", (*T, "--env.import", "my_env.py", "--env.id", "Mine-v0"),
+         "`env.import` naming a file that does not exist", setup=_env_base),
+    Case("env-import-raises", (*T, "--env.import", "my_env.py", "--env.id", "Mine-v0"),
+         "`env.import` naming a file whose import raises",
+         setup=_all(_env_base, _write("my_env.py", "raise RuntimeError('set MY_API_KEY first')\n"))),
+    Case("env-step-raises", (*T, "--env.import", "faulty_env.py", "--env.id", "Faulty-v0", "--env.options.fault",
+                             "raise"), "a user environment whose `step` raises", exit=1, setup=_faulty_env),
+    Case("env-step-hangs", (*T, "--env.import", "faulty_env.py", "--env.id", "Faulty-v0", "--env.options.fault",
+                            "hang", "--env.step_timeout_s", "0.5"), "a user environment whose `step` hangs", exit=1,
+         setup=_faulty_env),
+    Case("env-bad-observation", (*T, "--env.import", "faulty_env.py", "--env.id", "Faulty-v0",
+                                 "--env.options.fault", "role"),
+         "a user environment whose observation has the assistant's role", exit=1, setup=_faulty_env),
+    Case("env-nan-reward", (*T, "--env.import", "faulty_env.py", "--env.id", "Faulty-v0", "--env.options.fault",
+                            "nan"), "a user environment whose reward is NaN", exit=1, setup=_faulty_env),
+    Case("env-warmup-no-expert", (*T, "--env.import", "faulty_env.py", "--env.id", "NoExpert-v0", "--sft.steps", "10"),
+         "a warm-up on an environment without an expert", setup=_faulty_env),
+    Case("env-warmup-cut", (*T, "--env.id", "ToolArithmetic-v0", "--sft.steps", "10",
+                            "--env.budget.max_new_tokens_per_turn", "40"),
+         "a warm-up whose turn budget cuts the expert's tool call", setup=_env_base),
     # ---- lmpo train: objective and rewards
     Case("preset-typo", (*T, "--objective.preset", "grpoo"), "an objective preset with a typo", setup=_base),
     Case("objective-override", (*T, "--objective.overrides.eps_hihg", "0.3"), "an objective field with a typo",
@@ -357,6 +427,7 @@ def run_case(case: Case, d: Path) -> tuple[int, str, str]:
     err, out = io.StringIO(), io.StringIO()
     cwd = os.getcwd()
     os.chdir(d)
+    registered = _user_env_state()
     try:
         with redirect_stderr(err), redirect_stdout(out):
             try:
@@ -365,6 +436,7 @@ def run_case(case: Case, d: Path) -> tuple[int, str, str]:
                 code = int(e.code or 0)
     finally:
         os.chdir(cwd)
+        _forget_user_envs(*registered)
     text = err.getvalue()
     lines = [ln for ln in text.splitlines() if ln.startswith("lmpo")]
     message = lines[-1] if lines else ""
@@ -372,6 +444,24 @@ def run_case(case: Case, d: Path) -> tuple[int, str, str]:
         message = message.replace(real, "<dir>")
     message = re.sub(r"torch \d+\.\d+\.\d+[^\s;,]*", "torch <version>", message)
     return code, text, message
+
+
+def _user_env_state() -> tuple:
+    from lmpo.envs import ENVS, plugins
+
+    return dict(ENVS), dict(plugins._imported)
+
+
+def _forget_user_envs(envs: dict, imported: dict) -> None:
+    """What a case's `env.import` registered and imported is forgotten, as when its command's process ends."""
+    from lmpo.envs import ENVS, plugins
+
+    for name in set(plugins._imported.values()) - set(imported.values()):
+        sys.modules.pop(name, None)
+    ENVS.clear()
+    ENVS.update(envs)
+    plugins._imported.clear()
+    plugins._imported.update(imported)
 
 
 def _row(case: Case, code: int, message: str) -> str:

@@ -202,9 +202,50 @@ def test_checker_rejects(env, message):
         check_env(env)
 
 
-def test_checker_lets_exceptions_of_probe_actions_through():
-    with pytest.raises(KeyError):
+class CrashesOnReset(Echo):
+    def reset(self, example=None, seed=None):
+        raise ConnectionError("server down")
+
+
+def test_checker_turns_exceptions_into_the_rule_they_break():
+    with pytest.raises(EnvCheckError, match=r"step\('<tool_call>.*raised KeyError: 'name'; an environment must "
+                                            "answer any text") as info:
         check_env(CrashesOnGarbage())
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(EnvCheckError, match=r"reset\(example, seed=0\) raised ConnectionError: server down"):
+        check_env(CrashesOnReset())
+
+
+class WrongExpert(GuessNumberEnv):
+    def expert_action(self):  # one below the bisection point: it loses some games
+        return str(int(super().expert_action()) - 1)
+
+
+def test_checker_fails_an_expert_that_does_not_succeed():
+    examples = make_env_task("GuessNumber-v0").eval_examples()
+    with pytest.raises(EnvCheckError, match="expert's episode .* ended without success"):
+        check_env(WrongExpert(max_guesses=2), examples)
+
+
+def test_checker_plays_the_expert_under_the_budget_and_names_the_field_that_cuts_it():
+    from lmpo.models import build_chat_tokenizer
+
+    tokenizer = build_chat_tokenizer()
+    env, examples = make_env("ToolArithmetic-v0"), make_env_task("ToolArithmetic-v0").eval_examples()[:2]
+    check_env(env, examples, budget=EpisodeBudget(4, 256, 96), tokenizer=tokenizer)  # the documented budget fits
+    call = format_tool_call("calculator", {"expression": examples[0].meta["expression"]})
+    need = len(tokenizer(call, add_special_tokens=False)["input_ids"]) + 1
+    with pytest.raises(EnvCheckError, match=rf"expert's turn 0 was cut by `budget.max_new_tokens_per_turn` = "
+                                            rf"{need - 1} \(it needs {need} tokens\)"):
+        check_env(make_env("ToolArithmetic-v0"), examples, budget=EpisodeBudget(4, 256, need - 1), tokenizer=tokenizer)
+    with pytest.raises(EnvCheckError, match=r"did not end within `budget.max_turns` = 1 turns"):
+        check_env(make_env("ToolArithmetic-v0"), examples, budget=EpisodeBudget(1, 256, 96), tokenizer=tokenizer)
+    with pytest.raises(EnvCheckError, match=r"cut at turn \d by `budget.max_total_tokens` = 60"):
+        check_env(make_env("ToolArithmetic-v0"), examples, budget=EpisodeBudget(4, 60, 96), tokenizer=tokenizer)
+    from lmpo.generation.episodes import run_episodes
+
+    with pytest.warns(UserWarning, match="2 of 2 expert episodes were cut by the budget's max_new_tokens_per_turn = 40"):
+        run_episodes(None, tokenizer, "ToolArithmetic-v0", examples, expert=True, budget=EpisodeBudget(4, 256, 40))
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -67,7 +67,21 @@ def test_single_turn_parts_of_a_lab_are_refused_on_an_environment(tmp_path, sect
     assert ENV in str(err.value) and ("sampled_eval_k: 0" in str(err.value) or "enabled: false" in str(err.value))
 
 
-def test_a_warm_up_on_an_environment_is_refused_before_any_cell_runs(tmp_path, chat_model_dir):
-    cfg = lab_config_from_dict(multiturn_config(tmp_path / "lab", chat_model_dir, train={"sft": {"steps": 10}}))
-    with pytest.raises(ConfigError, match=r"sft\.steps"):
-        validate_lab_config(cfg)
+@pytest.mark.slow
+def test_a_multi_turn_lab_warms_up_once_per_seed_on_the_experts_episodes(tmp_path):
+    """The tiny preset, warmed up on GuessNumber's expert episodes per seed; the seed's cell starts from it."""
+    data = multiturn_config(tmp_path / "lab", "tiny", grid={"objectives": ["grpo"], "seeds": [0]},
+                            train={"sft": {"steps": 2, "seqs_per_step": 4, "max_examples": 8}})
+    data["train"].update(env={"id": "GuessNumber-v0",
+                              "budget": {"max_turns": 6, "max_total_tokens": 256, "max_new_tokens_per_turn": 6}},
+                         loop={**data["train"]["loop"], "steps": 1})
+    result = run_lab(lab_config_from_dict(data), inline=True)
+    assert sorted(result.ran) == ["train/GuessNumber-v0/grpo/seed0", "warmup/GuessNumber-v0/seed0"]
+    warm = tmp_path / "lab" / "warmup" / "GuessNumber-v0" / "seed0"
+    assert json.loads((warm / "warmup.json").read_text())["sft_steps"] == 2
+    assert (warm / "model" / "chat_template.jinja").read_text().startswith("{% if tools %}tools: ")
+    cell = tmp_path / "lab" / "cells" / "GuessNumber-v0" / "grpo" / "seed0" / "run"
+    import yaml
+
+    stored = yaml.safe_load((cell / "config.yaml").read_text())
+    assert stored["model"]["name"] == str(warm / "model") and stored["sft"]["steps"] == 0

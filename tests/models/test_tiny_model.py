@@ -99,3 +99,36 @@ def test_presets_and_errors():
         load_model_and_tokenizer("not-a-model")
     with pytest.raises(ValueError, match="hidden_size"):
         build_tiny_model(CharTokenizer(), "tiny", num_heads=3)
+
+
+def test_the_tiny_template_names_the_tools_and_renders_turns_incrementally(tmp_path):
+    """`model.name: tiny` on an environment: the character tokenizer's template (lmpo.models.chat) writes a tool
+    line from the schemas, ends each message with EOS, and its observation suffix follows a turn's stop token."""
+    from lmpo.envs import make_env
+    from lmpo.envs.tools import Tool
+    from lmpo.generation.episodes import ChatRenderer
+    from lmpo.models.chat import TINY_CHAT_TEMPLATE
+
+    tok = CharTokenizer()
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    env = make_env("ToolArithmetic-v0")
+    messages, _ = env.reset(seed=0)
+
+    def convert(value: float, unit: str) -> str:
+        """Convert.
+
+        Args:
+            value: the amount.
+            unit: its unit.
+        """
+        return ""
+
+    tools = [*env.tool_schemas, Tool.from_function(convert).schema]
+    renderer = ChatRenderer(tok)
+    opening = renderer.render(messages, True, tools)
+    assert opening == f"tools: calculator(expression), convert(value, unit)<eos>\nuser: {messages[0]['content']}<eos>\nassistant: "
+    assert renderer.render(messages, True) == f"user: {messages[0]['content']}<eos>\nassistant: "  # no tools: no line
+    suffix = renderer.observation_ids([{"role": "tool", "name": "calculator", "content": "42"}], tok.eos_token_id, tools)
+    assert tok.decode(suffix) == "\ntool: 42<eos>\nassistant: "
+    tok.save_pretrained(tmp_path)  # a warmed-up model directory keeps it
+    assert AutoTokenizer.from_pretrained(tmp_path).chat_template == TINY_CHAT_TEMPLATE

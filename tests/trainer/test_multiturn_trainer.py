@@ -11,6 +11,7 @@ from trainer_helpers import SMALL_MODEL, train_killed_in_step
 
 from lmpo.config import ConfigError
 from lmpo.envs import EpisodeBudget, make_env_task
+from lmpo.envs.tools import format_tool_call
 from lmpo.generation.episodes import run_episodes
 from lmpo.models import build_chat_tokenizer, build_tiny_model
 from lmpo.objectives import Objective, ObjectiveDriver
@@ -181,7 +182,7 @@ def test_truncated_episodes_are_masked_whole(tmp_path):
     ({"rollout": {"engine": "vllm"}}, "rollout.engine"),
     ({"rlvcr": {"enabled": True}}, "rlvcr.enabled"),
     ({"rewards": {"functions": ["exact_match"]}}, "rewards.functions"),
-    ({"sft": {"steps": 5}}, "sft.steps"),
+    ({"sft": {"steps": 5, "demonstrations": [{"fraction": 0.7}, {"fraction": 0.5}]}}, "sft.demonstrations"),
     ({"eval": {"samples_per_prompt": 2}}, "eval.samples_per_prompt"),
     ({"task": {"name": "hf", "hf_name": "x"}}, "task.name"),
     ({"env": {"id": "ToolArithmetc-v0"}}, "ToolArithmetic-v0"),
@@ -194,6 +195,65 @@ def test_unsupported_combinations_are_refused(tmp_path, sections, words):
 def test_env_fields_without_an_env_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"env\.budget"):
         validate_config(config_from_dict({"env": {"budget": {"max_turns": 2}}}))
+    with pytest.raises(ConfigError, match=r"sft\.demonstrations"):
+        validate_config(config_from_dict({"sft": {"demonstrations": [{"fraction": 0.5}]}}))
+
+
+# ------------------------------------------------------------------------------------------------------
+# the warm-up on the environment's expert episodes (sft.steps with env.id)
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_demonstration_sources_spread_each_share_evenly():
+    from lmpo.trainer.config import DemonstrationSource
+    from lmpo.trainer.sft import demonstration_sources
+
+    owner = demonstration_sources(10, [DemonstrationSource(0.6)])
+    assert owner == [1, 0, 1, 0, 1, 1, 0, 1, 0, 1]  # rows round(linspace(0, 9, 6)): 6 of 10, both ends
+    owner = demonstration_sources(100, [DemonstrationSource(0.5), DemonstrationSource(0.3)])
+    assert [owner.count(k) for k in (0, 1, 2)] == [20, 50, 30]
+    for k in (1, 2):  # spread over the pool, not bunched at one end
+        rows = [i for i, o in enumerate(owner) if o == k]
+        assert rows[0] < 10 and rows[-1] > 85
+    assert demonstration_sources(3, []) == [0, 0, 0]
+
+
+def test_mixed_demonstrations_train_on_the_experts_tokens_only():
+    from lmpo.trainer.config import DemonstrationSource
+    from lmpo.trainer.episodes import EnvConfig
+    from lmpo.trainer.sft import Demonstrations
+
+    tok = build_chat_tokenizer()
+    env = EnvConfig(id=ENV, budget=EpisodeBudget(4, 256, 96))
+    examples = make_env_task(ENV).train_examples()[:10]
+    demos = Demonstrations(tok, env, examples, [DemonstrationSource(0.6, {"expert": "memory"})], seed=0, sft_steps=1)
+    rows = list(range(10))
+    ids, attention, loss_mask = demos.batch(rows, torch.device("cpu"))
+    assert [demos[r].num_turns for r in rows] == [1 if demos.owner[r] else 2 for r in rows]
+    for r in rows:
+        expert = [examples[r].answer] if demos.owner[r] else [
+            format_tool_call("calculator", {"expression": examples[r].meta["expression"]}), examples[r].answer]
+        # the loss covers the expert's turns and their stop tokens, nothing of the opening or the observations
+        trained = ids[r][loss_mask[r]].tolist()
+        assert trained == [t for text in expert for t in tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
+        assert attention[r][loss_mask[r]].all()
+    assert demos.unsuccessful == 0 and len(demos.episodes) == 10
+
+
+def test_the_trainer_warms_up_on_expert_episodes_before_rl(tmp_path):
+    """GuessNumber's expert opens with 8 (the middle of 1..16): after the warm-up the greedy policy does too."""
+    trainer = env_trainer(tmp_path / "run", "GuessNumber-v0",
+                          env={"budget": {"max_turns": 6, "max_total_tokens": 200, "max_new_tokens_per_turn": 6}},
+                          sft={"steps": 40, "lr": 1e-2, "seqs_per_step": 8, "max_examples": 32},
+                          loop={"steps": 1}, eval={"at_start": True})
+    result = trainer.train()
+    assert len(result.sft_losses) == 40 and result.sft_losses[-1] < result.sft_losses[0] / 4
+    runner = trainer.episode_runner
+    runner.sampler.temperature = 0.0
+    from lmpo.trainer.episodes import env_factory
+
+    played = runner.run(env_factory(trainer.cfg.env), trainer.eval_examples[:3], 1, seed=0)
+    assert [e.messages[1]["content"] for e in played] == ["8"] * 3
 
 
 def test_estimator_needing_a_greedy_baseline_is_refused(tmp_path):
@@ -287,10 +347,16 @@ def test_turn_discount_refuses_estimators_with_inputs(tmp_path):
                     objective={"advantage_estimator": "reinforce_plus_plus"})
 
 
-def test_lmpo_eval_refuses_a_multiturn_run(tmp_path):
-    """`lmpo eval RUN` plays no episodes: a multi-turn run's own task would silently be the single-turn default."""
+def test_lmpo_eval_plays_a_multiturn_runs_held_out_episodes_as_the_trainer_did(tmp_path):
+    """`lmpo eval RUN` on an episode run: the held-out success the trainer logged last, and the same episodes."""
     from lmpo.errors import InputError
-    from lmpo.trainer.eval_cli import _run_task_examples
+    from lmpo.trainer.eval_cli import evaluate_model
 
-    with pytest.raises(InputError, match="multi-turn episodes"):
-        _run_task_examples(config_from_dict(env_config(tmp_path)))
+    result = env_trainer(tmp_path / "run", "GuessNumber-v0", loop={"steps": 1}).train()
+    evaluated = evaluate_model(str(tmp_path / "run"), None, device="cpu", samples_per_prompt=2)
+    assert evaluated.n == 4 and evaluated.accuracy == result.eval_after["eval/accuracy"]
+    for key in ("turns_mean", "policy_tokens_mean", "truncated_fraction"):
+        assert evaluated.episodes[f"episodes/{key}"] == result.eval_after[f"eval/episodes/{key}"]
+    assert {"pass@1", "pass@2", "avg@2"} <= set(evaluated.passk) and "success " in evaluated.summary()
+    with pytest.raises(InputError, match="--max-new-tokens"):
+        evaluate_model(str(tmp_path / "run"), None, max_new_tokens=8)

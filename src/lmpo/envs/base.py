@@ -155,11 +155,28 @@ def register_env(env_id: str, task: Callable[..., Task] | None = None, requires:
     return decorator
 
 
-def _spec(env_id: str) -> EnvSpec:
+def is_registered(env_id: str) -> bool:
+    """Whether ``env_id`` is registered, after loading the ``lmpo.envs`` entry points if it is not yet."""
     if env_id not in ENVS:
-        close = difflib.get_close_matches(env_id, list(ENVS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise InputError(f"unknown environment {env_id!r}.{hint} Registered environments: {', '.join(sorted(ENVS))}.")
+        from lmpo.envs.plugins import load_env_plugins
+
+        load_env_plugins()
+    return env_id in ENVS
+
+
+def unknown_env_message(env_id: str, what: str = "unknown environment") -> str:
+    """Why ``env_id`` is not found: the closest registered id, every registered id and how to bring one."""
+    from lmpo.envs.plugins import HOW_TO_REGISTER, plugin_failures
+
+    close = difflib.get_close_matches(env_id, list(ENVS), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return (f"{what} {env_id!r}.{hint} Registered environments: {', '.join(sorted(ENVS))}. {HOW_TO_REGISTER}"
+            f"{plugin_failures()}")
+
+
+def _spec(env_id: str) -> EnvSpec:
+    if not is_registered(env_id):
+        raise InputError(unknown_env_message(env_id))
     return ENVS[env_id]
 
 

@@ -11,6 +11,7 @@ from lmpo.envs.base import (
     ENV_ID_PATTERN,
     OBSERVATION_ROLES,
     OPENING_ROLES,
+    EpisodeBudget,
     LMEnv,
     StepResult,
     check_messages,
@@ -79,29 +80,101 @@ def _check_step(env: LMEnv, result: object, action: str) -> StepResult:
     return StepResult(observation, float(reward), terminated, truncated, info)
 
 
-def _play_to_end(env: LMEnv, example: Example | None, seed: int, max_steps: int, action: Callable[[int], str]) -> bool:
-    """Reset, then step with ``action(i)`` until the episode ends (True) or ``max_steps`` pass (False)."""
-    env.reset(example, seed=seed)
+def _call(env: LMEnv, what: str, function: Callable[[], object]) -> object:
+    """``function()``; an exception becomes the EnvCheckError of the rule it breaks."""
+    try:
+        return function()
+    except Exception as e:  # noqa: BLE001 - any exception is the broken rule
+        detail = " ".join(str(e).split())[:300]
+        if what.startswith("step("):
+            rule = ("an environment must answer any text with an observation saying what was expected, never an "
+                    "exception (a policy writes garbage early in training)")
+        elif what.startswith("reset("):
+            rule = "reset must start an episode for every example of its task and for example=None"
+        else:
+            rule = "the expert must be able to act in every state of an episode it plays"
+        raise _fail(env, f"{what} raised {type(e).__name__}: {detail}; {rule}") from e
+
+
+def _step(env: LMEnv, action: str) -> StepResult:
+    return _check_step(env, _call(env, f"step({action[:30]!r})", lambda: env.step(action)), action)
+
+
+def _reset(env: LMEnv, example: Example | None, seed: int) -> object:
+    return _call(env, f"reset(example, seed={seed})", lambda: env.reset(example, seed=seed))
+
+
+def _play_to_end(env: LMEnv, example: Example | None, seed: int, max_steps: int, action: Callable[[int], str],
+                 infos: list | None = None) -> bool:
+    """Reset, then step with ``action(i)`` until the episode ends (True) or ``max_steps`` pass (False); the step
+    results' rewards and infos are appended to ``infos`` as ``(reward, info)``."""
+    _reset(env, example, seed)
     for i in range(max_steps):
         text = action(i)
         if not isinstance(text, str):
             raise _fail(env, f"an action must be text, got {type(text).__name__}")
-        result = _check_step(env, env.step(text), text)
+        result = _step(env, text)
+        if infos is not None:
+            infos.append((result.reward, result.info))
         if result.terminated or result.truncated:
             return True
     return False
 
 
+def episode_succeeded(rewards: Sequence[float], infos: Sequence[dict]) -> bool:
+    """An episode's success as the trainer judges it: a turn whose ``info["correct"]`` is true when the
+    environment reports ``correct``, else a positive return."""
+    if any("correct" in info for info in infos):
+        return any(bool(info.get("correct")) for info in infos)
+    return sum(rewards) > 0
+
+
+def expert_budget_problem(episode, budget: EpisodeBudget, turn_tokens: Sequence[int] = (),
+                          prefix: str = "budget", require_success: bool = True) -> str | None:
+    """Why an expert episode played under ``budget`` is no demonstration, or None: a budget cut it (named as
+    ``{prefix}.<field>`` with its value and what the expert needed), the environment failed, or (with
+    ``require_success``) it ended without success.
+
+    ``episode``: an ``lmpo.generation.episodes.Episode`` played with ``expert=True``; ``turn_tokens``: the
+    tokens each expert turn needed (its text and the stop token), when known.
+    """
+    turn = episode.num_turns - 1
+    reason = episode.end_reason
+    if reason == "max_new_tokens_per_turn":
+        need = f" (it needs {turn_tokens[turn]} tokens)" if turn < len(turn_tokens) else ""
+        return (f"the expert's turn {turn} was cut by `{prefix}.max_new_tokens_per_turn` = "
+                f"{budget.max_new_tokens_per_turn}{need}; raise it, or the demonstrations teach cut-off turns")
+    if reason == "max_total_tokens":
+        return (f"the expert's episode was cut at turn {turn} by `{prefix}.max_total_tokens` = "
+                f"{budget.max_total_tokens} ({len(episode.prompt_ids) + len(episode.completion_ids)} tokens so far); "
+                "raise it")
+    if reason == "max_turns":
+        return (f"the expert's episode did not end within `{prefix}.max_turns` = {budget.max_turns} turns; raise "
+                "it (or the environment's own turn limit is higher than the budget's)")
+    if reason == "env_error":
+        return f"the environment failed during the expert's episode: {episode.error}"
+    if require_success and not episode_succeeded(episode.rewards, episode.infos):
+        return (f"the expert's episode ended ({reason}) without success (return {episode.episode_return:g}): the "
+                "expert or the reward is wrong, and its demonstrations would teach failing")
+    return None
+
+
 def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: int = 0,
-              max_steps: int = 64) -> None:
+              max_steps: int = 64, budget: EpisodeBudget | None = None, tokenizer=None,
+              chat_template: str | None = None) -> None:
     """Raise :class:`EnvCheckError` naming the rule an environment breaks; return None when it keeps them all.
 
     Checks: the environment card (:func:`check_card`); tool schemas; ``reset`` returns a non-empty opening of
-    system/user messages and an info dict, the same for the same seed; every action in ``PROBE_ACTIONS`` gets a
-    well-formed step result (observation messages of user/tool roles, a finite reward, bool flags, an info
-    dict, an observation whenever the episode goes on) and never an exception; ``step`` after the episode has
-    ended raises; an episode of repeated probe actions ends within ``max_steps`` steps or keeps answering; an
-    environment with an ``expert_action`` gets an expert episode that ends within ``max_steps`` steps.
+    system/user messages and an info dict, the same for the same seed, and never raises; every action in
+    ``PROBE_ACTIONS`` gets a well-formed step result (observation messages of user/tool roles, a finite reward,
+    bool flags, an info dict, an observation whenever the episode goes on) and never an exception; ``step``
+    after the episode has ended raises; an episode of repeated probe actions ends within ``max_steps`` steps or
+    keeps answering; an environment with an ``expert_action`` gets, on every example, an expert episode that
+    ends within ``max_steps`` steps and succeeds (a turn with ``info["correct"]``, or a positive return).
+
+    With ``budget`` and ``tokenizer`` (its chat template, or ``chat_template``) the expert also plays through the
+    episode driver under that budget, as a supervised warm-up does, and a turn or episode the budget cuts fails
+    naming the budget field, its value and what the expert needed (``budget.max_new_tokens_per_turn`` = 96 …).
     """
     check_card(env)
     for tool in env.tools:
@@ -109,9 +182,11 @@ def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: in
             raise _fail(env, f"tools must be lmpo.envs.tools.Tool objects, got {type(tool).__name__}")
         if tool.schema["function"]["name"] != tool.name:
             raise _fail(env, f"tool {tool.name!r}'s schema names another function")
+    if budget is not None and tokenizer is None:
+        raise ValueError("check_env(budget=...) plays the expert through the chat template: give tokenizer= too")
     for example in examples:
-        first = env.reset(example, seed=seed)
-        again = env.reset(example, seed=seed)
+        first = _reset(env, example, seed)
+        again = _reset(env, example, seed)
         for result in (first, again):
             if not isinstance(result, tuple) or len(result) != 2 or not isinstance(result[1], dict):
                 raise _fail(env, f"reset() must return (messages, info), got {result!r:.200}")
@@ -124,8 +199,8 @@ def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: in
         if first[0] != again[0]:
             raise _fail(env, f"reset(example, seed={seed}) is not deterministic: two calls gave different openings")
         for action in PROBE_ACTIONS:  # each probe on a fresh episode, so that every one is answered mid-episode
-            env.reset(example, seed=seed)
-            _check_step(env, env.step(action), action)
+            _reset(env, example, seed)
+            _step(env, action)
         if _play_to_end(env, example, seed, max_steps, lambda i: PROBE_ACTIONS[i % len(PROBE_ACTIONS)]):
             try:
                 env.step("hello")
@@ -134,6 +209,57 @@ def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: in
             else:
                 raise _fail(env, "step() after the episode ended must raise (call reset() first), but it returned")
         if type(env).expert_action is not LMEnv.expert_action:
-            if not _play_to_end(env, example, seed, max_steps, lambda i: env.expert_action()):
+            results: list = []
+            expert = lambda i: _call(env, "expert_action()", env.expert_action)  # noqa: E731
+            if not _play_to_end(env, example, seed, max_steps, expert, results):
                 raise _fail(env, f"the expert's episode did not end within {max_steps} steps")
+            if not episode_succeeded([r for r, _ in results], [i for _, i in results]):
+                raise _fail(env, f"the expert's episode (seed {seed}) ended without success (return "
+                                 f"{sum(r for r, _ in results):g}): the expert or the reward is wrong")
+            if budget is not None:
+                _check_expert_under_budget(env, example, seed, budget, tokenizer, chat_template)
     env.close()
+
+
+class _Unclosed:
+    """The environment under check as the episode driver sees it, except that the driver's ``close`` after its
+    episode does not close it (``check_env`` goes on with it and closes it once, at the end)."""
+
+    def __init__(self, env: LMEnv) -> None:
+        self.env = env
+
+    def expert_action(self) -> str:
+        return _call(self.env, "expert_action()", self.env.expert_action)
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.env, name)
+
+
+def play_expert(runner, factory: Callable[[], LMEnv], example: Example | None, seed: int):
+    """One expert episode of ``factory()``'s environment through ``runner`` (an ``EpisodeRunner``): the episode
+    and the tokens each expert turn needed (its text and the stop token), which the budget may have cut."""
+    texts: list[str] = []
+
+    def recording():
+        env = factory()
+        expert = env.expert_action
+        env.expert_action = lambda: texts.append(expert()) or texts[-1]
+        return env
+
+    episode = runner.run(recording, [example], 1, seed=seed, expert=True)[0]
+    needed = [len(runner.tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]
+    return episode, needed
+
+
+def _check_expert_under_budget(env: LMEnv, example: Example | None, seed: int, budget: EpisodeBudget, tokenizer,
+                               chat_template: str | None) -> None:
+    from lmpo.generation.episodes import EpisodeRunner
+
+    runner = EpisodeRunner(None, tokenizer, budget, chat_template=chat_template, on_env_error="truncate")
+    episode, needed = play_expert(runner, lambda: _Unclosed(env), example, seed)
+    problem = expert_budget_problem(episode, budget, needed)
+    if problem is not None:
+        raise _fail(env, problem)

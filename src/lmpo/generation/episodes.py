@@ -43,6 +43,7 @@ terminates is cut by ``max_turns``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -71,6 +72,8 @@ from lmpo.tasks.chat import render_conversation
 #: why an episode ended
 END_REASONS = ("terminated", "env_truncated", "max_turns", "max_total_tokens", "max_new_tokens_per_turn", "env_error")
 ON_ENV_ERROR = ("raise", "truncate")
+#: the end reasons that are the driver's budgets (``EpisodeBudget`` fields of the same names)
+_BUDGET_REASONS = ("max_turns", "max_total_tokens", "max_new_tokens_per_turn")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -351,11 +354,18 @@ class EpisodeRunner:
 
     def _env_failed(self, episode: Episode, index: int, turn: int | None, what: str, error: BaseException) -> None:
         where = "reset" if turn is None else f"turn {turn}"
+        detail = " ".join(str(error).split())[:500]
         message = (f"environment {episode.env_id or '?'} failed at {where} of episode {index} "
-                   f"(seed {episode.seed}): {what}: {type(error).__name__}: {error}")
+                   f"(seed {episode.seed}): {what}: {type(error).__name__}: {detail}")
         if self.on_env_error == "raise":
-            raise EnvError(message + ". Fix the environment, or run with on_env_error='truncate' to end such "
-                           "episodes as truncated (counted in episodes/end_env_error).") from error
+            if isinstance(error, TimeoutError):
+                fix = (f"Find why it hangs, or raise `env.step_timeout_s` (now {self.step_timeout_s:g} s; "
+                       "EpisodeRunner(step_timeout_s=...))")
+            else:
+                fix = "Fix the environment (lmpo.envs.check_env finds most such faults)"
+            raise EnvError(f"{message}. {fix}, or set `env.on_env_error: truncate` (EpisodeRunner(on_env_error="
+                           "'truncate')) to end such episodes as truncated, counted in episodes/end_env_error."
+                           ) from error
         episode._end("env_error", message)
 
     def run(self, env: str | Callable[[], LMEnv], examples: Sequence[Example | None], completions_per_example: int = 1,
@@ -480,9 +490,20 @@ def run_episodes(sampler: TurnSampler | None, tokenizer, env: str | Callable[[],
                  completions_per_example: int = 1, budget: EpisodeBudget | None = None, seed: int = 0,
                  generator: torch.Generator | None = None, expert: bool = False,
                  **runner_options: Any) -> list[Episode]:
-    """``EpisodeRunner(sampler, tokenizer, budget, **runner_options).run(env, examples, …)`` in one call."""
+    """``EpisodeRunner(sampler, tokenizer, budget, **runner_options).run(env, examples, …)`` in one call.
+
+    With ``expert=True`` a demonstration that a budget cut is no demonstration of the expert: a warning names
+    the budget field and how many episodes it cut (``lmpo.envs.check_env(..., budget=, tokenizer=)`` says how many
+    tokens the expert needed)."""
     runner = EpisodeRunner(sampler, tokenizer, budget, **runner_options)
-    return runner.run(env, examples, completions_per_example, seed=seed, generator=generator, expert=expert)
+    episodes = runner.run(env, examples, completions_per_example, seed=seed, generator=generator, expert=expert)
+    if expert:
+        cut = [e.end_reason for e in episodes if e.end_reason in _BUDGET_REASONS]
+        for reason in sorted(set(cut)):
+            warnings.warn(f"{cut.count(reason)} of {len(episodes)} expert episodes were cut by the budget's "
+                          f"{reason} = {getattr(runner.budget, reason)}: raise it, or they demonstrate cut-off "
+                          "turns", stacklevel=2)
+    return episodes
 
 
 # ----------------------------------------------------------------------------------------------------

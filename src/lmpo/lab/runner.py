@@ -325,6 +325,7 @@ def _run_inline(todo: list[Job], by_key: dict[str, Job], progress: Progress,
             try:
                 run_job(job.dir, log=to_file)
             except Exception as e:  # noqa: BLE001 - a failed job is reported and its dependents skipped
+                fh.write(f"{type(e).__name__}: {e}\n")  # the failure's message, where the lab's error points
                 failed.add(job.key)
                 progress.fail(job.key, f"{type(e).__name__}: {e}")
                 continue

@@ -18,6 +18,18 @@ CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+#: the chat template a built-in preset's character tokenizer gets on a multi-turn run (``model.name: tiny`` with
+#: ``env.id``): ``role: content`` lines, each ended by the tokenizer's EOS (the stop token of an assistant turn),
+#: and, when the environment has tools, a first line naming each tool with its parameters, ``tools:
+#: calculator(expression)``. The full JSON schemas are not written: at one token per character they would fill
+#: most of the tiny model's 256 positions.
+TINY_CHAT_TEMPLATE = (
+    "{% if tools %}tools: {% for t in tools %}{% set f = t['function'] if 'function' in t else t %}"
+    "{% set p = f.get('parameters') or {} %}{{ f['name'] }}({{ (p.get('properties') or {}) | join(', ') }})"
+    "{% if not loop.last %}, {% endif %}{% endfor %}{{ eos_token }}\n{% endif %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 #: pad, start of a turn, end of a turn (EOS of an assistant reply), as in Qwen2 chat models
 CHAT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 

@@ -310,7 +310,7 @@ def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenize
         eval_examples = render_prompts(eval_examples, tokenizer, tk.prompt_format, tk.chat_template, **names)
     else:  # the episode runner renders each environment's opening itself
         train_examples, eval_examples = list(train_examples), list(eval_examples)
-        episodes.check_chat_template(tokenizer, config.env, config.model.name)
+        episodes.ensure_chat_template(tokenizer, config.env, config.model.name)
     scorer, accuracy_fn = build_rewards(config.rewards, task, train_examples + eval_examples, device)
     if config.loop.gradient_checkpointing:
         # non-reentrant: works with inputs that do not require grad and with LoRA's frozen base weights

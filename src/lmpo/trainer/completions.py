@@ -7,7 +7,11 @@ With ``logging.completions_every_steps`` = N > 0 the trainer writes, every N ste
     {"step": 10, "group": 0, "prompt": "12+7=", "completion": "19", "answer": "19", "reward": 1.0,
      "rewards": {"exact_match": 1.0}, "advantage": 0.87, "correct": true, "length": 3}
 
-and the same rows as a table to TensorBoard's text tab (tag ``completions``) and to W&B (a ``wandb.Table``) when
+A multi-turn run's record (``env.id``) also holds the episode: ``"messages"`` (the whole conversation, opening
+included, each ``{"role", "content"}`` with a tool message's ``"name"``), ``"turn_rewards"`` and ``"end_reason"``;
+``lmpo show`` prints it turn by turn, every character, roles marked.
+
+The rows also go as a table to TensorBoard's text tab (tag ``completions``) and to W&B (a ``wandb.Table``) when
 those are on. A resumed run first drops the records of steps after its checkpoint, so the file never holds two
 versions of a step. ``lmpo show RUN`` prints the newest logged step, ``--step N`` another one.
 """
@@ -34,11 +38,13 @@ def _number(x: Any) -> float | None:
 
 
 def completion_records(step: int, examples: Sequence[Any], rollout, rewards, per_fn: Mapping[str, Any], correct,
-                       advantages, count: int) -> list[dict[str, Any]]:
+                       advantages, count: int, episodes: Sequence[Any] | None = None) -> list[dict[str, Any]]:
     """The first ``count`` completions of a scored rollout as records (see the module docstring).
 
     examples: the P prompts' examples; rollout: a ``Rollout`` of B = P·G rows (``group_ids`` index ``examples``);
-    rewards, correct, advantages: (B,); per_fn: reward name → (B,) values.
+    rewards, correct, advantages: (B,); per_fn: reward name → (B,) values. ``episodes``: a multi-turn step's B
+    episodes (``lmpo.generation.episodes.Episode``); each record then also holds the whole conversation
+    (``messages``, roles and tool names kept), the reward of each turn and why the episode ended.
     """
     rows = min(count, len(rollout.completions))
     group = rollout.group_ids[:rows].tolist()
@@ -55,6 +61,10 @@ def completion_records(step: int, examples: Sequence[Any], rollout, rewards, per
                     "completion": rollout.completions[i], "answer": example.answer, "reward": _number(reward[i]),
                     "rewards": {name: _number(v[i]) for name, v in parts.items()}, "advantage": _number(adv[i]),
                     "correct": bool(ok[i]), "length": int(lengths[i])})
+        if episodes is not None:
+            e = episodes[i]
+            out[-1].update({"messages": [dict(m) for m in e.messages], "turn_rewards": [_number(r) for r in e.rewards],
+                            "end_reason": e.end_reason})
     return out
 
 
@@ -124,19 +134,45 @@ def read_completions(run: str | Path, step: int | None = None) -> tuple[int, lis
 
 
 def format_completions(step: int, records: Sequence[Mapping[str, Any]], width: int = 60) -> str:
-    """Plain-text view of one step's completions (what ``lmpo show`` prints)."""
+    """Plain-text view of one step's completions (what ``lmpo show`` prints): one line per single-turn
+    completion, prompt and completion cut to ``width`` characters; a multi-turn episode (a record with
+    ``messages``) whole, one block per message with its role, every character of it."""
     def short(x: Any) -> str:
         text = str(x).replace("\n", "⏎")
         return text if len(text) <= width else text[: width - 1] + "…"
 
-    lines = [f"step {step}: {len(records)} completions"]
+    kind = "episodes" if any("messages" in r for r in records) else "completions"
+    lines = [f"step {step}: {len(records)} {kind}"]
     for r in records:
         reward = "—" if r.get("reward") is None else f"{r['reward']:+.3f}"
         adv = "—" if r.get("advantage") is None else f"{r['advantage']:+.3f}"
-        lines.append(f"[group {r.get('group')}] reward {reward} adv {adv} {'✓' if r.get('correct') else '✗'} "
-                     f"len {r.get('length')} | {short(r.get('prompt'))} → {short(r.get('completion'))!s} "
-                     f"(answer {short(r.get('answer'))})")
+        head = f"[group {r.get('group')}] reward {reward} adv {adv} {'✓' if r.get('correct') else '✗'}"
+        if "messages" not in r:
+            lines.append(f"{head} len {r.get('length')} | {short(r.get('prompt'))} → {short(r.get('completion'))!s} "
+                         f"(answer {short(r.get('answer'))})")
+            continue
+        lines.append("")
+        lines.append(f"{head} {r.get('length')} policy tokens, ended: {r.get('end_reason')}, answer "
+                     f"{r.get('answer')}")
+        lines.extend(format_conversation(r["messages"], r.get("turn_rewards") or []))
     return "\n".join(lines)
+
+
+def format_conversation(messages: Sequence[Mapping[str, Any]], turn_rewards: Sequence[float | None] = ()) -> list[str]:
+    """An episode's messages as indented text lines, ``role: content`` (a tool's name after its role, each
+    assistant turn numbered with the reward the environment gave it)."""
+    lines, turn = [], 0
+    for m in messages:
+        role = str(m.get("role"))
+        label = f"{role} ({m['name']})" if m.get("name") else role
+        if role == "assistant":
+            reward = turn_rewards[turn] if turn < len(turn_rewards) else None
+            label = f"assistant, turn {turn}" + ("" if reward is None else f", reward {reward:+g}")
+            turn += 1
+        body = str(m.get("content", "")).split("\n")
+        lines.append(f"  {label}: {body[0]}")
+        lines.extend(f"  {' ' * len(label)}  {line}" for line in body[1:])
+    return lines
 
 
 def register_show(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -146,7 +182,8 @@ def register_show(subparsers: argparse._SubParsersAction, name: str) -> None:
                                           "the newest by default.")
     p.add_argument("run", metavar="RUN", help="run directory of `lmpo train` (or its completions.jsonl)")
     p.add_argument("--step", type=int, default=None, help="the RL step to show (default: the newest logged)")
-    p.add_argument("--width", type=int, default=60, help="characters of prompt / completion shown (default 60)")
+    p.add_argument("--width", type=int, default=60, help="characters of a single-turn prompt / completion shown "
+                                                            "(default 60; multi-turn episodes are shown whole)")
     p.set_defaults(func=_run_show)
 
 
@@ -156,5 +193,5 @@ def _run_show(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["COLUMNS", "FILE_NAME", "CompletionLog", "completion_records", "format_completions", "markdown_table",
-           "read_completions", "register_show"]
+__all__ = ["COLUMNS", "FILE_NAME", "CompletionLog", "completion_records", "format_completions", "format_conversation",
+           "markdown_table", "read_completions", "register_show"]

@@ -478,12 +478,33 @@ class LoopConfig:
 
 
 @dataclass(frozen=True)
-class SFTConfig:
-    """Optional supervised warm-up on the task's reference answers before RL."""
+class DemonstrationSource:
+    """A share of a multi-turn warm-up's demonstrations played by an expert built with other environment options."""
 
-    steps: int = _f(0, "Supervised optimizer steps (0 = no warm-up).", ge=0)
-    lr: float = _f(1e-3, "Learning rate of the warm-up (constant, AdamW).", gt=0)
-    seqs_per_step: int = _f(32, "Prompt+answer sequences per warm-up step.", ge=1)
+    fraction: float = _f(0.5, "Share of the warm-up examples whose demonstration comes from this source (spread "
+                         "evenly over the examples).", gt=0, le=1)
+    options: dict = _f({}, "Environment options laid over `env.options` for these demonstrations, e.g. "
+                       "`{expert: memory}` for ToolArithmetic-v0's expert who answers without the calculator.")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Optional supervised warm-up before RL: the task's reference answers, or an environment's expert episodes.
+
+    With ``env.id`` set the warm-up imitates the environment's expert (docs/multiturn.md, "Warm-up")."""
+
+    steps: int = _f(0, "Supervised optimizer steps (0 = no warm-up). With `env.id`: steps on expert episodes "
+                    "(`expert_action`), played with the chat template and `env.budget` of the RL episodes; a "
+                    "budget that cuts a demonstration is an error naming it.", ge=0)
+    lr: float = _f(1e-3, "Peak learning rate of the warm-up (AdamW).", gt=0)
+    warmup_steps: int = _f(0, "Linear learning-rate warm-up over the first N warm-up steps.", ge=0)
+    schedule: str = _f("constant", "Learning rate after `warmup_steps`: `constant`, or `linear` decay to 0 at "
+                       "the last step.", choices=("constant", "linear"))
+    seqs_per_step: int = _f(32, "Prompt+answer sequences (with `env.id`: demonstration episodes) per warm-up "
+                            "step.", ge=1)
+    demonstrations: tuple[DemonstrationSource, ...] = _f((), "With `env.id`: other experts' shares of the "
+                                                         "demonstrations (fractions summing to at most 1); the "
+                                                         "rest are played with `env.options` as they are.")
     max_examples: int = _f(0, "Draw warm-up examples from only the first N training examples (0 = all).", ge=0)
     stop_at_accuracy: float = _f(0.0, "Stop the warm-up early once greedy accuracy on `check_examples` TRAINING "
                                  "prompts reaches this (0 = always run `steps`); makes the RL start comparable "
@@ -624,7 +645,10 @@ class TrainConfig:
             "microbatches_per_minibatch": self.microbatches_per_minibatch,
             "optimizer_steps_per_step": self.optimizer_steps_per_step,
             "total_optimizer_steps": self.total_optimizer_steps,
-            "max_completion_tokens_per_step": self.seqs_per_step * self.rollout.max_new_tokens,
+            # an episode is bounded by its budget, not by rollout.max_new_tokens (unused with an environment)
+            **({"max_episode_tokens_per_step": self.seqs_per_step * self.env.budget.max_total_tokens}
+               if self.env.id is not None else
+               {"max_completion_tokens_per_step": self.seqs_per_step * self.rollout.max_new_tokens}),
             "off_policy": self.off_policy,
         }
 

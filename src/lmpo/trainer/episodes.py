@@ -23,9 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from lmpo.config import ConfigError
+from lmpo.config import ConfigError, flat_aliases
 from lmpo.config import option as _f
-from lmpo.envs import ENVS, EpisodeBudget, make_env
+from lmpo.envs import ENVS, EpisodeBudget, LMEnv, make_env
+from lmpo.envs.base import is_registered, unknown_env_message
+from lmpo.envs.plugins import import_env_modules
 from lmpo.errors import InputError
 from lmpo.generation import Rollout, RolloutBatch
 from lmpo.generation.episodes import (
@@ -41,24 +43,36 @@ from lmpo.generation.episodes import (
 )
 from lmpo.trainer.sampling import ScoredRollout
 
+#: the default limit of one environment call: far above any real step, so that only a hang reaches it
+DEFAULT_STEP_TIMEOUT_S = 60.0
 #: advantage-estimator inputs the episode stage can supply (lengths: policy tokens per episode)
 EPISODE_ADVANTAGE_INPUTS = frozenset({"lengths"})
 
 
+@flat_aliases({"import": "imports"})
 @dataclass(frozen=True)
 class EnvConfig:
     """A multi-turn environment to train on instead of single-turn completions (docs/multiturn.md)."""
 
     id: str | None = _f(None, "Registered environment id of `lmpo.envs.ENVS` (e.g. `ToolArithmetic-v0`); unset = "
                         "single-turn training. Examples come from the environment's task, built with "
-                        "`task.options`; `rollout.completions_per_prompt` episodes are played per example.")
+                        "`task.options`; `rollout.completions_per_prompt` episodes are played per example. Ids of "
+                        "installed packages' `lmpo.envs` entry points are found without `import`.")
+    imports: tuple[str, ...] = _f((), "Modules (dotted names on PYTHONPATH) or `.py` files (relative to the "
+                                  "current directory) imported before `id` is looked up, so that their "
+                                  "`@register_env` classes are registered: your own environments "
+                                  "(docs/multiturn.md, \"Writing an environment\"). Written `env.import` in YAML "
+                                  "and on the command line.")
     options: dict = _f({}, "Keyword options of the environment constructor (e.g. `{max_turns: 4}`).")
     budget: EpisodeBudget = _f(EpisodeBudget(), "Episode budgets the driver enforces (replace "
                                "`rollout.max_new_tokens` for multi-turn runs).")
     on_env_error: str = _f("raise", "An environment that raises or returns a malformed result: `raise` stops the "
                            "run naming the environment and the turn; `truncate` ends that episode as truncated "
                            "(`episodes/end_env_error`).", choices=ON_ENV_ERROR)
-    step_timeout_s: float | None = _f(None, "Wall-clock limit of one `reset`/`step` call (unset: none).", gt=0)
+    step_timeout_s: float | None = _f(DEFAULT_STEP_TIMEOUT_S, "Wall-clock limit of one `reset`/`step` call "
+                                      "(null: none): an environment that hangs stops the run with a message naming "
+                                      "it and the turn (or ends that episode, under `on_env_error: truncate`).",
+                                      gt=0)
     chat_template: str | None = _f(None, "Jinja chat template used instead of the tokenizer's own to render "
                                    "openings and observations.")
     turn_discount: float | None = _f(None, "Per-turn credit: with γ set, each turn's tokens get the advantage "
@@ -71,19 +85,20 @@ def validate_env(cfg, objective) -> None:
     """The ``env`` section against the rest of the run. Raises ConfigError naming the field and the fix."""
     env = cfg.env
     if env.id is None:
-        changed = [k for k, d in (("options", {}), ("budget", EpisodeBudget()), ("on_env_error", "raise"),
-                                  ("step_timeout_s", None), ("chat_template", None), ("turn_discount", None))
-                   if getattr(env, k) != d]
+        changed = [k for k, d in (("imports", ()), ("options", {}), ("budget", EpisodeBudget()),
+                                  ("on_env_error", "raise"), ("step_timeout_s", DEFAULT_STEP_TIMEOUT_S),
+                                  ("chat_template", None), ("turn_discount", None)) if getattr(env, k) != d]
         if changed:
             raise ConfigError(f"`env.{changed[0]}` is set but `env.id` is not: it only acts on multi-turn runs. Set "
                               "env.id to an environment (e.g. ToolArithmetic-v0) or remove it.")
+        if cfg.sft.demonstrations:
+            raise ConfigError("`sft.demonstrations` is set but `env.id` is not: it mixes the experts of a "
+                              "multi-turn warm-up. Set env.id or remove sft.demonstrations.")
         return
-    if env.id not in ENVS:
-        import difflib
-
-        close = difflib.get_close_matches(env.id, sorted(ENVS), n=2, cutoff=0.5)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise ConfigError(f"`env.id` = {env.id!r} is not a registered environment ({', '.join(sorted(ENVS))}).{hint}")
+    import_env_modules(env.imports)
+    if not is_registered(env.id):
+        raise ConfigError(unknown_env_message(env.id, "`env.id` names no registered environment:"))
+    _check_warmup(cfg)
     if ENVS[env.id].task is None:
         raise ConfigError(f"`env.id` = {env.id!r} registers no task, so the trainer has no examples to reset it on; "
                           "register it with `task=` (lmpo.envs.register_env).")
@@ -101,9 +116,6 @@ def validate_env(cfg, objective) -> None:
          "the environment's rewards are the episode's rewards; remove rewards.functions"),
         (cfg.rewards.overlong_buffer_len > 0, f"`rewards.overlong_buffer_len` = {cfg.rewards.overlong_buffer_len}",
          "overlong shaping measures single completions; use env.budget and objective.mask_truncated_completions"),
-        (cfg.sft.steps > 0, f"`sft.steps` = {cfg.sft.steps}",
-         "the supervised warm-up trains single-turn answers; warm up on expert episodes instead "
-         "(examples/multiturn/sft_tool_arithmetic.py --save DIR, then model.name: DIR) and set sft.steps: 0"),
         (cfg.eval.samples_per_prompt > 0, f"`eval.samples_per_prompt` = {cfg.eval.samples_per_prompt}",
          "pass@k samples single completions; set it to 0 (evaluation plays greedy episodes)"),
         ("teacher" in objective.needs or bool(cfg.teacher.name), "a distillation teacher",
@@ -115,6 +127,22 @@ def validate_env(cfg, objective) -> None:
     for bad, what, fix in refused:
         if bad:
             raise ConfigError(f"{what} is not supported with `env.id` = {env.id!r} (multi-turn training): {fix}.")
+
+
+def _check_warmup(cfg) -> None:
+    """``sft.steps`` > 0 on an environment needs its expert; the demonstration shares must fit in one."""
+    sft, env = cfg.sft, cfg.env
+    if sft.steps <= 0:
+        return
+    factory = ENVS[env.id].factory
+    if isinstance(factory, type) and issubclass(factory, LMEnv) and factory.expert_action is LMEnv.expert_action:
+        raise ConfigError(f"`sft.steps` = {sft.steps} with `env.id` = {env.id!r}: the warm-up imitates the "
+                          f"environment's expert, and {factory.__name__} has none (no expert_action). Implement "
+                          "expert_action (docs/multiturn.md, \"Experts and demonstrations\") or set sft.steps: 0.")
+    total = sum(source.fraction for source in sft.demonstrations)
+    if total > 1 + 1e-9:
+        raise ConfigError(f"`sft.demonstrations` fractions sum to {total:g}: they are shares of one warm-up's "
+                          "demonstrations (the rest come from env.options); make them sum to at most 1.")
 
 
 def check_estimator(estimator, env_id: str, name: str, turn_discount: float | None = None) -> None:
@@ -131,8 +159,15 @@ def check_estimator(estimator, env_id: str, name: str, turn_discount: float | No
                           "reinforce_plus_plus or another estimator of episode returns.")
 
 
-def check_chat_template(tokenizer, env, model_name: str) -> None:
-    """Episodes are rendered with a chat template: the tokenizer's or ``env.chat_template``."""
+def ensure_chat_template(tokenizer, env, model_name: str) -> None:
+    """Episodes are rendered with a chat template: the tokenizer's or ``env.chat_template``; a built-in preset's
+    character tokenizer (``model.name: tiny``) gets ``lmpo.models.chat.TINY_CHAT_TEMPLATE``, which renders the
+    environment's tool schemas compactly."""
+    from lmpo.models import MODEL_PRESETS
+    from lmpo.models.chat import TINY_CHAT_TEMPLATE
+
+    if env.chat_template is None and not getattr(tokenizer, "chat_template", None) and model_name in MODEL_PRESETS:
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE
     if env.chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise InputError(f"`env.id` = {env.id!r}: multi-turn episodes are rendered with a chat template, and the "
                          f"tokenizer of model {model_name!r} has none. Use a chat model, or give the Jinja template "
@@ -146,9 +181,11 @@ def make_runner(model, tokenizer, env, *, temperature: float, top_p: float = 1.0
                          on_env_error=env.on_env_error, step_timeout_s=env.step_timeout_s)
 
 
-def env_factory(env):
-    """A callable building a fresh environment of ``env`` (its id and options) per episode."""
-    return lambda: make_env(env.id, **env.options)
+def env_factory(env, options: dict | None = None):
+    """A callable building a fresh environment of ``env`` (its id and options, with ``options`` laid over them)
+    per episode."""
+    merged = {**env.options, **(options or {})}
+    return lambda: make_env(env.id, **merged)
 
 
 def episodes_to_rollout(episodes: Sequence[Episode], tokenizer, device: torch.device

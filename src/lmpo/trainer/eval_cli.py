@@ -1,6 +1,8 @@
 """``lmpo eval MODEL_OR_RUN [--task TASK] [--n N] [--samples K]``: greedy accuracy of any causal LM, with a 95%
 confidence interval; with ``--samples K`` also pass@k (k = 1, 2, 4, … K) and avg@K from K sampled completions per
-problem (:mod:`lmpo.trainer.passk`).
+problem (:mod:`lmpo.trainer.passk`). A run of a multi-turn environment (``env.id``) without ``--task`` is evaluated
+on episodes: greedy success on its held-out examples and, with ``--samples K``, pass@k of K sampled episodes
+(:func:`evaluate_env_run`).
 
 ``MODEL_OR_RUN`` is a built-in preset (``tiny``), any Hugging Face causal LM (a local directory or a hub name),
 or a run directory of ``lmpo train``: its ``model/`` (or newest complete checkpoint; a LoRA adapter is merged
@@ -42,6 +44,9 @@ class EvalResult:
     max_new_tokens: int = 0
     passk: dict[str, float] = field(default_factory=dict)
     """``pass@k`` / ``avg@K`` with ``_low`` / ``_high`` interval ends (``--samples K``), else empty."""
+    episodes: dict[str, float] = field(default_factory=dict)
+    """A multi-turn run's greedy ``episodes/*`` metrics (``lmpo.generation.episodes.episode_metrics``), else empty:
+    ``correct`` then counts successful episodes and ``length_mean`` is the policy's tokens per episode."""
 
     @property
     def accuracy(self) -> float:
@@ -49,8 +54,13 @@ class EvalResult:
 
     def summary(self) -> str:
         lo, hi = self.ci95
-        text = (f"accuracy {self.accuracy:.3f} ({self.correct}/{self.n}), 95% CI [{lo:.3f}, {hi:.3f}] (Wilson); "
-                f"mean completion length {self.length_mean:.1f} tokens")
+        what, length = ("success", "policy tokens per episode") if self.episodes else ("accuracy", "completion length")
+        text = (f"{what} {self.accuracy:.3f} ({self.correct}/{self.n}), 95% CI [{lo:.3f}, {hi:.3f}] (Wilson); "
+                f"mean {length} {self.length_mean:.1f}")
+        if self.episodes:
+            e = self.episodes
+            text += (f"; turns {e['episodes/turns_mean']:.2f}, tool calls {e['episodes/tool_calls_mean']:.2f} per "
+                     f"episode, truncated {e['episodes/truncated_fraction']:.3f}")
         for key, value in self.passk.items():
             if not key.endswith(("_low", "_high")):
                 text += (f"\n{key} {value:.3f}, 95% CI [{self.passk[key + '_low']:.3f}, "
@@ -133,6 +143,13 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
             raise InputError(f"model {model!r} is neither a built-in preset ({', '.join(sorted(MODEL_PRESETS))}), a "
                              "local directory, a run directory, nor a Hugging Face 'org/name'.")
     cfg = run_config(run) if run is not None else None
+    if task is None and cfg is not None and cfg.env.id is not None:
+        if accuracy_reward is not None or max_new_tokens is not None or prompt_format is not None:
+            raise InputError(f"the run trained on episodes of `env.id` = {cfg.env.id!r}, which its environment "
+                             "judges within its `env.budget`: --accuracy-reward, --max-new-tokens and --prompt-format "
+                             "do not apply (give --task to evaluate single-turn completions instead).")
+        return evaluate_env_run(model, cfg, n=n, device=device, seed=seed, samples=samples,
+                                samples_per_prompt=samples_per_prompt, temperature=temperature, top_p=top_p)
     if task is None:
         if cfg is None:
             raise InputError(f"model {model!r}: --task is missing; give a built-in task, a data file or a "
@@ -181,14 +198,61 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
                       seconds=time.perf_counter() - t0, samples=kept, max_new_tokens=max_new_tokens, passk=passk)
 
 
+def evaluate_env_run(run: str, cfg, *, n: int = 0, device: str = "auto", seed: int = 0, samples: int = 0,
+                     samples_per_prompt: int = 0, temperature: float = 1.0, top_p: float = 1.0) -> EvalResult:
+    """A multi-turn run (``env.id``) on its held-out examples: greedy episodes under the run's ``env`` section
+    (its imports, options, budget and chat template), success as the trainer judges it (a turn with
+    ``info["correct"]``, else a positive return), with a Wilson interval; with ``samples_per_prompt`` = K, K
+    sampled episodes per example (``temperature``, ``top_p``, seeded by ``seed``) give pass@k and avg@K."""
+    import torch
+
+    from lmpo.envs.checker import episode_succeeded
+    from lmpo.envs.plugins import import_env_modules
+    from lmpo.generation.episodes import episode_metrics
+    from lmpo.trainer.build import TASK_ERRORS, build_task, resolve_device, task_error
+    from lmpo.trainer.episodes import ensure_chat_template, env_factory, make_runner
+    from lmpo.trainer.evaluate import wilson_interval
+    from lmpo.trainer.export import load_run_policy
+
+    t0 = time.perf_counter()
+    import_env_modules(cfg.env.imports, where=f"env.import (of {run}/config.yaml)")
+    try:
+        task = build_task(cfg.task, cfg.env)
+    except TASK_ERRORS as e:
+        raise task_error(cfg.task, e, cfg.env) from None
+    examples = task.eval_examples()[: cfg.task.eval_examples]
+    examples = examples[:n] if n else examples
+    dev = resolve_device(device)
+    policy, tokenizer, source, _ = load_run_policy(run, device=str(dev))
+    ensure_chat_template(tokenizer, cfg.env, cfg.model.name)
+    greedy = make_runner(policy, tokenizer, cfg.env, temperature=0.0).run(env_factory(cfg.env), examples, 1,
+                                                                          seed=cfg.loop.seed)
+    correct = [episode_succeeded(e.rewards, e.infos) for e in greedy]
+    passk: dict[str, float] = {}
+    if samples_per_prompt > 0:
+        from lmpo.trainer.passk import pass_at_k_metrics
+
+        K = samples_per_prompt
+        runner = make_runner(policy, tokenizer, cfg.env, temperature=temperature, top_p=top_p)
+        sampled = runner.run(env_factory(cfg.env), examples, K, seed=cfg.loop.seed,
+                             generator=torch.Generator(dev).manual_seed(seed))
+        rows = [[episode_succeeded(e.rewards, e.infos) for e in sampled[i * K:(i + 1) * K]] for i in range(len(examples))]
+        passk = pass_at_k_metrics(rows, prefix="")
+    kept = [{"prompt": e.example.messages if e.example is not None else None, "messages": e.messages,
+             "answer": e.example.answer if e.example is not None else None, "correct": c, "return": e.episode_return,
+             "end_reason": e.end_reason} for e, c in list(zip(greedy, correct))[:samples]]
+    metrics = episode_metrics(greedy)
+    return EvalResult(model=f"{run} ({source.name})", task=f"{cfg.env.id} (the run's held-out examples)",
+                      n=len(examples), correct=sum(correct), ci95=wilson_interval(sum(correct), len(examples)),
+                      length_mean=metrics["episodes/policy_tokens_mean"], seconds=time.perf_counter() - t0,
+                      samples=kept, max_new_tokens=cfg.env.budget.max_new_tokens_per_turn, passk=passk,
+                      episodes=metrics)
+
+
 def _run_task_examples(cfg):
     """The held-out examples a run evaluated (its ``task`` section), its accuracy reward and a description."""
     from lmpo.trainer.build import TASK_ERRORS, build_task
 
-    if cfg.env.id is not None:  # its own task would be the single-turn default, not what the run trained on
-        raise InputError(f"the run trained on multi-turn episodes of `env.id` = {cfg.env.id!r}, which `lmpo eval` "
-                         "does not play (it evaluates single-turn completions); the run's held-out episode success "
-                         "is its `eval/accuracy` in metrics.jsonl, or give --task to evaluate single-turn anyway.")
     try:
         task = build_task(cfg.task)
     except TASK_ERRORS as e:
@@ -205,7 +269,9 @@ def register_eval(subparsers: argparse._SubParsersAction, name: str) -> None:
                     "directory or hub name, or a run directory of `lmpo train`: its model/ or newest checkpoint, "
                     "and its own task when --task is left out) on TASK: a built-in task's held-out split, every row of a "
                     "JSON/JSONL/Parquet file (TRL's standard or conversational format), or one split of a "
-                    "saved `datasets` directory. Prints accuracy with a 95%% Wilson confidence interval.",
+                    "saved `datasets` directory. Prints accuracy with a 95%% Wilson confidence interval. A run of "
+                    "a multi-turn environment (env.id) without --task plays its held-out episodes greedily (success "
+                    "as the trainer judges it; --samples K: pass@k of K sampled episodes per example).",
     )
     p.add_argument("model", metavar="MODEL_OR_RUN",
                    help="built-in preset, Hugging Face model directory / name, or `lmpo train` run directory")
@@ -253,13 +319,14 @@ def _run_eval(args: argparse.Namespace) -> int:
     except (InputError, yaml.YAMLError) as e:
         print(f"lmpo eval: {e}", file=sys.stderr)
         return 2
-    print(f"lmpo eval: model {result.model!r} on {result.task}, {result.n} examples, greedy, "
-          f"at most {result.max_new_tokens} new tokens ({result.seconds:.0f} s)")
+    budget = "tokens per turn" if result.episodes else "new tokens"
+    print(f"lmpo eval: model {result.model!r} on {result.task}, {result.n} {'episodes' if result.episodes else 'examples'}"
+          f", greedy, at most {result.max_new_tokens} {budget} ({result.seconds:.0f} s)")
     print(result.summary())
     if args.json:
         record = {"model": result.model, "task": result.task, "n": result.n, "correct": result.correct,
                   "accuracy": result.accuracy, "ci95": list(result.ci95), "length_mean": result.length_mean,
-                  "pass_at_k": result.passk, "samples": result.samples}
+                  "pass_at_k": result.passk, "episodes": result.episodes, "samples": result.samples}
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(record, fh, indent=1, ensure_ascii=False)
         print(f"completions: {args.json}")

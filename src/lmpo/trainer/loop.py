@@ -45,7 +45,7 @@ from lmpo.trainer.metrics import to_host
 from lmpo.trainer.optim import Schedule, build_optimizer
 from lmpo.trainer.rundir import prepare_train_dir
 from lmpo.trainer.sampling import PromptOrder, seed_for
-from lmpo.trainer.sft import supervised_warmup
+from lmpo.trainer.sft import episode_warmup, supervised_warmup
 from lmpo.trainer.update import LossHook, NonFiniteError, NonFiniteGuard
 
 __all__ = ["NonFiniteError", "TrainResult", "Trainer"]
@@ -160,8 +160,10 @@ class Trainer:
         # 1. supervised warm-up (skipped on resume: the checkpoint already holds the warmed-up weights)
         if resume_path is None and cfg.sft.steps > 0:
             check_set = self.train_examples[: cfg.sft.check_examples]
-            result.sft_losses = supervised_warmup(
-                self.model, self.tokenizer, self.task, self.train_examples, cfg.sft, seed=cfg.loop.seed,
+            # an environment's warm-up imitates its expert's episodes (lmpo.trainer.sft.episode_warmup)
+            warmup, source = (episode_warmup, cfg.env) if cfg.env.id is not None else (supervised_warmup, self.task)
+            result.sft_losses = warmup(
+                self.model, self.tokenizer, source, self.train_examples, cfg.sft, seed=cfg.loop.seed,
                 device=self.device, log=self.log, accuracy_check=lambda: self.evaluate(check_set)["eval/accuracy"])
         # 2. reference model: a frozen copy of the initial policy (or a given path), only when needed
         if self.needs_ref_model:
@@ -252,8 +254,9 @@ class Trainer:
         adv, adv_stats, zero_var, keep = stages.advantages(self.estimator, adv_rewards, group, inputs,
                                                            filter_zero_variance=cfg.objective.filter_zero_variance)
         if self.completion_log is not None and self.completion_log.due(step):
-            self.completion_log.log(step, completion_records(step, scored.examples, ro, rewards, scored.per_fn,
-                                                             scored.correct, adv, cfg.logging.completions_per_step))
+            self.completion_log.log(step, completion_records(
+                step, scored.examples, ro, rewards, scored.per_fn, scored.correct, adv, cfg.logging.completions_per_step,
+                episodes=got.played.episodes if got.played is not None else None))
         t_score = time.perf_counter()
         stats = stages.rollout_stats(scored, adv, adv_stats, zero_var, keep, full.loss_mask,
                                      self.tokenizer.eos_token_id)
