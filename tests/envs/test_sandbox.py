@@ -449,6 +449,32 @@ def test_require_refuses_a_weaker_mode(monkeypatch):
     assert "weaker than a jail" in str(caught[0].message)
 
 
+def test_the_runs_env_sandbox_require_floors_every_later_call(monkeypatch):
+    """`env.sandbox.require` in a training config: checked when the config is, then the floor of every call that
+    passes no `require=` of its own."""
+    from lmpo.trainer.config import ConfigError, config_from_dict, validate_config
+
+    weaker = Isolation("network", {"network": "unshare -n"}, ("processes",), "jail unavailable: a test")
+    monkeypatch.setattr(sandbox, "isolation", lambda: weaker)
+    monkeypatch.setattr(sandbox, "_default_require", [None])
+    cfg = config_from_dict({"model": {"name": "tiny"}, "env": {"id": "ToolArithmetic-v0",
+                                                                "sandbox": {"require": "jail"}}})
+    with pytest.raises(SandboxError, match=r"`env.sandbox.require` = 'jail' .* 'network'"):
+        validate_config(cfg)
+    sandbox.set_default_require("network")
+    with pytest.raises(SandboxError, match="`sandbox.require` = 'jail'"):
+        run_python("print(1)", require="jail")  # a call's own require still wins
+    assert sandbox.check_require(None) is weaker  # the floor holds: no warning, no refusal
+    with pytest.raises(SandboxError):  # a floor this machine cannot give is refused when it is set
+        sandbox.set_default_require("jail")
+    assert sandbox._default_require == ["network"]
+    monkeypatch.setattr(sandbox, "_default_require", ["jail"])  # set where a jail was available
+    with pytest.raises(SandboxError):
+        python_tool()
+    with pytest.raises(ConfigError, match="env.sandbox"):
+        validate_config(config_from_dict({"model": {"name": "tiny"}, "env": {"sandbox": {"require": "jail"}}}))
+
+
 def test_jail_failure_falls_back_and_says_why(monkeypatch):
     def broken(*args, **kwargs):
         raise SandboxError("the sandbox's jail failed to start: PermissionError: a test")

@@ -28,6 +28,7 @@ from lmpo.config import option as _f
 from lmpo.envs import ENVS, EpisodeBudget, LMEnv, make_env
 from lmpo.envs.base import is_registered, unknown_env_message
 from lmpo.envs.plugins import import_env_modules
+from lmpo.envs.tools.sandbox import set_default_require
 from lmpo.errors import InputError
 from lmpo.generation import Rollout, RolloutBatch
 from lmpo.generation.episodes import (
@@ -47,6 +48,17 @@ from lmpo.trainer.sampling import ScoredRollout
 DEFAULT_STEP_TIMEOUT_S = 60.0
 #: advantage-estimator inputs the episode stage can supply (lengths: policy tokens per episode)
 EPISODE_ADVANTAGE_INPUTS = frozenset({"lengths"})
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Where an environment's tools run model-written code (the `python` tool; docs/multiturn.md, "The sandbox")."""
+
+    require: str | None = _f(None, "The weakest sandbox mode the run accepts: `jail` (namespaces, seccomp, a "
+                             "read-only root; as root or where user namespaces are allowed), `network` (only "
+                             "the network cut) or `none`; the run stops at its start when this machine gives less. "
+                             "Unset: the strongest available, with a one-line warning when that is not a jail.",
+                             choices=(None, "jail", "network", "none"))
 
 
 @flat_aliases({"import": "imports"})
@@ -75,6 +87,7 @@ class EnvConfig:
                                       gt=0)
     chat_template: str | None = _f(None, "Jinja chat template used instead of the tokenizer's own to render "
                                    "openings and observations.")
+    sandbox: SandboxConfig = _f(SandboxConfig(), "The sandbox of tools that run model-written code.")
     turn_discount: float | None = _f(None, "Per-turn credit: with γ set, each turn's tokens get the advantage "
                                      "estimator applied to that turn's discounted return-to-go `G_k = Σ_{j≥k} "
                                      "γ^(j−k) r_j` over the group's episodes that reached turn k; unset: every "
@@ -87,7 +100,8 @@ def validate_env(cfg, objective) -> None:
     if env.id is None:
         changed = [k for k, d in (("imports", ()), ("options", {}), ("budget", EpisodeBudget()),
                                   ("on_env_error", "raise"), ("step_timeout_s", DEFAULT_STEP_TIMEOUT_S),
-                                  ("chat_template", None), ("turn_discount", None)) if getattr(env, k) != d]
+                                  ("chat_template", None), ("turn_discount", None), ("sandbox", SandboxConfig()))
+                   if getattr(env, k) != d]
         if changed:
             raise ConfigError(f"`env.{changed[0]}` is set but `env.id` is not: it only acts on multi-turn runs. Set "
                               "env.id to an environment (e.g. ToolArithmetic-v0) or remove it.")
@@ -95,6 +109,8 @@ def validate_env(cfg, objective) -> None:
             raise ConfigError("`sft.demonstrations` is set but `env.id` is not: it mixes the experts of a "
                               "multi-turn warm-up. Set env.id or remove sft.demonstrations.")
         return
+    if env.sandbox.require is not None:  # before any environment builds its tools: a weaker machine stops here
+        set_default_require(env.sandbox.require, key="env.sandbox.require")
     import_env_modules(env.imports)
     if not is_registered(env.id):
         raise ConfigError(unknown_env_message(env.id, "`env.id` names no registered environment:"))

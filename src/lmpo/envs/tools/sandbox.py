@@ -156,11 +156,25 @@ def _warn_weaker(iso: Isolation) -> None:
                   stacklevel=4)
 
 
-def check_require(require: str | None) -> Isolation:
-    """The isolation in force, refused (:class:`SandboxError`) when weaker than ``require``; ``None`` accepts
-    the strongest available, with a one-line warning when that is weaker than a jail."""
+_default_require: list[str | None] = [None]
+
+
+def set_default_require(require: str | None, *, key: str = "sandbox.require") -> str | None:
+    """Make ``require`` the floor of every later call that passes none of its own (a training run's
+    ``env.sandbox.require``), checked now; returns the previous floor."""
+    check_require(require, key=key)
+    previous, _default_require[0] = _default_require[0], require
+    return previous
+
+
+def check_require(require: str | None, *, key: str = "sandbox.require") -> Isolation:
+    """The isolation in force, refused (:class:`SandboxError`) when weaker than ``require`` (or, when ``None``,
+    the floor :func:`set_default_require` set); no floor accepts the strongest available, with a one-line warning
+    when that is weaker than a jail. ``key`` names the setting in messages."""
+    if require is None:
+        require = _default_require[0]
     if require is not None and require not in MODES:
-        raise InputError(f"`sandbox.require` = {require!r} is not a sandbox mode; use one of "
+        raise InputError(f"`{key}` = {require!r} is not a sandbox mode; use one of "
                          f"{', '.join(MODES)} (jail is the strongest).")
     iso = isolation()
     if require is None:
@@ -168,10 +182,10 @@ def check_require(require: str | None) -> Isolation:
             _warn_weaker(iso)
     elif MODES.index(iso.mode) < MODES.index(require):
         raise SandboxError(
-            f"`sandbox.require` = {require!r} but this machine only gives the sandbox mode {iso.mode!r} "
+            f"`{key}` = {require!r} but this machine only gives the sandbox mode {iso.mode!r} "
             f"({iso.reason}). Run lmpo as root or where user namespaces are allowed "
             "(sysctl kernel.unprivileged_userns_clone=1, or an AppArmor profile that permits them), run the job "
-            f"in a container of its own and set sandbox.require to {iso.mode!r}, or lower sandbox.require.")
+            f"in a container of its own and set {key} to {iso.mode!r}, or lower {key}.")
     return iso
 
 
