@@ -8,9 +8,21 @@ suite, each an optional extra: ``textarena`` (TextArena's single-player games, `
 
 from __future__ import annotations
 
+import importlib
 import random
+from types import ModuleType
 
+from lmpo.errors import InputError
 from lmpo.tasks.base import Example, Task
+
+
+def import_extra(module: str, extra: str, what: str) -> ModuleType:
+    """``module`` imported, or InputError saying that ``what`` needs the optional extra ``lmpo[extra]``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise InputError(f"{what} need an optional extra: pip install 'lmpo[{extra}]' (importing {module} "
+                         f"failed: {e}).") from e
 
 
 class SeedTask(Task):

@@ -26,6 +26,7 @@ import json
 import random
 from typing import Any
 
+from lmpo.envs.adapters import import_extra
 from lmpo.envs.base import LMEnv, Message, StepResult, register_env, strip_thinking
 from lmpo.errors import InputError
 from lmpo.rewards.builtin import completion_text
@@ -39,12 +40,7 @@ REWARD = "lmpo.envs.adapters.reasoning_gym:score_answer"
 
 def import_reasoning_gym():
     """The ``reasoning_gym`` module, or InputError saying how to install it."""
-    try:
-        import reasoning_gym
-    except ImportError as e:
-        raise InputError("reasoning-gym tasks need the reasoning-gym package: pip install 'lmpo[reasoning_gym]' "
-                         f"(import failed: {e}).") from e
-    return reasoning_gym
+    return import_extra("reasoning_gym", "reasoning_gym", "reasoning-gym tasks")
 
 
 @functools.lru_cache(maxsize=64)

@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from lmpo.envs.adapters import SeedTask
+from lmpo.envs.adapters import SeedTask, import_extra
 from lmpo.envs.base import LMEnv, Message, StepResult, register_env
 from lmpo.errors import InputError
 from lmpo.tasks.base import Example
@@ -35,12 +35,7 @@ PLAYER = 0
 
 def import_textarena():
     """The ``textarena`` module, or InputError saying how to install it."""
-    try:
-        import textarena
-    except ImportError as e:
-        raise InputError("TextArena environments need the textarena package: pip install 'lmpo[textarena]' "
-                         f"(import failed: {e}).") from e
-    return textarena
+    return import_extra("textarena", "textarena", "TextArena environments")
 
 
 class TextArenaTask(SeedTask):
