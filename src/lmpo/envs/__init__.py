@@ -19,7 +19,7 @@ The episode driver that turns an environment and a policy into token-exact train
 """
 
 from lmpo.envs import arithmetic, guess  # noqa: F401  (registers the built-in environments)
-from lmpo.envs.adapters import openenv, reasoning_gym, textarena  # noqa: F401  (register ids; import packages lazily)
+from lmpo.envs.adapters import openenv, reasoning_gym, textarena, verifiers  # noqa: F401  (register; lazy imports)
 from lmpo.envs.arithmetic import ToolArithmeticEnv, ToolArithmeticTask
 from lmpo.envs.base import (
     CARD_SECTIONS,
