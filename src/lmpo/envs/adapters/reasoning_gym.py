@@ -56,7 +56,7 @@ def _entries(dataset: str, config: dict, size: int, seed: int) -> list[dict]:
     except (TypeError, AssertionError) as e:
         raise InputError(f"reasoning-gym dataset {dataset!r} rejects the config {config} ({type(e).__name__}: {e}); "
                          "give keyword options of its config class (reasoning_gym.factory.DATASETS[name][1]) "
-                         "in the task's `config` option.") from e
+                         "in `task.options.config`.") from e
     return [generator[i] for i in range(size)]
 
 
@@ -112,7 +112,8 @@ class ReasoningGymTask(Task):
         if dataset not in DATASETS:
             close = difflib.get_close_matches(dataset, list(DATASETS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise InputError(f"reasoning-gym has no dataset {dataset!r}.{hint} Its datasets: {', '.join(sorted(DATASETS))}.")
+            raise InputError(f"reasoning-gym has no dataset {dataset!r}.{hint} Its {len(DATASETS)} datasets are the "
+                             f"keys of reasoning_gym.factory.DATASETS ({', '.join(sorted(DATASETS)[:4])}, …).")
         if num_train < 1 or num_eval < 1:
             raise ValueError(f"num_train={num_train} and num_eval={num_eval} must both be >= 1")
         self.dataset, self.num_train, self.num_eval, self.eval_seed = dataset, num_train, num_eval, eval_seed
@@ -124,7 +125,8 @@ class ReasoningGymTask(Task):
         try:
             prompt = self.prompt_template.format(question=entry["question"], metadata=entry["metadata"])
         except (KeyError, IndexError, AttributeError) as e:
-            raise InputError(f"{self.name}: prompt_template {self.prompt_template!r} names a field the entries lack "
+            raise InputError(f"{self.name}: `task.options.prompt_template` = {self.prompt_template!r} names a field "
+                             "the entries lack "
                              f"({type(e).__name__}: {e}); use {{question}} and {{metadata[<key>]}} with keys of "
                              f"{sorted(entry['metadata'])}.") from e
         item = {"dataset": self.dataset, "config": self.config, "entry": entry}
