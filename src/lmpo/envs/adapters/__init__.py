@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import warnings
 from types import ModuleType
 
 from lmpo.errors import InputError
@@ -19,7 +20,9 @@ from lmpo.tasks.base import Example, Task
 def import_extra(module: str, extra: str, what: str) -> ModuleType:
     """``module`` imported, or InputError saying that ``what`` needs the optional extra ``lmpo[extra]``."""
     try:
-        return importlib.import_module(module)
+        with warnings.catch_warnings():  # compile-time SyntaxWarnings of the suite's own dependencies are not the user's
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return importlib.import_module(module)
     except ImportError as e:
         raise InputError(f"{what} need an optional extra: pip install 'lmpo[{extra}]' (importing {module} "
                          f"failed: {e}).") from e

@@ -62,10 +62,8 @@ def _entries(dataset: str, config: dict, size: int, seed: int) -> list[dict]:
 
 def extract_answer(text: str) -> str:
     """What a completion answers (see the module docstring)."""
-    from reasoning_gym.utils import extract_answer as tagged
-
     text = strip_thinking(text)
-    answer = tagged(text)
+    answer = import_reasoning_gym().utils.extract_answer(text)
     return text.strip() if answer is None else answer
 
 
@@ -106,9 +104,7 @@ class ReasoningGymTask(Task):
 
     def __init__(self, dataset: str = "chain_sum", num_train: int = 2000, num_eval: int = 100, eval_seed: int = 0,
                  prompt_template: str = "{question}", config: dict | None = None) -> None:
-        from reasoning_gym.factory import DATASETS
-
-        import_reasoning_gym()
+        DATASETS = import_reasoning_gym().factory.DATASETS
         if dataset not in DATASETS:
             close = difflib.get_close_matches(dataset, list(DATASETS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
