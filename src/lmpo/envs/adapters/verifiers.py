@@ -89,6 +89,7 @@ def load_environment(environment: str, env_args: dict | None = None):
     return _load(environment, json.dumps(env_args or {}, sort_keys=True))
 
 
+@functools.cache
 def _policy_is_lmpo():
     """A ``vf.Client`` for ``init_state``, which needs one: lmpo's policy writes the turns, so any call of it (an
     environment sampling from the policy model itself) fails saying so."""
@@ -159,7 +160,8 @@ class VerifiersEnv(LMEnv):
     env's ``environment`` option drawn from the seed.
 
     ## Observations
-    The opening is the row's prompt as verifiers formats it (system prompt, few-shot user turns, the question).
+    The opening is the row's prompt as verifiers formats it (system prompt and the question; chat prompts only, and
+    no few-shot assistant turns: an lmpo opening holds system and user messages).
     After each turn, the messages ``env_response`` added (user messages, or one ``tool`` message per call for a
     ``ToolEnv``), and at the end any final environment response. Tool schemas are the environment's
     ``tool_defs`` (rendered by the chat template).
