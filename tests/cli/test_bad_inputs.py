@@ -238,6 +238,13 @@ CASES: list[Case] = [
     Case("task-missing-field", (*T, "--task.path", "rows.jsonl"), "rows without an answer field",
          setup=_all(_file_task_base, _write("rows.jsonl", '{"prompt": "1+1=", "solution": "2"}\n'))),
     Case("task-bad-option", (*T, "--task.options.max_digits", "0"), "a task option out of range", setup=_base),
+    Case("rg-dataset-typo", (*T, "--task.name", "reasoning_gym/chain_summ"), "a reasoning-gym dataset with a typo",
+         setup=_env_base),
+    Case("rg-prompt-template", (*T, "--task.name", "reasoning_gym/chain_sum", "--task.options.prompt_template",
+                                '"{metadata[nope]}"'), "a reasoning-gym prompt template naming a missing field",
+         setup=_env_base),
+    Case("rg-config", (*T, "--task.name", "reasoning_gym/chain_sum", "--task.options.config.max_terms", "0"),
+         "a reasoning-gym config its generator rejects", setup=_env_base),
     # ---- lmpo train: multi-turn environments (env section)
     Case("env-typo", (*T, "--env.id", "ToolArithmetc-v0"), "an environment id with a typo", setup=_base),
     Case("env-without-id", (*T, "--env.budget.max_turns", "2"), "an episode budget without an environment",

@@ -64,6 +64,29 @@ def test_unknown_task_lists_builtins():
     assert {"addition", "reversal", "countdown"} <= set(TASKS)
 
 
+def test_task_families_resolve_prefixed_names(monkeypatch):
+    from lmpo.config import ConfigError
+    from lmpo.tasks import TASK_FAMILIES, Example, TaskFamily, load_task, register_task_family, task_family
+    from lmpo.trainer.config import config_from_dict
+
+    monkeypatch.setitem(TASK_FAMILIES, "fam", TaskFamily("fam", "lmpo.tasks.base:ListTask"))
+    held_out = [Example("1+1=", "2")]
+    task = make_task("fam/pairs", train=held_out, eval=held_out)
+    assert task.name == "pairs" and task.eval_examples() == held_out  # the factory got the name after the prefix
+    assert load_task("fam/pairs", train=[], eval=held_out).eval_examples() == held_out  # not taken for a hub name
+    assert task_family("fam/pairs") is TASK_FAMILIES["fam"] and task_family("fam/") is None
+    config_from_dict({"task": {"name": "fam/pairs"}}).task.validate()
+    with pytest.raises(ValueError, match="already registered"):
+        register_task_family("fam", "x:y")
+    with pytest.raises(ValueError, match="task families"):
+        make_task("famm/pairs")
+    monkeypatch.setitem(TASK_FAMILIES, "fam", TaskFamily("fam", "lmpo.tasks.base:ListTask", requires="lmpo_no_such"))
+    with pytest.raises(ValueError, match=r"pip install 'lmpo\[lmpo_no_such\]'"):
+        make_task("fam/pairs", train=[], eval=[])
+    with pytest.raises(ConfigError, match=r"`task.name` = 'fam/pairs' needs the lmpo_no_such package"):
+        config_from_dict({"task": {"name": "fam/pairs"}}).task.validate()
+
+
 ROWS = [{"question": f"{i}*2=", "answer": str(2 * i), "level": i % 3} for i in range(40)]
 
 

@@ -6,8 +6,9 @@
 - ``check_env``, the protocol checker run over every registered environment in the tests;
 - ``ToolEnv``, the base of environments whose turns call tools (``lmpo.envs.tools``);
 - the built-in environments: ``ToolArithmetic-v0`` (a calculator task) and ``GuessNumber-v0`` (higher/lower);
-- adapters of third-party suites (``lmpo.envs.adapters``): TextArena's single-player games as
-  ``textarena/<Game>-vN`` (optional extra ``lmpo[textarena]``).
+- adapters of third-party suites (``lmpo.envs.adapters``, each an optional extra): TextArena's single-player games
+  as ``textarena/<Game>-vN``, reasoning-gym's problems with retries as ``reasoning_gym/Feedback-v0``, an OpenEnv
+  server as ``openenv/Remote-v0``, a verifiers environment as ``verifiers/Environment-v0``.
 
 The episode driver that turns an environment and a policy into token-exact training sequences is
 ``lmpo.generation.episodes``.
@@ -18,7 +19,7 @@ The episode driver that turns an environment and a policy into token-exact train
 """
 
 from lmpo.envs import arithmetic, guess  # noqa: F401  (registers the built-in environments)
-from lmpo.envs.adapters import textarena  # noqa: F401  (registers textarena/<game>; imports textarena lazily)
+from lmpo.envs.adapters import openenv, reasoning_gym, textarena, verifiers  # noqa: F401  (register; lazy imports)
 from lmpo.envs.arithmetic import ToolArithmeticEnv, ToolArithmeticTask
 from lmpo.envs.base import (
     CARD_SECTIONS,

@@ -1,7 +1,9 @@
-"""Task and example types, and the ``TASKS`` registry of built-in tasks."""
+"""Task and example types, the ``TASKS`` registry of built-in tasks and ``TASK_FAMILIES`` (``<family>/<name>``)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,11 +70,57 @@ def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
     return decorator
 
 
+@dataclass(frozen=True)
+class TaskFamily:
+    """Tasks named ``<prefix>/<name>``, built by ``factory(name, **options)``: a suite of generators (one per
+    name) behind one adapter. ``factory`` is an import path (``"package.module:attribute"``) resolved on first
+    use, so that a family whose package is an optional extra costs nothing until a run names one of its tasks;
+    ``requires`` is that package's module."""
+
+    prefix: str
+    factory: str
+    requires: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
+
+    def build(self, name: str, **options: Any) -> Task:
+        if not self.available:
+            raise ValueError(f"task {self.prefix}/{name} needs the {self.requires} package, which is not installed: "
+                             f"pip install 'lmpo[{self.requires}]'")
+        module, _, attribute = self.factory.partition(":")
+        return getattr(importlib.import_module(module), attribute)(name, **options)
+
+
+TASK_FAMILIES: dict[str, TaskFamily] = {}
+
+
+def register_task_family(prefix: str, factory: str, requires: str | None = None) -> None:
+    """Add the family of tasks ``<prefix>/<name>`` (see :class:`TaskFamily`)."""
+    if prefix in TASK_FAMILIES or "/" in prefix:
+        raise ValueError(f"task family {prefix!r} is already registered or contains '/'")
+    TASK_FAMILIES[prefix] = TaskFamily(prefix, factory, requires)
+
+
+def task_family(name: str) -> TaskFamily | None:
+    """The family of a task name ``<prefix>/<name>``, or None."""
+    prefix, slash, rest = name.partition("/")
+    return TASK_FAMILIES.get(prefix) if slash and rest else None
+
+
 def make_task(name: str, **options: Any) -> Task:
-    """Build a registered task: ``make_task("addition", max_digits=3)``."""
+    """Build a registered task: ``make_task("addition", max_digits=3)``, ``make_task("reasoning_gym/chain_sum")``."""
+    family = task_family(name) if name not in TASKS else None
+    if family is not None:
+        try:
+            return family.build(name.partition("/")[2], **options)
+        except TypeError as e:
+            raise TypeError(f"bad options {options} for task {name!r}: {e}") from e
     if name not in TASKS:
         raise ValueError(
-            f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}. For your own data use a "
+            f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}, task families: "
+            f"{[f + '/<name>' for f in sorted(TASK_FAMILIES)]}. For your own data use a "
             "JSON/JSONL/Parquet file (load_file_task) or a Hugging Face dataset name (load_hf_task)."
         )
     try:

@@ -18,7 +18,7 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lmpo.tasks.base import TASKS, Example, ListTask, make_task
+from lmpo.tasks.base import TASKS, Example, ListTask, make_task, task_family
 from lmpo.tasks.chat import is_conversation
 
 FILE_FORMATS = (".json", ".jsonl", ".parquet")
@@ -279,7 +279,7 @@ def load_task(name_or_path: str, kind: str | None = None, **options: Any):
     ``options`` go to the task class (built-ins) or to ``load_file_task`` / ``load_hf_task``.
     """
     if kind is None:
-        if name_or_path in TASKS:
+        if name_or_path in TASKS or task_family(name_or_path):
             kind = "builtin"
         elif os.path.splitext(name_or_path)[1].lower() in FILE_FORMATS:
             kind = "file"

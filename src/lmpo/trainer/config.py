@@ -95,7 +95,8 @@ class ModelConfig:
 class TaskConfig:
     """Where prompts and reference answers come from."""
 
-    name: str = _f("addition", "A built-in task of `lmpo.tasks.TASKS`, or `file` (local JSON/JSONL/Parquet, "
+    name: str = _f("addition", "A built-in task of `lmpo.tasks.TASKS`, a task of a family of "
+                   "`lmpo.tasks.TASK_FAMILIES` (`reasoning_gym/<dataset>`), or `file` (local JSON/JSONL/Parquet, "
                    "see `path`) or `hf` (a Hugging Face `datasets` name, see `hf_name`).")
     path: str | None = _f(None, "Local data file for `name: file`.")
     hf_name: str | None = _f(None, "Dataset name for `name: hf`.")
@@ -112,10 +113,15 @@ class TaskConfig:
 
     def validate(self) -> None:
         """Ranges, the task's name, its data file or dataset, the prompt format and the chat template."""
-        from lmpo.tasks import PROMPT_FORMATS, TASKS
+        from lmpo.tasks import PROMPT_FORMATS, TASKS, task_family
 
         check_fields(self, "task")
-        check_value(self.name, {"choices": (*sorted(TASKS), "file", "hf")}, "task.name")
+        family = task_family(self.name)
+        if family is None:
+            check_value(self.name, {"choices": (*sorted(TASKS), "file", "hf")}, "task.name")
+        elif not family.available:
+            raise ConfigError(f"`task.name` = {self.name!r} needs the {family.requires} package, which is not "
+                              f"installed: pip install 'lmpo[{family.requires}]'.")
         if self.name == "file":
             if not self.path:
                 raise ConfigError("`task.path` is empty but `task.name` is 'file'; set task.path to a local "

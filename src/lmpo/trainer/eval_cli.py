@@ -74,12 +74,12 @@ def load_eval_examples(task: str, options: dict[str, Any] | None = None):
     Options: a built-in task's constructor options; for files and datasets ``prompt_field``, ``answer_field``,
     ``prompt_template`` and ``accuracy_reward``, plus ``split`` (default ``test``) and ``subset`` for datasets.
     """
-    from lmpo.tasks import FILE_FORMATS, TASKS, make_task, rows_to_examples
+    from lmpo.tasks import FILE_FORMATS, TASKS, make_task, rows_to_examples, task_family
     from lmpo.tasks.files import load_split, read_rows
 
     options = dict(options or {})
     try:
-        if task in TASKS:
+        if task in TASKS or task_family(task):
             built = make_task(task, **options)
             return built.eval_examples(), built.accuracy_reward, f"{task} (held-out split)"
         accuracy = options.pop("accuracy_reward", "exact_match")

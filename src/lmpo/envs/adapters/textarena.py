@@ -21,9 +21,10 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from lmpo.envs.adapters import SeedTask, import_extra
 from lmpo.envs.base import LMEnv, Message, StepResult, register_env
 from lmpo.errors import InputError
-from lmpo.tasks.base import Example, Task
+from lmpo.tasks.base import Example
 
 #: single-player TextArena games registered as ``textarena/<game>`` (checked with ``check_env`` in the tests;
 #: Wordle and Hangman are left out because their word lists are downloaded by ``nltk`` on first use)
@@ -34,33 +35,16 @@ PLAYER = 0
 
 def import_textarena():
     """The ``textarena`` module, or InputError saying how to install it."""
-    try:
-        import textarena
-    except ImportError as e:
-        raise InputError("TextArena environments need the textarena package: pip install 'lmpo[textarena]' "
-                         f"(import failed: {e}).") from e
-    return textarena
+    return import_extra("textarena", "textarena", "TextArena environments")
 
 
-class TextArenaTask(Task):
+class TextArenaTask(SeedTask):
     """Game instances as examples: an example is a seed (``meta["seed"]``). The held-out split is seeds
     ``0 … num_eval−1``; training seeds are drawn from ``[10**6, 2**31)``, so the two never overlap."""
 
     def __init__(self, game: str = "GuessTheNumber-v0", num_train: int = 10_000, num_eval: int = 100) -> None:
-        if num_train < 1 or not 1 <= num_eval <= 10**6:
-            raise ValueError(f"num_train={num_train} must be >= 1 and num_eval={num_eval} in 1..10**6")
-        self.game, self.num_train, self.num_eval = game, num_train, num_eval
-        self.name = f"textarena/{game}"
-
-    def example(self, seed: int) -> Example:
-        return Example(prompt=f"{self.game} #{seed}", answer="", meta={"seed": seed})
-
-    def train_examples(self, seed: int = 0) -> list[Example]:
-        rng = random.Random(f"{self.name}-train-{seed}")
-        return [self.example(rng.randrange(10**6, 2**31)) for _ in range(self.num_train)]
-
-    def eval_examples(self) -> list[Example]:
-        return [self.example(s) for s in range(self.num_eval)]
+        super().__init__(f"textarena/{game}", num_train, num_eval)
+        self.game = game
 
 
 class TextArenaEnv(LMEnv):
