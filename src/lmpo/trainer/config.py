@@ -723,6 +723,29 @@ def _check_across_sections(cfg: TrainConfig, objective: Any) -> None:
                           "never scored. Use correction: none and rejection: none with RLVCR.")
 
 
+def code_references(data: Mapping) -> list[tuple[str, str]]:
+    """``(key, spec)`` of every ``package.module:function`` a config dict (a whole config, or the overrides of a
+    command line) names: its reward functions and a task's accuracy or default rewards. Validating or building
+    such a config imports these modules (``lmpo.rewards.get_reward_fn``); a run's stored config is read as data,
+    so ``lmpo train --resume RUN`` and ``lmpo eval RUN`` refuse the ones only the run directory names."""
+    from lmpo.rewards import REWARDS
+
+    def imports(spec: Any) -> bool:
+        return isinstance(spec, str) and spec not in REWARDS and ":" in spec
+
+    rewards = data.get("rewards") if isinstance(data.get("rewards"), Mapping) else {}
+    task = data.get("task") if isinstance(data.get("task"), Mapping) else {}
+    options = task.get("options") if isinstance(task.get("options"), Mapping) else {}
+    found = [(f"rewards.functions[{i}]", f) for i, f in enumerate(rewards.get("functions") or ()) if imports(f)]
+    if imports(options.get("accuracy_reward")):
+        found.append(("task.options.accuracy_reward", options["accuracy_reward"]))
+    for i, pair in enumerate(options.get("default_rewards") or ()):
+        spec = pair[0] if isinstance(pair, (list, tuple)) and pair else pair
+        if imports(spec):
+            found.append((f"task.options.default_rewards[{i}]", spec))
+    return found
+
+
 def _check_import_path(where: str, spec: str) -> None:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:

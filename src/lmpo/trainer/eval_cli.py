@@ -109,7 +109,7 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
     """
     from lmpo.models import MODEL_PRESETS, load_model_and_tokenizer
     from lmpo.models.loading import looks_like_hub_id
-    from lmpo.rewards import get_reward_fn
+    from lmpo.rewards import REWARDS, get_reward_fn
     from lmpo.tasks import render_prompts
     from lmpo.trainer.build import resolve_device
     from lmpo.trainer.evaluate import greedy_completions, judge, wilson_interval
@@ -139,6 +139,11 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
                              "dataset (only a run directory brings its own task).")
         examples, task_reward, what = _run_task_examples(cfg)
         task = cfg.task.name
+        if accuracy_reward is None and task_reward not in REWARDS:
+            # a run directory is data: the import path its config names is used only when the user names it too
+            raise InputError(f"the run's config.yaml names the accuracy reward {task_reward!r} (task.options."
+                             "accuracy_reward), code that lmpo does not import on a run directory's word. Pass "
+                             f"--accuracy-reward {task_reward} to import it, or another reward.")
     else:
         examples, task_reward, what = load_eval_examples(task, options)
     if cfg is not None:

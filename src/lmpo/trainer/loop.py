@@ -172,7 +172,10 @@ class Trainer:
         self.prompts = PromptOrder(self.train_examples, cfg.loop.seed)
         self.nonfinite = NonFiniteGuard(cfg.loop.max_nonfinite_steps, ckpt.checkpoint_dir(self.run_dir))
         self.final_eval_done = False
-        start = ckpt.restore_trainer_state(self, resume_path) if resume_path is not None else ckpt.ResumePoint()
+        # the newest checkpoint lmpo chose may fall back to an older one; a checkpoint the user named may not
+        named = resume not in (None, False, True, "auto", "latest") and ckpt.step_of(Path(resume)) is not None
+        start = (ckpt.restore_trainer_state(self, resume_path, fall_back=not named) if resume_path is not None
+                 else ckpt.ResumePoint())
         # an environment run samples turn by turn through its episode runner: no single-turn engine to build
         if self.rollout_engine is None and not cfg.rollout.async_staleness and cfg.env.id is None:
             self.rollout_engine = build.build_rollout_engine(cfg, self.model, self.tokenizer, device=self.device,
