@@ -246,10 +246,11 @@ class RewardsConfig:
         "`{model: PATH, ...}` (keys below); empty = the task's default rewards.")
     weights: tuple[float, ...] = _f((), "One weight per function (empty = all 1).")
     kwargs: dict = _f({}, "Keyword options per function name, e.g. `{length_penalty: {target_chars: 8}}`.")
-    on_error: str = _f("auto", "A reward function that raises: `raise` (error naming the function and the "
-                       "sample), `skip` (reward 0 for that sample, counted in `reward/errors`), or `auto`: `raise` "
-                       "when the rewards run one after the other, `skip` with a pool (`workers` > 0: a failing "
-                       "call, like one past `timeout_s`, is a counted error and the run goes on).",
+    on_error: str = _f("auto", "A reward function that raises, or returns NaN, ±inf or a value beyond ±1e9 (None "
+                       "is `does not apply`): `raise` (error naming the function and the sample), `skip` (reward 0 "
+                       "for that sample, counted in `reward/errors`, or `reward/nonfinite` with a warning line), or "
+                       "`auto`: `raise` when the rewards run one after the other, `skip` with a pool (`workers` > "
+                       "0: a failing call, like one past `timeout_s`, is a counted error and the run goes on).",
                        choices=("auto", "raise", "skip"))
     success_threshold: float = _f(1.0, "A completion counts as correct (`reward/accuracy`, "
                                   "`eval/accuracy`) when the task's accuracy reward is >= this.")

@@ -241,6 +241,10 @@ class Trainer:
         # b // G); with dynamic sampling, as many draws as it takes to fill the batch with informative groups
         got = self.sample(step)
         scored, ro, rewards = got.scored, got.scored.rollout, got.scored.rewards
+        if scored.reward_nonfinite:  # rewards.on_error: skip (with raise the scorer has stopped the run)
+            self.metrics.write(f"warning: step {step}: {scored.reward_nonfinite:.0f} reward values were NaN, infinite "
+                               f"or beyond ±1e9 ({getattr(self.scorer, 'nonfinite_note', None) or 'see reward/*'}); "
+                               "scored as undefined (0 in the total), counted in reward/nonfinite.")
         group = ro.group_ids.to(dev)
         t_gen = t0 + got.generate_s
         # multi-turn episodes come with their own batch: attention on every token, loss on the policy's only
