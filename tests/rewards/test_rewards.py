@@ -200,3 +200,19 @@ def test_scorer_bad_specs():
         RewardScorer([{"name": "exact_match", "wieght": 2}])
     with pytest.raises(ValueError, match="same length"):
         RewardScorer(["exact_match"]).score(["a"], ["b", "c"], ["d"])
+
+
+def test_a_reward_module_that_exits_on_import_fails_the_command(tmp_path, monkeypatch, capsys):
+    """sys.exit(0) in code a command runs (here a reward module's top level, imported when the config is checked)
+    is a failed command with one message, never exit status 0 with nothing done."""
+    from lmpo.cli import main
+
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(["train", "--print-config", "--rewards.functions", "[exits_on_import:score]"])
+    finally:
+        sys.modules.pop("exits_on_import", None)
+    err = capsys.readouterr().err
+    assert code == 1 and "lmpo train: stopped by SystemExit(0) raised inside the command" in err, err
