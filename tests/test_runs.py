@@ -122,3 +122,22 @@ def test_plain_data_state_roundtrip_is_exact_and_refuses_other_files(tmp_path):
                                      '"dtype": "|O", "shape": [1]}}')
     with pytest.raises(CheckpointError, match="not plain numeric data"):
         load_state(tmp_path, "s")
+
+
+def test_run_directory_files_are_never_written_through_a_link(tmp_path):
+    """The temporary file of an atomic replace (and every checkpoint file) is opened with O_NOFOLLOW."""
+    import errno
+
+    from lmpo.checkpoints import replace_file, write_bytes
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    (tmp_path / "state.json").symlink_to(victim)
+    with pytest.raises(OSError) as err:
+        write_bytes(tmp_path / "state.json", b"{}")
+    assert err.value.errno == errno.ELOOP
+    (tmp_path / f".tmp_config.yaml.{__import__('os').getpid()}").symlink_to(victim)  # planted where replace writes
+    with pytest.raises(OSError):
+        replace_file(tmp_path / "config.yaml", b"a: 1\n")
+    replace_file(tmp_path / "state.json", b"{}")  # a link at the destination is replaced, not followed
+    assert victim.read_text() == "keep\n" and not (tmp_path / "state.json").is_symlink()
