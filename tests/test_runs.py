@@ -10,7 +10,7 @@ import torch
 
 from lmpo.checkpoints import CheckpointError, load_state, save_state
 from lmpo.errors import InputError
-from lmpo.runs import JsonlAppender, check_resume_config, prepare_run_dir, read_jsonl, truncate_jsonl
+from lmpo.runs import JsonlAppender, RunLock, check_resume_config, prepare_run_dir, read_jsonl, truncate_jsonl
 
 ENTRIES = ("config.yaml", "metrics.jsonl", "checkpoints")
 
@@ -31,6 +31,35 @@ def test_one_run_per_directory(tmp_path):
         prepare_run_dir(run, ENTRIES, resume=True, overwrite=False, dir_option="logging.run_dir")
     with pytest.raises(InputError, match="contradict"):
         prepare_run_dir(run, ENTRIES, resume=True, overwrite=True, dir_option="logging.run_dir")
+
+
+def test_links_where_a_run_writes_are_refused_and_never_followed(tmp_path):
+    """A link among a run's entries (or under its folders) is refused before the run starts; a link planted after
+    that check is still not written through: appends and the lock file open with O_NOFOLLOW."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "mine.txt").symlink_to(victim)  # a link lmpo does not write: the user's business
+    prepare_run_dir(run, ENTRIES, resume=False, overwrite=False, dir_option="logging.run_dir")
+    for name in ("metrics.jsonl", "checkpoints/step_00000001/model.safetensors", "plots/reward.png"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).symlink_to(victim)
+        with pytest.raises(InputError, match=rf"{name.split('/')[-1]} is a symbolic link .*choose another --run-dir"):
+            prepare_run_dir(run, ENTRIES, resume=True, overwrite=False, dir_option="--run-dir")
+        (run / name).unlink()
+    (run / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(InputError, match="metrics.jsonl is a symbolic link"):
+        JsonlAppender(run / "metrics.jsonl")
+    (run / ".lmpo-lock").symlink_to(victim)
+    with pytest.raises(InputError, match=".lmpo-lock is a symbolic link"):
+        RunLock(run, dir_option="logging.run_dir").acquire()
+    assert victim.read_text() == "keep\n"
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").symlink_to(tmp_path / "made_by_lmpo.txt")  # a dangling link: O_CREAT would create it
+    with pytest.raises(InputError, match="symbolic link"):
+        JsonlAppender(run / "metrics.jsonl")
+    assert not (tmp_path / "made_by_lmpo.txt").exists()
 
 
 def test_resume_config_changes_are_named_and_only_allowed_keys_pass(tmp_path):
@@ -93,3 +122,22 @@ def test_plain_data_state_roundtrip_is_exact_and_refuses_other_files(tmp_path):
                                      '"dtype": "|O", "shape": [1]}}')
     with pytest.raises(CheckpointError, match="not plain numeric data"):
         load_state(tmp_path, "s")
+
+
+def test_run_directory_files_are_never_written_through_a_link(tmp_path):
+    """The temporary file of an atomic replace (and every checkpoint file) is opened with O_NOFOLLOW."""
+    import errno
+
+    from lmpo.checkpoints import replace_file, write_bytes
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    (tmp_path / "state.json").symlink_to(victim)
+    with pytest.raises(OSError) as err:
+        write_bytes(tmp_path / "state.json", b"{}")
+    assert err.value.errno == errno.ELOOP
+    (tmp_path / f".tmp_config.yaml.{__import__('os').getpid()}").symlink_to(victim)  # planted where replace writes
+    with pytest.raises(OSError):
+        replace_file(tmp_path / "config.yaml", b"a: 1\n")
+    replace_file(tmp_path / "state.json", b"{}")  # a link at the destination is replaced, not followed
+    assert victim.read_text() == "keep\n" and not (tmp_path / "state.json").is_symlink()

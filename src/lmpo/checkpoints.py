@@ -81,8 +81,10 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def write_bytes(path: str | os.PathLike, data: bytes, sync: bool = True) -> None:
-    """Write ``data`` to ``path`` (and, with ``sync``, flush it to disk before returning)."""
-    with open(path, "wb") as fh:
+    """Write ``data`` to ``path`` (and, with ``sync``, flush it to disk before returning). A symbolic link at
+    ``path`` is an OSError (ELOOP), not followed: these are files of a run directory (``lmpo.runs``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+    with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         if sync:
             fh.flush()

@@ -122,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
                 if name in RESUMABLE_COMMANDS else "")
         print(f"{name}: interrupted.{hint}", file=sys.stderr)
         return 130
+    except SystemExit as e:  # only code a command runs raises it (argparse has finished): never a silent exit 0
+        if debug:
+            raise
+        print(f"{name}: stopped by SystemExit({e.code!r}) raised inside the command: code it ran (a reward function "
+              "or a module named in the config) called sys.exit() or exit(). The run failed; remove that call.",
+              file=sys.stderr)
+        return 1
     except Exception as e:  # noqa: BLE001 - the one place that turns any failure into one paragraph
         if debug:
             raise

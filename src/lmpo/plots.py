@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
+from lmpo.config import read_yaml
 from lmpo.errors import InputError
-from lmpo.runs import read_jsonl, stored_config_path
+from lmpo.runs import PLOTS_DIR, link_refused, open_no_follow, read_jsonl, stored_config_path
 
 
 @dataclass(frozen=True)
@@ -184,9 +184,11 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     config: dict = {}
     cfg_path = stored_config_path(d)
     if cfg_path is not None:
-        with open(cfg_path, encoding="utf-8") as fh:
-            loaded = yaml.safe_load(fh)  # YAML reads JSON too
-        config = loaded if isinstance(loaded, dict) else {}
+        try:  # YAML reads JSON too; a planted object tag is refused like any damaged file (exit 2)
+            config = read_yaml(cfg_path, "the run's stored config")
+        except InputError as e:
+            raise InputError(f"{e} The run directory is damaged; restore its config or delete it (lmpo plot then "
+                             "draws the curves without the config's notes).") from None
     return Run(d.resolve().name, kind, rows, config)
 
 
@@ -259,7 +261,10 @@ def plot_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike | No
     if len(kinds) > 1:
         raise InputError(f"runs {[str(d) for d in run_dirs]} mix `lmpo train` and SAC runs, whose metrics share no "
                          "panel; plot them in separate calls.")
-    out = Path(out_dir) if out_dir is not None else Path(run_dirs[0]) / "plots"
+    out = Path(out_dir) if out_dir is not None else Path(run_dirs[0]) / PLOTS_DIR
+    fix = "give --out another directory"
+    if out_dir is None and out.is_symlink():  # RUN_DIR/plots is the run's; an --out the user names is theirs
+        raise link_refused(out, fix)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for panel in runs[0].kind.panels:
@@ -267,7 +272,10 @@ def plot_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike | No
         if fig is None:
             continue
         path = out / f"{panel.stem}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
+        try:  # never through a link planted where the PNG goes
+            with os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, fix), "wb") as fh:
+                fig.savefig(fh, format="png", dpi=110, bbox_inches="tight")
+        finally:
+            plt.close(fig)
         written.append(path)
     return written

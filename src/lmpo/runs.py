@@ -14,6 +14,11 @@ Rules shared by ``lmpo train`` and ``lmpo sac train``:
 * Every command's run directory stores its resolved config as ``config.yaml`` (:func:`write_run_config`) and its
   TensorBoard events under ``tensorboard/`` (``TENSORBOARD_DIR``); ``config.json`` of SAC runs written before
   is still read (:func:`stored_config_path`).
+* lmpo never writes through a symbolic link in a run directory: a link among the names a command writes
+  (its entries, anything under the folders among them, ``plots/``, the lock file) is refused before the run
+  starts (:func:`refuse_links`), and the files it appends to are opened with ``O_NOFOLLOW``
+  (:func:`open_append`), so a link planted later is refused too. A link could otherwise make a resumed run or
+  ``lmpo plot`` overwrite or append to any file the user can write.
 * A run directory has one writer (:class:`RunLock`): ``RUN_DIR/.lmpo-lock`` names the process (PID, host) that
   holds it from start to exit; a second writer is refused, naming the owner; a lock whose process is gone
   (killed without cleaning up) is taken over with a note.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -47,6 +53,53 @@ CONFIG_FILE = "config.yaml"
 TENSORBOARD_DIR = "tensorboard"
 #: the config file of SAC runs written before the one convention (read, never written)
 LEGACY_CONFIG_FILE = "config.json"
+#: where every command's run directory gets its training curves (``lmpo plot``, ``logging.plots``)
+PLOTS_DIR = "plots"
+
+
+def link_refused(path: str | os.PathLike, fix: str) -> InputError:
+    """The one message for a symbolic link where lmpo would write; ``fix``: the sentence's alternative."""
+    path = Path(path)
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return InputError(f"{path} is a symbolic link (to {target!r}): lmpo writes there and never follows a link "
+                      "out of a run directory, which could overwrite or append to whatever the link points at. "
+                      f"Remove the link (or replace it with a real file or folder), or {fix}.")
+
+
+def refuse_links(run_dir: str | os.PathLike, names: Iterable[str], *, dir_option: str) -> None:
+    """Raise :func:`link_refused`'s InputError when ``RUN_DIR/NAME`` or anything under it (for each of ``names``, the
+    files and folders a command writes) is a symbolic link; the run directory itself may be one (the user names it)."""
+    root = Path(run_dir)
+    fix = f"choose another {dir_option}"
+    for name in names:
+        p = root / name
+        if p.is_symlink():
+            raise link_refused(p, fix)
+        if p.is_dir():
+            for folder, dirs, files in os.walk(p):  # os.walk does not descend into linked folders
+                for n in (*dirs, *files):
+                    if os.path.islink(os.path.join(folder, n)):
+                        raise link_refused(os.path.join(folder, n), fix)
+
+
+def open_no_follow(path: str | os.PathLike, flags: int, fix: str = "write the run to another directory",
+                   mode: int = 0o666) -> int:
+    """``os.open(path, flags | O_NOFOLLOW, mode)``: a file descriptor, or :func:`link_refused`'s InputError when
+    ``path`` is a symbolic link."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise link_refused(path, fix) from None
+        raise
+
+
+def open_append(path: str | os.PathLike):
+    """``open(path, "a")`` (UTF-8 text) that refuses a symbolic link instead of appending to its target."""
+    return os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
 
 
 def write_run_config(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
@@ -104,7 +157,7 @@ class RunLock:
             raise InputError(f"run directory {str(self.run_dir)!r} cannot be created ({e.strerror or e}); choose "
                              f"another {self.dir_option}.") from None
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT, f"choose another {self.dir_option}", 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -171,7 +224,7 @@ def prepare_run_dir(run_dir: str | os.PathLike, entries: Iterable[str], *, resum
     ``entries``: the files and folders this kind of run writes; ``dir_option``: how the user names the
     directory (e.g. ``logging.run_dir``), for the message.
     """
-    run_dir = Path(run_dir)
+    run_dir, entries = Path(run_dir), tuple(entries)
     if resume and overwrite:
         raise InputError("--resume and --overwrite contradict each other: --resume continues the run in "
                          f"{str(run_dir)!r}, --overwrite deletes it. Give one of them.")
@@ -197,6 +250,7 @@ def prepare_run_dir(run_dir: str | os.PathLike, entries: Iterable[str], *, resum
     except OSError as e:
         raise InputError(f"run directory {str(run_dir)!r} cannot be created ({e.strerror or e}); choose another "
                          f"{dir_option}.") from None
+    refuse_links(run_dir, (*entries, PLOTS_DIR), dir_option=dir_option)
     remove_stale(run_dir)
 
 
@@ -346,7 +400,7 @@ class JsonlAppender:
     def __init__(self, path: str | os.PathLike, rows: int = 0):
         self.path = Path(path)
         self.rows = rows
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open_append(self.path)
 
     def append(self, record: Mapping[str, Any]) -> None:
         self._fh.write(json.dumps(record) + "\n")

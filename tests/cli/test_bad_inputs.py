@@ -170,6 +170,48 @@ def failing_reward(completions, **kwargs):
     raise ValueError("this reward cannot score a completion")
 
 
+def exiting_reward(completions, **kwargs):
+    """A user reward function that ends the process (``test_bad_inputs:exiting_reward``)."""
+    sys.exit(0)
+
+
+def nan_reward(completions, **kwargs):
+    """A user reward function that returns NaN (``test_bad_inputs:nan_reward``)."""
+    return [float("nan")] * len(completions)
+
+
+def _link(path: str, target: str) -> Callable[[Path], None]:
+    """``path`` (inside the case's directory) becomes a symbolic link to ``target`` (relative to the link)."""
+    def setup(d: Path) -> None:
+        p = d / path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.unlink(missing_ok=True)
+        p.symlink_to(target)
+    return setup
+
+
+def _stored_run_naming_code(d: Path) -> None:
+    """A stored run whose config.yaml names a user reward function (planted there, or copied from elsewhere)."""
+    _stored_run(d)
+    stored = yaml.safe_load((d / "run" / "config.yaml").read_text())
+    stored["rewards"]["functions"] = ["exact_match", "test_bad_inputs:failing_reward"]
+    (d / "run" / "config.yaml").write_text(yaml.safe_dump(stored))
+
+
+def _nan_model(d: Path) -> None:
+    """A saved tiny model one of whose weights is NaN (a run that diverged)."""
+    import torch
+
+    from lmpo.models import CharTokenizer, build_tiny_model
+
+    tok = CharTokenizer()
+    model = build_tiny_model(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    model.save_pretrained(d / "nanmodel")
+    tok.save_pretrained(d / "nanmodel")
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -422,6 +464,34 @@ CASES: list[Case] = [
     Case("gate-heldout-no-checkpoint", ("sac", "gate", "sacrun", "--heldout", "held.txt"),
          "`--heldout` with a run that has no checkpoint",
          setup=_all(_sac_summary_without_checkpoint, _write("held.txt", "子曰學而時習之不亦說乎。\n"))),
+    # ---- run directories, data rows and rewards that must not act, freeze or pass silently
+    Case("run-dir-link", (*T, "--resume"), "a run directory whose metrics.jsonl is a link out of it",
+         setup=_all(_stored_run, _write("victim.txt", "not lmpo's"), _link("run/metrics.jsonl", "../victim.txt"))),
+    Case("sac-run-dir-link", (*S, "--resume"), "a SAC run directory whose tensorboard/ is a link out of it",
+         setup=_all(_sac_run_without_checkpoint, _mkdir("elsewhere"), _link("sacrun/tensorboard", "../elsewhere"))),
+    Case("plot-link", ("plot", "run"), "a run whose plots/reward.png is a link out of it",
+         setup=_all(_write("run/metrics.jsonl", '{"step": 1, "kind": "train", "reward/mean": 0.5}\n'),
+                    _write("victim.png", "not lmpo's"), _link("run/plots/reward.png", "../../victim.png"))),
+    Case("plot-python-tag", ("plot", "run"), "a run whose stored config holds a YAML tag that would run code",
+         setup=_all(_write("run/metrics.jsonl", '{"step": 1, "kind": "train", "reward/mean": 0.5}\n'),
+                    _write("run/config.yaml", "loop: !!python/object/apply:os.system ['echo pwned']\n"))),
+    Case("resume-stored-import", ("train", "--resume", "run"), "`--resume RUN` whose stored config names a "
+         "`module:function` reward", setup=_stored_run_naming_code),
+    Case("reward-exit", (*T, "--rewards.functions", "[test_bad_inputs:exiting_reward]"),
+         "a user's reward function that calls `sys.exit(0)`", exit=1, setup=_base),
+    Case("reward-nan", (*T, "--rewards.functions", "[test_bad_inputs:nan_reward]"),
+         "a user's reward function that returns NaN", exit=1, setup=_base),
+    Case("task-null-answer", (*T, "--task.path", "rows.jsonl"), "a data row whose answer is null",
+         setup=_all(_file_task_base, _write("rows.jsonl", '{"prompt": "1+1=", "answer": "2"}\n'
+                                                         '{"prompt": "2+2=", "answer": null}\n'))),
+    Case("task-object-answer", (*T, "--task.path", "rows.jsonl"), "a data row whose answer is a JSON object",
+         setup=_all(_file_task_base, _write("rows.jsonl", '{"prompt": "1+1=", "answer": {"value": 2}}\n'))),
+    Case("task-prompt-too-long", (*T, "--task.path", "rows.jsonl"),
+         "a data row whose prompt is longer than the model's context",
+         setup=_all(_file_task_base, _write("rows.jsonl", "".join(
+             json.dumps({"prompt": p, "answer": "2"}) + "\n" for p in ["1+1=", "1+" * 5000 + "1="] * 4)))),
+    Case("eval-nan-weights", ("eval", "nanmodel", "--task", "addition", "--n", "2"),
+         "a model whose weights hold NaN", setup=_nan_model),
 ]
 
 

@@ -115,7 +115,8 @@ def _plant(run: Path, rel: str, data: bytes) -> None:
 TRAIN_COMMANDS = {
     "train --resume": (lambda run: ["train", "--resume", str(run), "--logging.run_dir", str(run)],
                        lambda f: f in ("config.yaml", "metrics.jsonl") or f.startswith("checkpoints/")),
-    "plot": (lambda run: ["plot", str(run), "--out", str(run.parent / "plots")], lambda f: f == "metrics.jsonl"),
+    "plot": (lambda run: ["plot", str(run), "--out", str(run.parent / "plots")],
+             lambda f: f in ("metrics.jsonl", "config.yaml")),
     "eval RUN": (lambda run: ["eval", str(run), "--n", "2", "--device", "cpu"],
                  lambda f: f == "config.yaml" or f.startswith("model/")),
 }
@@ -173,3 +174,63 @@ def test_planted_objects_are_refused_never_run(finished_runs, kind, tmp_path, mo
     torch.set_num_threads(threads)
     assert all(f.startswith(("tensorboard/", "eval.json", "plots/")) for f in unread), unread  # PNGs are never read
     assert refused >= (9 if kind == "trainer" else 12), refused
+
+
+#: what the links point at: one JSON record, so that a reader taking it for the run's own file goes on to write
+VICTIM = b'{"step": 1, "note": "not written by lmpo"}\n'
+
+#: (command, the names of a run directory it writes) for the symbolic-link test: every one is planted as a link
+#: (not the trainer's config.yaml: `train --resume RUN` first reads it as the run's config)
+LINK_WRITERS = {
+    "trainer": {
+        "train --resume": (TRAIN_COMMANDS["train --resume"][0], (
+            "metrics.jsonl", "completions.jsonl", "tensorboard", "plots/reward.png", "plots", ".lmpo-lock",
+            "checkpoints", "model")),
+        "plot": (TRAIN_COMMANDS["plot"][0], ()),  # --out elsewhere: writes nothing into the run
+        "plot (default --out)": (lambda run: ["plot", str(run)], ("plots/reward.png", "plots")),
+    },
+    "sac": {
+        "sac train --resume": (SAC_COMMANDS["sac train --resume"][0], (
+            "metrics.jsonl", "tensorboard", "summary.json", "trace.log", "plots/alpha.png", ".lmpo-lock",
+            "checkpoints")),
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["trainer", "sac"])
+def test_planted_links_are_refused_never_written_through(finished_runs, kind, tmp_path, monkeypatch):
+    """A symbolic link planted where a command writes (a file, a folder, the lock file) is refused with exit 2 and one
+    message naming it; the file it points at, outside the run directory, is left as it was."""
+    import torch
+
+    monkeypatch.setenv("LMPO_CACHE_DIR", str(finished_runs / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    source = finished_runs / ("trun" if kind == "trainer" else "srun")
+    outside = tmp_path / "outside"
+    checked = 0
+    for cmd_name, (argv, names) in LINK_WRITERS[kind].items():
+        for name in names:
+            shutil.rmtree(outside, ignore_errors=True)
+            outside.mkdir()
+            (outside / "victim").write_bytes(VICTIM)
+            run = _fresh_copy(source, tmp_path)
+            link = run / name
+            if link.is_dir():
+                shutil.rmtree(link)
+            else:
+                link.unlink(missing_ok=True)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(outside if name in ("tensorboard", "plots", "checkpoints", "model") else outside / "victim")
+            code, err = _run(argv(run))
+            what = f"{cmd_name} with {name} a link out of the run directory"
+            assert code == 2, f"{what}: exit {code}: {err}"
+            assert "Traceback" not in err, f"{what}: {err}"
+            lines = [ln for ln in err.splitlines() if ln.startswith("lmpo")]
+            assert len(lines) == 1 and "is a symbolic link" in lines[0] and name.split("/")[-1] in lines[0], err
+            assert sorted(p.name for p in outside.iterdir()) == ["victim"], f"{what}: wrote into the link's folder"
+            assert (outside / "victim").read_bytes() == VICTIM, f"{what}: wrote through the link"
+            checked += 1
+    torch.set_num_threads(threads)
+    assert checked == sum(len(names) for _, names in LINK_WRITERS[kind].values())

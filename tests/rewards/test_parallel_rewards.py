@@ -68,7 +68,7 @@ def test_a_hanging_reward_times_out_and_is_counted():
         assert time.monotonic() - t0 < 10  # two waves of 0.5 s, not the 600 s of the hanging call
         assert torch.isnan(per_fn["test_parallel_rewards:hang"]).all()
         torch.testing.assert_close(total, per_fn["test_parallel_rewards:length"])
-        assert scorer.last_stats == {"reward/skipped": 2.0, "reward/timeouts": 2.0}
+        assert scorer.last_stats == {"reward/skipped": 2.0, "reward/timeouts": 2.0, "reward/nonfinite": 0.0}
     assert scorer.timed_out_calls == 4
 
 
@@ -76,7 +76,7 @@ def test_a_raising_reward_is_counted_or_named():
     skip = ParallelRewardScorer(_specs(("length", 1.0), ("boom", 1.0)), workers=2, on_error="skip")
     total, per_fn = skip.score(PROMPTS, COMPLETIONS, ANSWERS)
     assert torch.isnan(per_fn["test_parallel_rewards:boom"]).all()
-    assert skip.last_stats == {"reward/skipped": 1.0, "reward/timeouts": 0.0}
+    assert skip.last_stats == {"reward/skipped": 1.0, "reward/timeouts": 0.0, "reward/nonfinite": 0.0}
     strict = ParallelRewardScorer(_specs(("boom", 1.0)), workers=2)
     with pytest.raises(RunError, match="'test_parallel_rewards:boom' raised ValueError: the verifier crashed"):
         strict.score(PROMPTS, COMPLETIONS, ANSWERS)
@@ -106,7 +106,7 @@ def test_process_pool_times_out_hangs_and_keeps_scoring():
         assert torch.isnan(per_fn["test_parallel_rewards:hang"]).all()
         assert torch.isnan(per_fn["test_parallel_rewards:boom"]).all()
         # length and boom finish at once on the two workers, hang is the one call past its timeout
-        assert scorer.last_stats == {"reward/skipped": 2.0, "reward/timeouts": 1.0}
+        assert scorer.last_stats == {"reward/skipped": 2.0, "reward/timeouts": 1.0, "reward/nonfinite": 0.0}
         torch.testing.assert_close(total, per_fn["test_parallel_rewards:length"])
         plain = ParallelRewardScorer(_specs(("length", 1.0)), workers=2, pool="process", timeout_s=30)
         total, _ = plain.score(PROMPTS, COMPLETIONS, ANSWERS)
@@ -114,3 +114,35 @@ def test_process_pool_times_out_hangs_and_keeps_scoring():
         plain.close()
     finally:
         scorer.close()
+
+
+def not_finite(prompts, completions, answer, **kwargs):
+    """By prompt i (PROMPTS[i] = "i+1="): NaN, inf, 1e308, -2e9, None, 1.0, then 0.5 (whatever the calls' sizes)."""
+    values = [float("nan"), float("inf"), 1e308, -2e9, None, 1.0]
+    return [values[i] if i < len(values) else 0.5 for i in (int(p.split("+")[0]) for p in prompts)]
+
+
+def exits(prompts, completions, answer, **kwargs):
+    raise SystemExit(0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_pools_count_nonfinite_values_and_name_an_exit(pool):
+    """As the serial scorer: non-finite values counted (skip) or named (raise); sys.exit() in a reward is an error
+    of that reward (in a process pool too, where it would otherwise end the worker), never the end of the run."""
+    skip = ParallelRewardScorer(_specs(("not_finite", 1.0), ("exits", 1.0)), workers=2, pool=pool, on_error="skip",
+                                seqs_per_call=5)
+    try:
+        total, per_fn = skip.score(PROMPTS, COMPLETIONS, ANSWERS)
+        assert skip.last_stats == {"reward/skipped": 2.0, "reward/timeouts": 0.0, "reward/nonfinite": 4.0}
+        assert torch.isnan(per_fn["test_parallel_rewards:not_finite"][:5]).all()
+        assert total.tolist() == [0.0] * 5 + [1.0] + [0.5] * 4
+    finally:
+        skip.close()
+    if pool == "thread":  # raise: the message names the value and the sample, or the exit
+        with pytest.raises(RunError, match=r"returned nan for sample 0 .*4 of its 5 values"):
+            ParallelRewardScorer(_specs(("not_finite", 1.0)), workers=2, seqs_per_call=5).score(
+                PROMPTS, COMPLETIONS, ANSWERS)
+        with pytest.raises(RunError, match=r"raised RewardExit: the function called sys.exit\(0\)"):
+            ParallelRewardScorer(_specs(("exits", 1.0)), workers=2).score(PROMPTS, COMPLETIONS, ANSWERS)

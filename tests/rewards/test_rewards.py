@@ -89,6 +89,17 @@ def user_module(tmp_path, monkeypatch):
             def fragile(prompts, completions, answer, **kwargs):
                 return [1.0 / len(c) for c in completions]
 
+            def not_finite(prompts, completions, answer, **kwargs):
+                return [float("nan"), float("inf"), 1e308, 2e9, None, 3.0][: len(completions)]
+
+            def words(prompts, completions, answer, **kwargs):
+                return ["1.0", 2.0][: len(completions)]
+
+            def exits(prompts, completions, answer, **kwargs):
+                import sys
+
+                sys.exit(0)
+
             def bonus(prompts, completions, answer, level, **kwargs):
                 return [float(lv) for lv in level]
 
@@ -163,6 +174,23 @@ def test_scorer_skip_mode(user_module):
     )
 
 
+def test_scorer_refuses_nonfinite_values_and_counts_them_when_skipping(user_module):
+    """NaN, ±inf and values beyond ±1e9 are a broken reward, not "does not apply" (None): raise names the function
+    and the sample; skip scores them as undefined (0 in the total) and counts them in reward/nonfinite."""
+    args = (["p"] * 6, ["a", "b", "c", "d", "e", "f"], ["x"] * 6)
+    with pytest.raises(RuntimeError, match=r"'my_rewards:not_finite' returned nan for sample 0 .*4 of its 6 values"):
+        RewardScorer([("my_rewards:not_finite", 1.0)]).score(*args)
+    skip = RewardScorer([("exact_match", 1.0), ("my_rewards:not_finite", 1.0)], on_error="skip")
+    total, per_fn = skip.score(*args)
+    assert total.tolist() == [0.0] * 5 + [3.0] and torch.isnan(per_fn["my_rewards:not_finite"][:5]).all()
+    assert skip.last_stats == {"reward/skipped": 0.0, "reward/nonfinite": 4.0}
+    assert skip.nonfinite_note == "'my_rewards:not_finite' returned nan for completion 0"
+    with pytest.raises(RuntimeError, match=r"'my_rewards:words' returned '1.0' \(str\) for completion 0.*sample 0"):
+        RewardScorer([("my_rewards:words", 1.0)]).score(["p", "q"], ["a", "b"], ["x", "y"])
+    with pytest.raises(RuntimeError, match=r"raised RewardExit: the function called sys.exit\(0\)"):
+        RewardScorer([("my_rewards:exits", 1.0)]).score(["p"], ["a"], ["x"])
+
+
 def test_scorer_bad_specs():
     with pytest.raises(ValueError, match="twice"):
         RewardScorer([("exact_match", 1.0), ("exact_match", 2.0)])
@@ -172,3 +200,19 @@ def test_scorer_bad_specs():
         RewardScorer([{"name": "exact_match", "wieght": 2}])
     with pytest.raises(ValueError, match="same length"):
         RewardScorer(["exact_match"]).score(["a"], ["b", "c"], ["d"])
+
+
+def test_a_reward_module_that_exits_on_import_fails_the_command(tmp_path, monkeypatch, capsys):
+    """sys.exit(0) in code a command runs (here a reward module's top level, imported when the config is checked)
+    is a failed command with one message, never exit status 0 with nothing done."""
+    from lmpo.cli import main
+
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(["train", "--print-config", "--rewards.functions", "[exits_on_import:score]"])
+    finally:
+        sys.modules.pop("exits_on_import", None)
+    err = capsys.readouterr().err
+    assert code == 1 and "lmpo train: stopped by SystemExit(0) raised inside the command" in err, err

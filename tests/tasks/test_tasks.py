@@ -154,6 +154,23 @@ def test_file_task_errors(tmp_path):
         load_file_task(str(broken))
 
 
+@pytest.mark.parametrize(("row", "field", "kind"), [
+    ({"prompt": "1+1=", "answer": None}, "answer", "null"),
+    ({"prompt": "1+1=", "answer": [2]}, "answer", "a list"),
+    ({"prompt": "1+1=", "answer": {"value": 2}}, "answer", "a dict"),
+    ({"prompt": None, "answer": "2"}, "prompt", "null"),
+    ({"prompt": ["1+1="], "answer": "2"}, "prompt", "a list"),
+    ({"prompt": "1+1=", "completion": None}, "completion", "null"),
+])
+def test_file_rows_that_are_not_text_are_refused(tmp_path, row, field, kind):
+    """A null, list or object where text belongs is refused naming the file, row and field; str() would have made
+    it 'None' or a repr that no reward matches."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "2+2=", "answer": 4}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=rf"rows.jsonl: row 1 field '{field}'.* is {kind} "):
+        load_file_task(str(path))
+
+
 def test_split_drops_train_rows_sharing_a_held_out_prompt():
     examples = [Example("same", "1"), Example("same", "1")] + [Example(str(i), "x") for i in range(8)]
     for seed in range(5):

@@ -120,3 +120,30 @@ def test_bad_inputs_are_input_errors(tmp_path, saved_model, capsys):
         evaluate_model(path, str(tmp_path / "missing.jsonl"))
     assert main(["eval", path, "--task", "addition", "--task-options", "[1, 2]"]) == 2
     assert "YAML mapping" in capsys.readouterr().err
+
+
+def test_nan_weights_and_prompts_past_the_context_are_refused(tmp_path, saved_model):
+    """Before: NaN weights gave accuracy 0.000 (exit 0); a 1 MB prompt asked torch for 10^12 bytes (exit 1)."""
+    path, model, tok = saved_model
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+    model.save_pretrained(tmp_path / "nan_model")
+    tok.save_pretrained(tmp_path / "nan_model")
+    with pytest.raises(InputError, match=r"1 parameter tensors hold NaN or infinite values \(the first: "
+                                         r"model.layers.0.mlp.up_proj.weight\)"):
+        evaluate_model(str(tmp_path / "nan_model"), "addition", n=2)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "1+" * 500_000 + "1=", "answer": "500001"}) + "\n")
+    context = model.config.max_position_embeddings
+    with pytest.raises(InputError, match=rf"a prompt of at least [\d,]+ tokens \(1,000,002 characters.*plus "
+                                         rf"--max-new-tokens = 4 new tokens does not fit the model's context of "
+                                         rf"{context} tokens"):
+        evaluate_model(path, str(rows), max_new_tokens=4)
+    # the longest prompt that fits: context − budget tokens (a token per character, plus the tokenizer's specials)
+    room = context - 4 - (len(tok("1")["input_ids"]) - 1)
+    fits = tmp_path / "fits.jsonl"
+    fits.write_text(json.dumps({"prompt": "1" * room, "answer": "1"}) + "\n")
+    assert evaluate_model(path, str(fits), max_new_tokens=4).n == 1
+    fits.write_text(json.dumps({"prompt": "1" * (room + 1), "answer": "1"}) + "\n")
+    with pytest.raises(InputError, match=rf"a prompt of {context - 3} tokens"):
+        evaluate_model(path, str(fits), max_new_tokens=4)

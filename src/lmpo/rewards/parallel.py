@@ -32,7 +32,14 @@ from typing import Any
 import torch
 
 from lmpo.errors import RunError
-from lmpo.rewards.scorer import RewardScorer, _truncate, call_reward
+from lmpo.rewards.scorer import (
+    RewardScorer,
+    RewardTypeError,
+    _truncate,
+    call_reward,
+    nonfinite_error,
+    reward_values,
+)
 
 POOLS = ("thread", "process")
 
@@ -175,13 +182,24 @@ class ParallelRewardScorer(RewardScorer):
                 where.append((name, s, e))
         outcomes = self._run(calls)
         values = {name: torch.full((batch,), math.nan) for name in self.fns}
-        skipped = timeouts = 0
+        skipped = timeouts = nonfinite = 0
+        self.nonfinite_note = None
         for (name, s, e), (ok, value) in zip(where, outcomes):
             if ok and len(value) != e - s:
                 ok, value = False, ValueError(f"reward function {name!r} returned {len(value)} values for "
                                               f"{e - s} completions")
             if ok:
-                values[name][s:e] = torch.tensor([math.nan if v is None else float(v) for v in value])
+                try:
+                    values[name][s:e], bad = reward_values(name, value)
+                except RewardTypeError as err:
+                    ok, value = False, err
+            if ok:
+                if bad and self.on_error == "raise":
+                    raise nonfinite_error(name, value[bad[0]], s + bad[0], len(bad), e - s, prompts,
+                                          completions, answers)
+                if bad:
+                    nonfinite += len(bad)
+                    self.nonfinite_note = f"{name!r} returned {value[bad[0]]!r} for completion {s + bad[0]}"
                 continue
             skipped += 1
             if isinstance(value, _Timeout):
@@ -196,7 +214,8 @@ class ParallelRewardScorer(RewardScorer):
             total += self.weights[name] * torch.nan_to_num(tensor, nan=0.0)
         self.skipped_calls += skipped
         self.timed_out_calls += timeouts
-        self.last_stats = {"reward/skipped": float(skipped), "reward/timeouts": float(timeouts)}
+        self.last_stats = {"reward/skipped": float(skipped), "reward/timeouts": float(timeouts),
+                           "reward/nonfinite": float(nonfinite)}
         return total, values
 
     def __repr__(self) -> str:

@@ -55,12 +55,72 @@ def load_reward_fn(path: str) -> Callable[..., list]:
     return obj
 
 
+class RewardExit(Exception):
+    """A reward function called ``sys.exit()`` / ``exit()`` (raised ``SystemExit``): a bug of the function, reported
+    like any exception it raises, never the silent end of a run."""
+
+
 def call_reward(fn: Callable[..., Any], kwargs: dict[str, Any]) -> list:
-    """``fn(**kwargs)`` as a list, running it to completion when it is an ``async def`` function (a coroutine)."""
-    result = fn(**kwargs)
-    if inspect.isawaitable(result):
-        result = asyncio.run(_await(result))
-    return list(result)
+    """``fn(**kwargs)`` as a list, running it to completion when it is an ``async def`` function (a coroutine).
+    A ``SystemExit`` it raises becomes :class:`RewardExit`."""
+    try:
+        result = fn(**kwargs)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_await(result))
+        return list(result)
+    except SystemExit as e:
+        raise RewardExit(f"the function called sys.exit({e.code!r})") from None
+
+
+#: the largest reward magnitude accepted: beyond it, float32 sums and squares over a batch overflow to inf
+REWARD_LIMIT = 1e9
+_LIMIT_TEXT = f"{REWARD_LIMIT:.0e}".replace("e+0", "e")  # "1e9"
+
+
+class RewardTypeError(TypeError):
+    """A reward function returned something that is not a number (nor None) for completion ``index``."""
+
+    def __init__(self, message: str, index: int):
+        super().__init__(message)
+        self.index = index
+
+
+def reward_values(name: str, values: Sequence[Any]) -> tuple[torch.Tensor, list[int]]:
+    """``(values as a float32 tensor (B,), indices of the non-finite ones)`` of one function's return value.
+
+    None is "does not apply" (NaN, TRL's convention). A number that is NaN, ±inf or beyond ±``REWARD_LIMIT`` is
+    listed among the non-finite indices (its entry NaN); anything else that is not a number (a string, a list) raises
+    :class:`RewardTypeError` naming the completion.
+    """
+    out, bad = [], []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(math.nan)
+            continue
+        try:
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):
+                raise TypeError
+            x = float(v)
+        except (TypeError, ValueError, RuntimeError):
+            raise RewardTypeError(f"reward function {name!r} returned {_truncate(v)} ({type(v).__name__}) for "
+                                  f"completion {i}; a reward is a number, or None where the function does not "
+                                  "apply", i) from None
+        if not (math.isfinite(x) and abs(x) <= REWARD_LIMIT):
+            bad.append(i)
+            x = math.nan
+        out.append(x)
+    return torch.tensor(out, dtype=torch.float32), bad
+
+
+def nonfinite_error(name: str, value: Any, index: int, count: int, batch: int, prompts, completions, answers
+                    ) -> RunError:
+    """The message of ``rewards.on_error: raise`` for a non-finite reward value."""
+    return RunError(f"reward function {name!r} returned {value!r} for sample {index} (prompt "
+                    f"{_truncate(prompts[index])}, completion {_truncate(completions[index])}, answer "
+                    f"{_truncate(answers[index])}); {count} of its {batch} values were NaN, infinite or beyond "
+                    f"±{_LIMIT_TEXT}, which would make every advantage of the group NaN or 0. Return None for a "
+                    "completion the function does not apply to and keep rewards finite, or set rewards.on_error: "
+                    "skip to score such values as undefined (0 in the total), counted in `reward/nonfinite`.")
 
 
 async def _await(awaitable):
@@ -119,12 +179,19 @@ class RewardScorer:
     convention) or raised with ``on_error="skip"``. Undefined values contribute 0 to the total — the same
     ``nansum`` TRL uses — so a skipped function neither rewards nor penalises that sample.
 
+    Values are checked (:func:`reward_values`): a returned NaN, ±inf or a number beyond ±``REWARD_LIMIT`` is not
+    "does not apply" (that is None) but a broken reward, which would make its group's advantages NaN or 0
+    silently; a value that is not a number (a string, a list) is treated as if the function raised. A function
+    that calls ``sys.exit()`` raises :class:`RewardExit`.
+
     Args:
         specs: ``[("exact_match", 1.0), ...]``, ``[{"name": ..., "weight": ..., "kwargs": {...}}]`` or
             ``RewardSpec`` objects. A name may appear once; give ``pkg.module:function`` for user functions,
             or ``fn=`` a callable (e.g. ``lmpo.rewards.RewardModel``) under a name of your choice.
-        on_error: ``"raise"`` — a function that raises stops scoring with an error naming it and the sample;
-            ``"skip"`` — its values for the call become NaN and are counted in ``stats["reward/skipped"]``.
+        on_error: ``"raise"`` — a function that raises, or returns a non-finite value, stops scoring with an error
+            naming it and the sample; ``"skip"`` — the values of a call that raised become NaN and are counted in
+            ``stats["reward/skipped"]``, and each non-finite value becomes NaN (undefined) and is counted in
+            ``stats["reward/nonfinite"]``.
     """
 
     def __init__(self, specs: Sequence[Any], on_error: str = "raise") -> None:
@@ -146,6 +213,8 @@ class RewardScorer:
         self.weights = {s.name: s.weight for s in self.specs}
         self.skipped_calls = 0  # cumulative count of (function, call) pairs skipped because they raised
         self.last_stats: dict[str, float] = {}
+        #: the last ``score`` call's first non-finite value skipped (``on_error="skip"``), for a warning line
+        self.nonfinite_note: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -198,19 +267,21 @@ class RewardScorer:
         batch = len(completions)
         total = torch.zeros(batch, dtype=torch.float32)
         per_fn: dict[str, torch.Tensor] = {}
-        skipped = 0
+        skipped = nonfinite = 0
+        self.nonfinite_note = None
         for name, fn in self.fns.items():
             try:
                 values = self._call_one(name, fn, prompts, completions, answers, columns)
-                tensor = torch.tensor(
-                    [math.nan if v is None else float(v) for v in values], dtype=torch.float32
-                )
+                tensor, bad = reward_values(name, values)
             except Exception as e:  # user code can raise anything
                 if self.on_error == "skip":
                     skipped += 1
                     per_fn[name] = torch.full((batch,), math.nan)
                     continue
-                index, cause = self._locate_failure(name, fn, prompts, completions, answers, columns)
+                if isinstance(e, RewardTypeError):
+                    index, cause = e.index, e
+                else:
+                    index, cause = self._locate_failure(name, fn, prompts, completions, answers, columns)
                 where = (
                     f"sample {index} (prompt {_truncate(prompts[index])}, completion "
                     f"{_truncate(completions[index])}, answer {_truncate(answers[index])})"
@@ -221,10 +292,15 @@ class RewardScorer:
                     f"reward function {name!r} raised {type(cause).__name__}: {cause} on {where}. Fix the "
                     "function, or set on_error='skip' to record NaN for it and continue."
                 ) from e
+            if bad:
+                if self.on_error == "raise":
+                    raise nonfinite_error(name, values[bad[0]], bad[0], len(bad), batch, prompts, completions, answers)
+                nonfinite += len(bad)
+                self.nonfinite_note = f"{name!r} returned {values[bad[0]]!r} for completion {bad[0]}"
             per_fn[name] = tensor
             total += self.weights[name] * torch.nan_to_num(tensor, nan=0.0)
         self.skipped_calls += skipped
-        self.last_stats = {"reward/skipped": float(skipped)}
+        self.last_stats = {"reward/skipped": float(skipped), "reward/nonfinite": float(nonfinite)}
         return total, per_fn
 
     def __repr__(self) -> str:

@@ -44,6 +44,7 @@ from lmpo.runs import (
     JsonlAppender,
     RunLock,
     check_resume_config,
+    open_append,
     prepare_run_dir,
     stop_on_sigint,
     stored_config_path,
@@ -387,7 +388,7 @@ class Trainer:
 
         writer = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR))
         metrics_f = self._metrics = JsonlAppender(self.run_dir / "metrics.jsonl", rows=len(self.history))
-        trace_f = open(self.run_dir / "trace.log", "a", encoding="utf-8") if self.trace_steps else None
+        trace_f = open_append(self.run_dir / "trace.log") if self.trace_steps else None
 
         def trace(line: str) -> None:
             print(line, flush=True)

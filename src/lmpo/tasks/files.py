@@ -73,15 +73,27 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     raise ValueError(f"task file {path!r} has an unsupported extension {ext!r}; accepted: {FILE_FORMATS}")
 
 
-def _answer(row: Mapping[str, Any], answer_field: str) -> tuple[str, str] | None:
+def _scalar_text(value: Any, where: str, what: str, fix: str) -> str:
+    """``value`` as text when it is a string or a number; a null, list or object is refused (``str()`` would turn it
+    into ``'None'`` or its repr, which no reward function matches)."""
+    if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return str(value)
+    kind = "null" if value is None else f"a {'list' if isinstance(value, list) else type(value).__name__}"
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    raise ValueError(f"{where} is {kind} ({shown}); {what} must be a string or a number. {fix}")
+
+
+def _answer(row: Mapping[str, Any], answer_field: str, where: str) -> tuple[str, str] | None:
     """(the column used, the reference answer) of a row, or None when it has neither field."""
+    fix = "Fix or drop the row, or set answer_field to the column that holds the reference answer."
     if answer_field in row:
-        return answer_field, str(row[answer_field])
+        return answer_field, _scalar_text(row[answer_field], f"{where} field {answer_field!r}", "an answer", fix)
     if "completion" in row:  # TRL's prompt-completion format: the completion is the reference
         completion = row["completion"]
         if is_conversation(completion):
-            return "completion", str(completion[-1]["content"])
-        return "completion", str(completion)
+            return "completion", _scalar_text(completion[-1]["content"], f"{where} field 'completion' (last message)",
+                                              "an answer", fix)
+        return "completion", _scalar_text(completion, f"{where} field 'completion'", "an answer", fix)
     return None
 
 
@@ -106,7 +118,7 @@ def rows_to_examples(
                 f"{source}: row {i} has no field {prompt_field!r}; fields present: {sorted(row)}. "
                 f"Set prompt_field / answer_field to the right column names."
             )
-        answer = _answer(row, answer_field)
+        answer = _answer(row, answer_field, f"{source}: row {i}")
         if answer is None:
             raise KeyError(
                 f"{source}: row {i} has no field {answer_field!r} (nor TRL's 'completion'); fields present: "
@@ -125,7 +137,9 @@ def rows_to_examples(
         elif is_conversation(row[prompt_field]):
             prompt, messages = "", [dict(m) for m in row[prompt_field]]
         else:
-            prompt = str(row[prompt_field])
+            prompt = _scalar_text(row[prompt_field], f"{source}: row {i} field {prompt_field!r}", "a prompt (or a "
+                                  "list of {role, content} messages)", "Fix or drop the row, or set prompt_field to "
+                                  "the column that holds the prompt.")
         # TRL passes neither the prompt nor the reference completion to reward functions as a column
         meta = {k: v for k, v in row.items() if k not in (prompt_field, answer_column, "completion")}
         examples.append(Example(prompt=prompt, answer=answer_text, meta=meta, messages=messages))

@@ -129,6 +129,43 @@ def wrap_lora(model, lc):
     return get_peft_model(model, peft_cfg)
 
 
+#: the model config keys that give a causal LM's context length, in the order they are looked up
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def check_prompt_lengths(examples, tokenizer, model, max_new_tokens: int, *, budget: str, what: str,
+                         fix: str) -> None:
+    """Refuse a prompt that, with ``max_new_tokens`` new tokens, does not fit the model's context (its config's
+    ``CONTEXT_KEYS``; no check when it has none): generation would allocate attention for the whole sequence (a 1 MB
+    row: 10^12 bytes) or run past the positions the model was trained on. ``budget`` names the setting of
+    ``max_new_tokens``; ``what`` the source of the prompts; ``fix`` the sentence that ends the message.
+
+    A token covers at least one byte of UTF-8 under the tokenizers lmpo loads (byte-level BPE, SentencePiece with
+    byte fall-back, characters), so only prompts longer than the room in bytes are tokenized, and a long one first by
+    a prefix (a 1 MB row is refused without tokenizing all of it)."""
+    config = getattr(model, "config", None)
+    key, context = next(((k, v) for k in CONTEXT_KEYS if isinstance(v := getattr(config, k, None), int) and v > 0),
+                        (None, None))
+    if context is None:
+        return
+    room = context - max_new_tokens
+    for ex in examples:
+        if 2 * len(ex.prompt.encode("utf-8")) + 16 <= room:
+            continue
+        prefix = ex.prompt[: 8 * (max(room, 0) + 16)]
+        tokens = len(tokenizer(prefix)["input_ids"])
+        if tokens <= room and len(prefix) < len(ex.prompt):  # over 8 characters a token so far: count them all
+            prefix = ex.prompt
+            tokens = len(tokenizer(prefix)["input_ids"])
+        if tokens > room:
+            start = ex.prompt[:40] + ("…" if len(ex.prompt) > 40 else "")
+            at_least = "at least " if len(prefix) < len(ex.prompt) else ""
+            raise InputError(f"{what}: a prompt of {at_least}{tokens:,} tokens ({len(ex.prompt):,} characters, starting "
+                             f"{start!r}) plus {budget} = {max_new_tokens} new tokens does not fit the model's "
+                             f"context of {context:,} tokens (its config's {key}); generating it would allocate "
+                             f"attention over {at_least}{tokens + max_new_tokens:,} positions. {fix}")
+
+
 def build_rewards(rw, task, examples, device: torch.device):
     """``(scorer, accuracy_fn)``: the ``rewards`` section's functions (the task's defaults when none are given)
     and the task's accuracy reward. ``examples`` (train and held-out) tell whether prompts are conversations,
@@ -308,6 +345,14 @@ def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenize
     if config.env.id is None:
         train_examples = render_prompts(train_examples, tokenizer, tk.prompt_format, tk.chat_template, **names)
         eval_examples = render_prompts(eval_examples, tokenizer, tk.prompt_format, tk.chat_template, **names)
+        fix = ("Shorten or drop the long rows of the data, lower the completion budget, or train a model with a "
+               "longer context.")
+        check_prompt_lengths(train_examples, tokenizer, model, config.rollout.max_new_tokens,
+                             budget="rollout.max_new_tokens", what=f"task {task.name!r}", fix=fix)
+        eval_budget = ("eval.max_new_tokens", config.eval.max_new_tokens) if config.eval.max_new_tokens else \
+            ("rollout.max_new_tokens", config.rollout.max_new_tokens)
+        check_prompt_lengths(eval_examples, tokenizer, model, eval_budget[1], budget=eval_budget[0],
+                             what=f"task {task.name!r} (held-out)", fix=fix)
     else:  # the episode runner renders each environment's opening itself
         train_examples, eval_examples = list(train_examples), list(eval_examples)
         episodes.ensure_chat_template(tokenizer, config.env, config.model.name)

@@ -39,6 +39,7 @@ from lmpo.checkpoints import (
     list_checkpoints,
     load_state,
     save_state,
+    step_of,
     verify_checkpoint,
     write_checkpoint,
 )
@@ -47,7 +48,7 @@ from lmpo.models.saving import write_hf_files
 
 __all__ = ["MODEL_FILE", "REF_FILE", "STATE_FILE", "CheckpointError", "ResumePoint", "checkpoint_dir",
            "latest_checkpoint", "list_checkpoints", "load_checkpoint", "resolve_resume", "restore_rng_state",
-           "restore_trainer_state", "rng_state", "save_checkpoint", "save_trainer", "trainer_state"]
+           "restore_trainer_state", "rng_state", "save_checkpoint", "save_trainer", "step_of", "trainer_state"]
 
 
 MODEL_FILE = "model.safetensors"
@@ -209,10 +210,34 @@ def save_trainer(trainer, step: int) -> Path:
                            base_model_name=cfg.model.name)
 
 
-def restore_trainer_state(trainer, path: Path) -> ResumePoint:
+def restore_trainer_state(trainer, path: Path, *, fall_back: bool = False) -> ResumePoint:
     """Load checkpoint ``path`` into ``trainer`` (weights, then ``trainer_state``'s parts) and say so with
     ``trainer.log``; returns where the run goes on from. A state that does not fit the run is a CheckpointError
-    naming the fix."""
+    naming the fix.
+
+    ``fall_back`` (``path`` is the run's newest complete checkpoint, not one the user named): a checkpoint that
+    passes its manifest but does not load (a file damaged before the manifest was written, a state that does not
+    read) is reported with a ``warning:`` line naming it, and the next older checkpoint is tried; when none loads,
+    the newest one's error is raised."""
+    older = []
+    if fall_back and step_of(path) is not None:
+        older = [p for p in reversed(list_checkpoints(path.parent.parent)) if step_of(p) < step_of(path)]
+    candidates, first = [Path(path), *older], None
+    for i, candidate in enumerate(candidates):
+        try:
+            return _restore(trainer, candidate)
+        except CheckpointError as e:
+            first = first or e
+            if i + 1 < len(candidates):
+                trainer.log(f"warning: checkpoint {candidate} cannot be resumed from ({e}); trying the previous one.")
+            elif older:
+                raise CheckpointError(f"{first} (no older checkpoint of the run loads either)") from None
+            else:
+                raise
+    raise AssertionError("unreachable: the last candidate returns or raises")
+
+
+def _restore(trainer, path: Path) -> ResumePoint:
     state = load_checkpoint(path, trainer.model, ref_model=trainer.ref_model)
     try:
         trainer.optimizer.load_state_dict(state["optimizer"])

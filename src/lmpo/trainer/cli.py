@@ -77,9 +77,10 @@ def _run_train(args: argparse.Namespace) -> int:
 
     from lmpo.trainer.config import config_to_dict, load_config, validate_config
 
-    config = args.config
+    config, stored_run = args.config, None
     if config is None and args.resume not in (None, "auto"):
-        config = _stored_config(args.resume)
+        stored_run = _stored_run(args.resume)
+        config = str(stored_run / "config.yaml") if stored_run is not None else None
     base = None
     if args.from_trl:
         from lmpo.config import read_yaml
@@ -94,6 +95,8 @@ def _run_train(args: argparse.Namespace) -> int:
                              "default values.")
         base = translation.config
     cfg = load_config(config, overrides=list(args.overrides), base=base)
+    if stored_run is not None:
+        cfg = _as_stored_run(cfg, stored_run, args)
     validate_config(cfg)
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
@@ -113,13 +116,36 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stored_config(resume: str) -> str | None:
-    """The config.yaml of the run that ``--resume PATH`` names (a run or one of its checkpoints), if any."""
+def _stored_run(resume: str) -> Path | None:
+    """The run directory that ``--resume PATH`` names (the run or one of its checkpoints) when it stored a config."""
     p = Path(resume)
     for candidate in (p, p.parent.parent):
         if (candidate / "config.yaml").is_file():
-            return str(candidate / "config.yaml")
+            return candidate
     return None
+
+
+def _as_stored_run(cfg, run: Path, args: argparse.Namespace):
+    """``lmpo train --resume RUN`` without CONFIG: the run's stored config, read as data. The run goes on in RUN (a
+    copied or moved run directory writes to itself, not to the directory its config was first written for), and
+    code the stored config names (a reward ``package.module:function``) is refused unless the command line names
+    it too: a run directory never makes lmpo import anything."""
+    from lmpo.config import parse_overrides
+    from lmpo.errors import InputError
+    from lmpo.trainer.config import code_references, config_to_dict, replace
+
+    given = parse_overrides(list(args.overrides))
+    mine = {key for key, _ in code_references(given)}
+    for key, spec in code_references(config_to_dict(cfg)):
+        if key not in mine:
+            flag = key.split("[")[0]
+            raise InputError(f"`{key}` = {spec!r} comes from {run / 'config.yaml'}, the stored config of the run "
+                             "--resume continues, which lmpo reads as data: it imports no code a run directory names. "
+                             "Give the config file you started the run with (`lmpo train CONFIG --resume "
+                             f"{args.resume}`), or name the value yourself on the command line (--{flag} ...).")
+    if "run_dir" not in (given.get("logging") or {}):
+        cfg = replace(cfg, logging={"run_dir": str(run)})
+    return cfg
 
 
 def register_demo(subparsers: argparse._SubParsersAction, name: str) -> None:

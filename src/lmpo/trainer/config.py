@@ -252,10 +252,11 @@ class RewardsConfig:
         "`{model: PATH, ...}` (keys below); empty = the task's default rewards.")
     weights: tuple[float, ...] = _f((), "One weight per function (empty = all 1).")
     kwargs: dict = _f({}, "Keyword options per function name, e.g. `{length_penalty: {target_chars: 8}}`.")
-    on_error: str = _f("auto", "A reward function that raises: `raise` (error naming the function and the "
-                       "sample), `skip` (reward 0 for that sample, counted in `reward/errors`), or `auto`: `raise` "
-                       "when the rewards run one after the other, `skip` with a pool (`workers` > 0: a failing "
-                       "call, like one past `timeout_s`, is a counted error and the run goes on).",
+    on_error: str = _f("auto", "A reward function that raises, or returns NaN, ±inf or a value beyond ±1e9 (None "
+                       "is `does not apply`): `raise` (error naming the function and the sample), `skip` (reward 0 "
+                       "for that sample, counted in `reward/errors`, or `reward/nonfinite` with a warning line), or "
+                       "`auto`: `raise` when the rewards run one after the other, `skip` with a pool (`workers` > "
+                       "0: a failing call, like one past `timeout_s`, is a counted error and the run goes on).",
                        choices=("auto", "raise", "skip"))
     success_threshold: float = _f(1.0, "A completion counts as correct (`reward/accuracy`, "
                                   "`eval/accuracy`) when the task's accuracy reward is >= this.")
@@ -751,6 +752,29 @@ def _check_across_sections(cfg: TrainConfig, objective: Any) -> None:
         raise ConfigError(f"`objective.overrides` = {ob.overrides!r} needs the sampler's log-probs "
                           "(a correction or rejection), but `rlvcr.enabled` re-generates completions the sampler "
                           "never scored. Use correction: none and rejection: none with RLVCR.")
+
+
+def code_references(data: Mapping) -> list[tuple[str, str]]:
+    """``(key, spec)`` of every ``package.module:function`` a config dict (a whole config, or the overrides of a
+    command line) names: its reward functions and a task's accuracy or default rewards. Validating or building
+    such a config imports these modules (``lmpo.rewards.get_reward_fn``); a run's stored config is read as data,
+    so ``lmpo train --resume RUN`` and ``lmpo eval RUN`` refuse the ones only the run directory names."""
+    from lmpo.rewards import REWARDS
+
+    def imports(spec: Any) -> bool:
+        return isinstance(spec, str) and spec not in REWARDS and ":" in spec
+
+    rewards = data.get("rewards") if isinstance(data.get("rewards"), Mapping) else {}
+    task = data.get("task") if isinstance(data.get("task"), Mapping) else {}
+    options = task.get("options") if isinstance(task.get("options"), Mapping) else {}
+    found = [(f"rewards.functions[{i}]", f) for i, f in enumerate(rewards.get("functions") or ()) if imports(f)]
+    if imports(options.get("accuracy_reward")):
+        found.append(("task.options.accuracy_reward", options["accuracy_reward"]))
+    for i, pair in enumerate(options.get("default_rewards") or ()):
+        spec = pair[0] if isinstance(pair, (list, tuple)) and pair else pair
+        if imports(spec):
+            found.append((f"task.options.default_rewards[{i}]", spec))
+    return found
 
 
 def _check_import_path(where: str, spec: str) -> None:

@@ -119,10 +119,10 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
     """
     from lmpo.models import MODEL_PRESETS, load_model_and_tokenizer
     from lmpo.models.loading import looks_like_hub_id
-    from lmpo.rewards import get_reward_fn
+    from lmpo.rewards import REWARDS, get_reward_fn
     from lmpo.tasks import render_prompts
-    from lmpo.trainer.build import resolve_device
-    from lmpo.trainer.evaluate import greedy_completions, judge, wilson_interval
+    from lmpo.trainer.build import check_prompt_lengths, resolve_device
+    from lmpo.trainer.evaluate import greedy_completions, judge, nonfinite_parameters, wilson_interval
     from lmpo.trainer.export import is_run_dir, load_run_policy, run_config
 
     if n < 0:
@@ -156,6 +156,11 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
                              "dataset (only a run directory brings its own task).")
         examples, task_reward, what = _run_task_examples(cfg)
         task = cfg.task.name
+        if accuracy_reward is None and task_reward not in REWARDS:
+            # a run directory is data: the import path its config names is used only when the user names it too
+            raise InputError(f"the run's config.yaml names the accuracy reward {task_reward!r} (task.options."
+                             "accuracy_reward), code that lmpo does not import on a run directory's word. Pass "
+                             f"--accuracy-reward {task_reward} to import it, or another reward.")
     else:
         examples, task_reward, what = load_eval_examples(task, options)
     if cfg is not None:
@@ -177,8 +182,17 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
         model = f"{model} ({source.name})"
     else:
         policy, tokenizer = load_model_and_tokenizer(model, dtype=dtype, device=dev, seed=seed)
+    broken = nonfinite_parameters(policy)
+    if broken:
+        raise InputError(f"model {model!r}: {len(broken)} parameter tensors hold NaN or infinite values (the first: "
+                         f"{broken[0]}), so every completion it generates is noise and its accuracy would read 0. "
+                         "Evaluate an earlier checkpoint (`lmpo export RUN OUT --step N`, then `lmpo eval OUT`) or "
+                         "train again from one.")
     examples = render_prompts(examples, tokenizer, prompt_format, chat_template, model_name=f"model {model!r}",
                               source=f"task {task!r}", options=("--prompt-format", "--chat-template"))
+    check_prompt_lengths(examples, tokenizer, policy, max_new_tokens, budget="--max-new-tokens", what=f"--task {task!r}",
+                         fix="Shorten or drop the long rows, lower --max-new-tokens, or evaluate a model with a longer "
+                             "context.")
     texts, lengths = greedy_completions(policy, tokenizer, [e.prompt for e in examples],
                                         max_new_tokens=max_new_tokens, seqs_per_batch=seqs_per_batch, device=dev)
     correct = judge(examples, texts, accuracy_fn, success_threshold)

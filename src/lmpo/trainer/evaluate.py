@@ -11,6 +11,12 @@ from lmpo.generation import HFRollout
 from lmpo.tasks import Example
 
 
+def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters that hold a NaN or an infinity: such a model's every output is garbage (greedy
+    decoding of NaN logits picks token 0), which an evaluation would report as a plain 0 accuracy."""
+    return [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+
+
 def greedy_completions(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, seqs_per_batch: int,
                        device: torch.device) -> tuple[list[str], list[int]]:
     """Greedy completions (text up to EOS) and their token lengths (EOS included when produced)."""

@@ -174,7 +174,10 @@ class Trainer:
         self.prompts = PromptOrder(self.train_examples, cfg.loop.seed)
         self.nonfinite = NonFiniteGuard(cfg.loop.max_nonfinite_steps, ckpt.checkpoint_dir(self.run_dir))
         self.final_eval_done = False
-        start = ckpt.restore_trainer_state(self, resume_path) if resume_path is not None else ckpt.ResumePoint()
+        # the newest checkpoint lmpo chose may fall back to an older one; a checkpoint the user named may not
+        named = resume not in (None, False, True, "auto", "latest") and ckpt.step_of(Path(resume)) is not None
+        start = (ckpt.restore_trainer_state(self, resume_path, fall_back=not named) if resume_path is not None
+                 else ckpt.ResumePoint())
         # an environment run samples turn by turn through its episode runner: no single-turn engine to build
         if self.rollout_engine is None and not cfg.rollout.async_staleness and cfg.env.id is None:
             self.rollout_engine = build.build_rollout_engine(cfg, self.model, self.tokenizer, device=self.device,
@@ -240,6 +243,10 @@ class Trainer:
         # b // G); with dynamic sampling, as many draws as it takes to fill the batch with informative groups
         got = self.sample(step)
         scored, ro, rewards = got.scored, got.scored.rollout, got.scored.rewards
+        if scored.reward_nonfinite:  # rewards.on_error: skip (with raise the scorer has stopped the run)
+            self.metrics.write(f"warning: step {step}: {scored.reward_nonfinite:.0f} reward values were NaN, infinite "
+                               f"or beyond ±1e9 ({getattr(self.scorer, 'nonfinite_note', None) or 'see reward/*'}); "
+                               "scored as undefined (0 in the total), counted in reward/nonfinite.")
         group = ro.group_ids.to(dev)
         t_gen = t0 + got.generate_s
         # multi-turn episodes come with their own batch: attention on every token, loss on the policy's only

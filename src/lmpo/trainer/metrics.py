@@ -38,6 +38,8 @@ METRIC_DOCS: dict[str, str] = {
     "reward/<fn>/std": "standard deviation of one reward function's score",
     "reward/accuracy": "fraction of completions whose first (accuracy) reward is >= rewards.success_threshold",
     "reward/errors": "reward-function calls that raised and were skipped (rewards.on_error: skip)",
+    "reward/nonfinite": "reward values that were NaN, ±inf or beyond ±1e9, scored as undefined (0 in the total) "
+                        "with a warning line (rewards.on_error: skip; with raise they stop the run)",
     "reward/overlong/mean": "mean DAPO soft overlong penalty (<= 0) added to the rewards (rewards.overlong_buffer_len)",
     **_objective_stat_docs(),
     "adv/mean": "mean advantage over the sequences trained on (after zero-variance filtering)",

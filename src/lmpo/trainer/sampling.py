@@ -75,7 +75,8 @@ class ScoredRollout:
 
     examples: N task examples (the rollout's group i is ``examples[i]``).
     rewards: (B,) total reward; per_fn: name → (B,) unweighted score; correct: (B,) float 0/1 accuracy.
-    reward_errors: reward-function calls skipped (``rewards.on_error: skip``).
+    reward_errors: reward-function calls skipped (``rewards.on_error: skip``); reward_nonfinite: reward values that
+    were NaN, infinite or out of range, scored as undefined (``rewards.on_error: skip``).
     """
 
     examples: list
@@ -84,6 +85,7 @@ class ScoredRollout:
     per_fn: dict[str, torch.Tensor]
     correct: torch.Tensor
     reward_errors: float = 0.0
+    reward_nonfinite: float = 0.0
 
     def select_groups(self, groups: torch.Tensor, completions_per_prompt: int) -> ScoredRollout:
         """The draw restricted to ``groups`` (K,) long group indices, in that order."""
@@ -94,7 +96,8 @@ class ScoredRollout:
         return ScoredRollout(
             examples=[self.examples[i] for i in listed], rollout=select_rows(self.rollout, rows),
             rewards=self.rewards[r_rows], per_fn={k: v[rows.to(v.device)] for k, v in self.per_fn.items()},
-            correct=self.correct[rows.to(self.correct.device)], reward_errors=self.reward_errors)
+            correct=self.correct[rows.to(self.correct.device)], reward_errors=self.reward_errors,
+            reward_nonfinite=self.reward_nonfinite)
 
 
 def concat_scored(parts: Sequence[ScoredRollout], pad_token_id: int) -> ScoredRollout:
@@ -109,6 +112,7 @@ def concat_scored(parts: Sequence[ScoredRollout], pad_token_id: int) -> ScoredRo
         per_fn={k: torch.cat([p.per_fn[k] for p in parts]) for k in names},
         correct=torch.cat([p.correct for p in parts]),
         reward_errors=sum(p.reward_errors for p in parts),
+        reward_nonfinite=sum(p.reward_nonfinite for p in parts),
     )
 
 
@@ -134,7 +138,7 @@ def dynamic_sample(draw: Callable[[int], ScoredRollout], groups_wanted: int, com
     G = completions_per_prompt
     kept: list[ScoredRollout] = []
     n_kept = n_dropped = n_drawn = draws = 0
-    errors = 0.0  # reward-function calls skipped in every draw, kept or not
+    errors = nonfinite = 0.0  # reward-function calls skipped and values refused in every draw, kept or not
     while n_kept < groups_wanted:
         if max_draws and draws >= max_draws:
             raise RunError(
@@ -147,6 +151,7 @@ def dynamic_sample(draw: Callable[[int], ScoredRollout], groups_wanted: int, com
         scored = draw(draws)
         draws += 1
         errors += scored.reward_errors
+        nonfinite += scored.reward_nonfinite
         ok = informative_groups(scored.rewards if metric == "reward" else scored.correct, G)
         n_drawn += int(ok.numel())
         good = torch.nonzero(ok).squeeze(-1)
@@ -156,7 +161,7 @@ def dynamic_sample(draw: Callable[[int], ScoredRollout], groups_wanted: int, com
             kept.append(scored.select_groups(take, G))
             n_kept += int(take.numel())
     batch = concat_scored(kept, pad_token_id)
-    batch.reward_errors = errors
+    batch.reward_errors, batch.reward_nonfinite = errors, nonfinite
     stats = {"rollout/draws": float(draws), "rollout/groups_kept": float(n_kept),
              "rollout/groups_dropped": float(n_dropped),
              "rollout/groups_surplus": float(n_drawn - n_dropped - n_kept),

@@ -119,7 +119,8 @@ def score(scorer, accuracy_fn: Callable, examples: Sequence, rollout: Rollout, *
         rewards = rewards + penalty.to(rewards.dtype)
         per_fn = {**per_fn, "overlong": penalty}
     return ScoredRollout(list(examples), rollout, rewards, per_fn, correct,
-                         reward_errors=float(scorer.last_stats.get("reward/skipped", 0.0)))
+                         reward_errors=float(scorer.last_stats.get("reward/skipped", 0.0)),
+                         reward_nonfinite=float(scorer.last_stats.get("reward/nonfinite", 0.0)))
 
 
 def advantage_inputs(estimator, scorer, examples: Sequence, rollout: Rollout, per_fn: dict[str, torch.Tensor], *,
@@ -220,6 +221,7 @@ def rollout_stats(scored: ScoredRollout, adv: torch.Tensor, adv_stats: dict | No
     stats: dict[str, torch.Tensor | float] = {
         "reward/mean": rewards.mean(), "reward/std": rewards.std() if rewards.numel() > 1 else rewards.new_zeros(()),
         "reward/accuracy": scored.correct.mean(), "reward/errors": scored.reward_errors,
+        "reward/nonfinite": scored.reward_nonfinite,
         "adv/mean": adv[keep].mean() if keep.any() else adv.new_zeros(()),
         "adv/std": adv[keep].std() if keep.sum() > 1 else adv.new_zeros(()),
         "adv/abs_mean": adv[keep].abs().mean() if keep.any() else adv.new_zeros(()),
