@@ -14,7 +14,8 @@ directory, which ``model.name: DIR`` loads as the starting policy of an RL run (
 ``--memory-fraction F`` makes a share F of the demonstrations come from an expert who answers from memory, with
 the right number and no tool call: imitation then learns both behaviours, and whether a question gets the
 calculator is left to the policy. The tiny model cannot multiply in its head, so its answers from memory are
-wrong; RL on such a warm-up has to learn to call the tool (docs/multiturn.md, "Learning to call the tool").
+wrong; RL on such a warm-up has to learn to call the tool (docs/multiturn.md, "Measured: RL on the tool task
+(CPU)").
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def _run_train(args: argparse.Namespace) -> int:
                              "default values.")
         base = translation.config
     cfg = load_config(config, overrides=list(args.overrides), base=base)
-    validate_config(cfg)
+    validate_config(cfg, config)
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return 0
