@@ -7,7 +7,9 @@ Checked in README.md, CONTRIBUTING.md, SECURITY.md, docs/*.md, the examples and 
 - a plain ``docs/x.md#anchor`` names an existing doc and one of its anchors;
 - a section cited by name, ``docs/x.md, "Section"`` (lmpo's way of citing a section in prose), names a heading of
   that doc (its text without markdown, or its short title: the part before its first ``:``, `` (`` or `` — ``)
-  or a paragraph's bold lead-in (``**Multi-turn tasks.**``).
+  or a paragraph's bold lead-in (``**Multi-turn tasks.**``);
+- in a doc, a section of the same doc cited as ``see "Section"``, ``below ("Section")`` or ``above ("Section")``
+  is one of its sections.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ SOURCES = [*sorted((ROOT / "src").rglob("*.py")), *sorted((ROOT / "examples").rg
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 PLAIN = re.compile(r"(?<![\w/.(])(docs/[\w.-]+\.md)#([\w-]+)")
 CITED = re.compile(r"(docs/[\w.-]+\.md),\s+\"([^\"]+)\"")
+SAME_DOC = re.compile(r"\b(?:[Ss]ee|below|above) \(?\"([^\"]+)\"")
 
 
 def _text_of_heading(line: str) -> str:
@@ -105,6 +108,9 @@ def _problems_in(path: Path) -> list[str]:
             problems.append(f'{file}, "{section}": no such doc')
         elif section not in headings(doc)[1]:
             problems.append(f'{file}, "{section}": {file} has no section of that name')
+    if path.suffix == ".md":
+        problems += [f'"{section}": this doc has no section of that name' for section in SAME_DOC.findall(_prose(path))
+                     if section not in headings(path)[1]]
     return problems
 
 
@@ -122,7 +128,9 @@ def test_the_checks_catch_a_missing_section(tmp_path):
         "budget--limits-the-driver-enforces"
     page = tmp_path / "page.md"
     page.write_text('# Title\n\n## Results (v2)\n\n[ok](#results-v2) [bad](#results-v3) [gone](nothing.md)\n'
-                    'docs/trainer.md#no-such-section and (docs/multiturn.md, "Learning to call the tool")\n')
+                    'docs/trainer.md#no-such-section and (docs/multiturn.md, "Learning to call the tool")\n'
+                    'see "Results (v2)" and see "Results (v3)"\n')
     problems = " | ".join(_problems_in(page))
     assert "#results-v3" in problems and "#results-v2" not in problems
     assert "nothing.md" in problems and "no-such-section" in problems and "Learning to call the tool" in problems
+    assert '"Results (v3)"' in problems and '"Results (v2)"' not in problems
