@@ -9,11 +9,13 @@ build and the thread count, so each case is pinned twice:
   its full :func:`fingerprint`; compared only where the running machine's fingerprint is identical;
 - **within a measured tolerance** everywhere: a summary that survives rounding (:func:`summarize`: fixed ±1
   projections, in float64, of the change training made to the weights, and the metric rows) must lie within
-  the case's tolerance of the recorded one (:func:`distance`). The tolerance is ``FACTOR`` times the largest distance measured between runs of the case
-  under every dispatch level at or below the machine's own and 1 or 2 threads (with a floor); the data file
-  keeps the measured spread, the configurations and the machine. ``test_a_deliberate_change_falls_outside``
-  shows that changes of meaning far smaller than any real edit (clip ε 0.2 -> 0.2001, lr x 1.001, one more
-  optimizer step) fall outside it.
+  the case's tolerance of the recorded one (:func:`distance`: the weights relative to the size of their change,
+  each metric on its own). A tolerance is ``FACTOR`` times the largest distance measured between runs of the
+  case under every dispatch level at or below the recording machine's own and 1 or 2 threads, with a floor
+  (:func:`tolerance_from`); the data file keeps the measured spreads, the tolerances, how they were measured and
+  on which machine. ``test_a_deliberate_change_falls_outside_the_tolerance`` shows that changes of meaning far
+  smaller than any real edit (clip ε 0.2 -> 0.2001, lr x 1.001, one more optimizer step) fall outside it, and
+  ``test_pins_hold_under_a_second_dispatch_level`` runs every case again one dispatch level down.
 
 Commands (run them on a commit whose values you trust)::
 
@@ -61,11 +63,13 @@ VARIANTS = {
 CASES = sorted(PRESETS) + sorted(VARIANTS)
 
 # the rounding-robust summary: PROJECTIONS fixed ±1 directions drawn from SEED (integers, so the directions are
-# the same on every machine); the tolerance is FACTOR x the largest measured spread, never below FLOOR
+# the same on every machine); a tolerance is FACTOR x the largest measured spread, never below a floor: a
+# relative WEIGHTS_FLOOR for the weights, METRIC_FLOOR_REL x |value| + METRIC_FLOOR_ABS for a metric
 PROJECTIONS = 8
 SEED = 20260
 FACTOR = 10.0
-FLOOR = {"weights": 1e-6, "metrics": 1e-6}
+WEIGHTS_FLOOR = 1e-6
+METRIC_FLOOR_REL, METRIC_FLOOR_ABS = 1e-6, 1e-12
 LEVELS = ("default", "avx2", "avx512")  # ATEN_CPU_CAPABILITY values, lowest first
 THREADS = (1, 2)
 
@@ -143,35 +147,54 @@ def summarize(initial: np.ndarray, final: np.ndarray, rows: list[dict]) -> dict:
                         for row in rows]}
 
 
-def _metric_distance(a: float, b: float) -> float:
+def _gap(a: float, b: float) -> float:
     if math.isfinite(a) and math.isfinite(b):
-        return abs(math.asinh(a) - math.asinh(b))
+        return abs(a - b)
     return 0.0 if (math.isnan(a) and math.isnan(b)) or a == b else math.inf
+
+
+LAYOUT = "(rows and keys)"  # the pseudo-metric that differs when the rows or their keys do
 
 
 def distance(run: dict, pinned: dict) -> dict:
     """How far a run's summary lies from the pinned one.
 
-    ``weights``: max_k |s_k − p_k| / rms(Δ_pinned), relative to the change training made; ``metrics``:
-    max over every row and key of |asinh(m) − asinh(m_pinned)| (relative for large values, absolute near 0, so
-    a count and a small loss weigh alike); inf when the rows, their keys or which values are finite differ.
+    ``weights``: max_k |s_k − p_k| / rms(Δ_pinned), relative to the change training made; ``metrics``: for each
+    metric key, the largest |m − m_pinned| over the rows (inf where one value is finite and the other not, and
+    under ``LAYOUT`` when the rows or their keys differ).
     """
     w, p = np.asarray(run["weights"]), np.asarray(pinned["weights"])
     weights = float(np.max(np.abs(w - p)) / max(p[0], 1e-30))
     rows, pinned_rows = run["metrics"], pinned["metrics"]
     if [sorted(r) for r in rows] != [sorted(r) for r in pinned_rows]:
-        return {"weights": weights, "metrics": math.inf}
-    metrics = max((_metric_distance(row[k], ref[k]) for row, ref in zip(rows, pinned_rows) for k in row),
-                  default=0.0)
+        return {"weights": weights, "metrics": {LAYOUT: math.inf}}
+    metrics: dict[str, float] = {}
+    for row, ref in zip(rows, pinned_rows):
+        for key in row:
+            metrics[key] = max(metrics.get(key, 0.0), _gap(row[key], ref[key]))
     return {"weights": weights, "metrics": metrics}
 
 
-def run_case(name: str, run_dir, change: dict | None = None) -> dict:
-    """``exact``: [sha256 of the weights, sha256 of the metrics without timings]; ``summary``: :func:`summarize`."""
+def tolerance_from(spread: dict, summary: dict) -> dict:
+    """FACTOR x the measured spread, never below the floors (a metric's relative to its largest |value|)."""
+    largest = {}
+    for row in summary["metrics"]:
+        for key, value in row.items():
+            largest[key] = max(largest.get(key, 0.0), abs(value) if math.isfinite(value) else 0.0)
+    return {"weights": max(FACTOR * spread["weights"], WEIGHTS_FLOOR),
+            "metrics": {key: max(FACTOR * spread["metrics"].get(key, 0.0),
+                                 METRIC_FLOOR_REL * largest[key] + METRIC_FLOOR_ABS) for key in largest}}
+
+
+def run_case(name: str, run_dir, change: dict | None = None, after_training=None) -> dict:
+    """``exact``: [sha256 of the weights, sha256 of the metrics without timings]; ``summary``: :func:`summarize`.
+    ``after_training(trainer)`` runs between the training and the readings (a deliberate change)."""
     preset, sections = case_sections(name, change)
     trainer = make_trainer(run_dir, preset, **sections)
     initial = _flat(trainer.model)
     history = trainer.train().history
+    if after_training is not None:
+        after_training(trainer)
     weights = hashlib.sha256()
     for key, value in sorted(trainer.model.state_dict().items()):
         weights.update(key.encode())
@@ -192,11 +215,27 @@ def exact_pins_here(pins: dict) -> dict | None:
 
 
 def outside_tolerance(name: str, summary: dict, pins: dict) -> list[str]:
-    """The parts of ``summary`` farther from the pinned summary than the case's tolerance, described."""
+    """What of ``summary`` lies farther from the pinned summary than the case's tolerance, described."""
     case = pins["cases"][name]
-    far = distance(summary, case["summary"])
-    return [f"{part} distance {far[part]:.3g} > tolerance {case['tolerance'][part]:.3g} (measured spread "
-            f"{case['spread'][part]:.3g})" for part in far if not far[part] <= case["tolerance"][part]]
+    far, tol, spread = distance(summary, case["summary"]), case["tolerance"], case["spread"]
+    out = []
+    if not far["weights"] <= tol["weights"]:
+        out.append(f"weights: distance {far['weights']:.3g} > tolerance {tol['weights']:.3g} (measured spread "
+                   f"{spread['weights']:.3g})")
+    for key, gap in far["metrics"].items():
+        if not gap <= tol["metrics"].get(key, -1.0):
+            out.append(f"metric {key}: off by {gap:.3g} > tolerance {tol['metrics'].get(key, 0.0):.3g} (measured "
+                       f"spread {spread['metrics'].get(key, 0.0):.3g})")
+    return out
+
+
+def times_tolerance(name: str, summary: dict, pins: dict) -> dict:
+    """{"weights": distance / tolerance, "metrics": the largest metric distance / its tolerance} (> 1: caught)."""
+    case = pins["cases"][name]
+    far, tol = distance(summary, case["summary"]), case["tolerance"]
+    return {"weights": far["weights"] / tol["weights"],
+            "metrics": max((gap / tol["metrics"][key] if key in tol["metrics"] else math.inf)
+                           for key, gap in far["metrics"].items())}
 
 
 def _changed(name: str, what: str) -> str:
@@ -250,24 +289,33 @@ def test_pins_hold_under_a_second_dispatch_level(tmp_path):
         f"{name}: {', '.join(why)}" for name, why in far.items() if why)
 
 
-DELIBERATE = {  # changes of meaning far below any real edit, each on a case where it acts
-    "clip eps 0.2 -> 0.2001": ("cispo", {"objective": {"overrides": {"eps_high": 0.2001}}}),
-    "lr x 1.001": ("grpo", {"optim": {"lr": 1.001e-2}}),
-    "one more optimizer step": ("grpo", {"loop": {"epochs_per_step": 2, "minibatches_per_step": 1}}),
+def _one_more_optimizer_step(trainer) -> None:
+    """An optimizer step after the last one, on a zero gradient: AdamW's moment estimates alone move the weights
+    (what an off-by-one in the loop would add); the metric rows stay as they were."""
+    for param in trainer.model.parameters():
+        param.grad = torch.zeros_like(param)
+    trainer.optimizer.step()
+
+
+#: changes of meaning far below any real edit: (case, config change, what is done after training, the part of
+#: the summary that must catch it)
+DELIBERATE = {
+    # no token's ratio lies between 1.2 and 1.2001, so the weights stay bit for bit; the loss value moves
+    "clip eps 0.2 -> 0.2001": ("grpo", {"objective": {"overrides": {"eps_low": 0.2001}}}, None, "metrics"),
+    "lr x 1.001": ("grpo", {"optim": {"lr": 1.001e-2}}, None, "weights"),
+    "one more optimizer step": ("grpo", None, _one_more_optimizer_step, "weights"),
 }
 
 
 @pytest.mark.parametrize("change", sorted(DELIBERATE))
 def test_a_deliberate_change_falls_outside_the_tolerance(tmp_path, change):
-    """The tolerance is not so loose that it passes a real change: each change here moves the summary farther
-    than the case's tolerance (the failure message says by how much)."""
-    name, sections = DELIBERATE[change]
-    pins = _pins()
-    run = run_case(name, tmp_path / "run", sections)
-    assert outside_tolerance(name, run["summary"], pins), (
-        f"{change} on {name}: every distance is within the tolerance, which is too loose to catch a real change "
-        f"(distances {distance(run['summary'], pins['cases'][name]['summary'])}, tolerance "
-        f"{pins['cases'][name]['tolerance']})")
+    """The tolerance is not so loose that it passes a real change: each change here moves the part of the summary
+    it acts on farther than the case's tolerance (the failure message says how far, in tolerances)."""
+    name, sections, after, part = DELIBERATE[change]
+    run = run_case(name, tmp_path / "run", sections, after)
+    times = times_tolerance(name, run["summary"], _pins())
+    assert times[part] > 1, (f"{change} on {name}: the {part} moved {times[part]:.3g} x the tolerance, which is "
+                             f"too loose to catch a real change (distance / tolerance: {times})")
 
 
 def _record() -> None:
@@ -282,41 +330,59 @@ def _record() -> None:
     pins["exact"] = [e for e in pins["exact"] if e["fingerprint"] != here] + [
         {"fingerprint": here, "cases": {name: run["exact"] for name, run in runs.items()}}]
     old = pins["cases"]
-    pins["cases"] = {name: {"summary": run["summary"],
-                            "spread": old.get(name, {}).get("spread", {"weights": math.nan, "metrics": math.nan}),
-                            "tolerance": old.get(name, {}).get("tolerance", FLOOR)} for name, run in runs.items()}
+    unmeasured = {"weights": 0.0, "metrics": {}}
+    pins["cases"] = {}
+    for name, run in runs.items():
+        spread = old.get(name, {}).get("spread", unmeasured)
+        pins["cases"][name] = {"summary": run["summary"], "spread": spread,
+                               "tolerance": tolerance_from(spread, run["summary"])}
     pins["summary_recorded_on"] = here
     _write(pins)
     print(f"{PINS}: {len(runs)} cases pinned bit for bit on {here}; the reference summaries replaced (re-measure "
           f"the tolerances with: {MEASURE})")
 
 
-def _measure_spread() -> None:
-    """Run every case under every dispatch level this CPU has and 1 and 2 threads (one subprocess each); the
-    spread of a case is the largest distance between any two of these runs and the recorded summary."""
+def _measure_spread(keep: Path | None) -> None:
+    """Run every case under every dispatch level this CPU has and 1 and 2 threads (one subprocess each; their
+    summaries are kept in ``keep`` when given, and read from there when already written); the spread of a case
+    is the largest distance between any two of these runs and the recorded summary."""
     import itertools
     import tempfile
 
     pins = _pins()
     configs = [(level, threads) for level in _levels_here() for threads in THREADS]
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {f"{level}/{threads} thread(s)": _summaries_in_subprocess(level, threads, CASES,
-                                                                          Path(tmp) / f"{level}{threads}.json",
-                                                                          timeout=None)
-                for level, threads in configs}
-    print(f"{'case':20s} {'weights spread':>15s} {'tolerance':>10s} {'metrics spread':>15s} {'tolerance':>10s}")
+        folder = keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        runs = {}
+        for level, threads in configs:
+            out = folder / f"{level}_{threads}_threads.json"
+            runs[f"{level}/{threads} thread(s)"] = json.loads(out.read_text()) if out.is_file() else \
+                _summaries_in_subprocess(level, threads, CASES, out, timeout=None)
+    print(f"{'case':20s} {'weights spread':>14s} {'tolerance':>10s}   metrics: largest spread / |value|")
     for name in CASES:
         summaries = [pins["cases"][name]["summary"]] + [run[name] for run in runs.values()]
-        spread = {part: max(distance(a, b)[part] for a, b in itertools.permutations(summaries, 2))
-                  for part in FLOOR}
-        tolerance = {part: max(FACTOR * spread[part], FLOOR[part]) for part in FLOOR}
-        pins["cases"][name].update(spread=spread, tolerance=tolerance)
-        print(f"{name:20s} {spread['weights']:15.3g} {tolerance['weights']:10.3g} {spread['metrics']:15.3g} "
-              f"{tolerance['metrics']:10.3g}")
+        weights, metrics = 0.0, {}
+        for a, b in itertools.permutations(summaries, 2):
+            far = distance(a, b)
+            weights = max(weights, far["weights"])
+            for key, gap in far["metrics"].items():
+                metrics[key] = max(metrics.get(key, 0.0), gap)
+        spread = {"weights": weights, "metrics": metrics}
+        case = pins["cases"][name]
+        case.update(spread=spread, tolerance=tolerance_from(spread, case["summary"]))
+        largest = {key: max(abs(row.get(key, 0.0)) for row in case["summary"]["metrics"]) for key in metrics}
+        relative = {key: gap / largest[key] if largest[key] else math.inf for key, gap in metrics.items() if gap > 0}
+        worst = max(relative, key=relative.get, default=None)
+        print(f"{name:20s} {weights:14.3g} {case['tolerance']['weights']:10.3g}   "
+              + (f"{relative[worst]:.3g} ({worst}); {len(relative)} of {len(metrics)} metrics differ" if worst else
+                 "no metric differs"))
     pins["spread_measured"] = {
         "how": (f"every case run under ATEN_CPU_CAPABILITY x torch threads = {list(runs)} (one subprocess each); "
-                "spread = the largest distance between any two of these runs and the recorded summary; tolerance "
-                f"= max({FACTOR:g} x spread, floor {FLOOR}); command: {MEASURE}"),
+                "spread = the largest distance between any two of these runs and the recorded summary (weights: "
+                "relative to rms of the weight change; metrics: per key, absolute, over the rows); tolerance = "
+                f"max({FACTOR:g} x spread, floor): floor {WEIGHTS_FLOOR:g} for the weights, {METRIC_FLOOR_REL:g} x "
+                f"|value| + {METRIC_FLOOR_ABS:g} for a metric; command: {MEASURE}"),
         "on": fingerprint() | {"threads": list(THREADS)}}
     _write(pins)
 
@@ -333,6 +399,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", action="store_true", help="record this machine's pins and the summaries")
     parser.add_argument("--measure-spread", action="store_true", help="re-measure every case's tolerance")
+    parser.add_argument("--keep", type=Path, help="with --measure-spread: keep (and reuse) each configuration's "
+                        "summaries in this directory")
     parser.add_argument("--summaries", type=Path, help="write the summaries of CASES to this JSON file")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--change", default="{}", help="config sections merged into every case (JSON)")
@@ -341,7 +409,7 @@ if __name__ == "__main__":
     if args.record:
         _record()
     elif args.measure_spread:
-        _measure_spread()
+        _measure_spread(args.keep)
     elif args.summaries:
         import tempfile
 
