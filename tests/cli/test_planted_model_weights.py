@@ -5,8 +5,8 @@ A saved tiny model gets a ``pytorch_model.bin`` (with its ``model.safetensors`` 
 ``from_pretrained`` would pick the pickle) whose unpickling would create a marker file
 (``torch.load(weights_only=False)`` and ``pickle.load`` run it). Every command that loads a model directory —
 ``lmpo train`` with it as ``model.name``, ``model.ref_path`` or ``teacher.name``, and ``lmpo eval`` — must exit
-2 with one message naming the file, without a traceback, and the marker must never appear. A ``.pt`` file is
-refused the same way.
+2 with one message naming the file, without a traceback, and the marker must never appear. A reward model's
+directory and a ``.pt`` file are refused the same way.
 """
 
 from __future__ import annotations
@@ -71,3 +71,16 @@ def test_a_pt_file_is_refused_too(saved_model, tmp_path):
     (model / "weights.PT").write_bytes(b"\x80\x02N.")
     with pytest.raises(InputError, match="weights.PT"):
         refuse_pickle_weights(str(model))
+
+
+def test_a_reward_model_directory_with_pickle_weights_is_refused_unread(saved_model, tmp_path):
+    from lmpo.errors import InputError
+    from lmpo.rewards.model import RewardModel
+
+    model = tmp_path / "rm"
+    shutil.copytree(saved_model, model)
+    marker = tmp_path / "PWNED"
+    (model / "pytorch_model.bin").write_bytes(pickle.dumps({"state": _Opens(marker)}, protocol=2))
+    with pytest.raises(InputError, match="reward model: .*pytorch_model.bin"):
+        RewardModel(str(model))
+    assert not marker.exists()
