@@ -220,6 +220,7 @@ class Case:
     exit: int = 2
     setup: Callable[[Path], None] | None = None
     needs_no_cuda: bool = False
+    env: tuple[tuple[str, str], ...] = ()  # environment variables set while the case runs
 
 
 T = ("train", "base.yaml")
@@ -266,6 +267,18 @@ CASES: list[Case] = [
     Case("model-file", (*T, "--model.name", "base.yaml"), "a file as the model", setup=_base),
     Case("model-not-a-name", (*T, "--model.name", "gpt"), "a name that is neither a preset nor a path",
          setup=_base),
+    Case("model-missing-run-dir", (*T, "--model.name", "runs/does_not_exist"),
+         "a model under `runs/` that does not exist (refused at once, never looked up on the Hub)", setup=_base),
+    Case("model-missing-warmup", ("train", "warm.yaml"),
+         "a model directory that the config's comments say a warm-up command writes, not written yet",
+         setup=_write("warm.yaml", "# warm-up first:\n#   python warm_up.py --steps 10 \\\n#       --save runs/warm\n"
+                      + yaml.safe_dump({**BASE, "model": {"name": "runs/warm"}}))),
+    Case("model-hub-offline", (*T, "--model.name", "no-such-org/no-such-model"),
+         "a hub id that is not cached while the Hub is offline (`HF_HUB_OFFLINE=1`)", setup=_base,
+         env=(("HF_HUB_OFFLINE", "1"),)),
+    Case("model-pickle-weights", (*T, "--model.name", "pickled"),
+         "a model directory holding `pytorch_model.bin` (pickle-format weights)",
+         setup=_all(_base, _write("pickled/config.json", "{}"), _write("pickled/pytorch_model.bin", b"\x80\x02N."))),
     # ---- lmpo train: task and data
     Case("task-typo", (*T, "--task.name", "additon"), "a task name with a typo", setup=_base),
     Case("task-file-no-path", (*T, "--task.name", "file"), "`task.name: file` without a path", setup=_base),
@@ -503,6 +516,8 @@ def run_case(case: Case, d: Path) -> tuple[int, str, str]:
         case.setup(d)
     err, out = io.StringIO(), io.StringIO()
     cwd = os.getcwd()
+    saved_env = {name: os.environ.get(name) for name, _ in case.env}
+    os.environ.update(dict(case.env))
     os.chdir(d)
     registered = _user_env_state()
     try:
@@ -514,6 +529,11 @@ def run_case(case: Case, d: Path) -> tuple[int, str, str]:
     finally:
         os.chdir(cwd)
         _forget_user_envs(*registered)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     text = err.getvalue()
     lines = [ln for ln in text.splitlines() if ln.startswith("lmpo")]
     message = lines[-1] if lines else ""

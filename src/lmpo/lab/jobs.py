@@ -224,7 +224,7 @@ def _pooled_share(counts: list[float], totals: list[float]) -> float:
 def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     """A cell's series (per RL step and per evaluation) and its scalar metrics, from ``metrics.jsonl``.
 
-    Scalar metrics (docs/lab.md, "What is measured"): ``accuracy`` (held-out greedy accuracy: the mean of the
+    Scalar metrics (docs/lab.md, "The training study"): ``accuracy`` (held-out greedy accuracy: the mean of the
     last ``ENDPOINT_EVALS`` evaluations after the start), ``accuracy_start``, ``accuracy_gain``, ``eval_length``
     (same endpoint), ``reward_auc`` (mean training reward over the run: the area under
     the reward curve per step), ``train_accuracy_auc``, ``entropy_start`` / ``entropy_min`` / ``entropy_end`` /

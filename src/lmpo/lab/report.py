@@ -323,7 +323,7 @@ def collect(cfg: LabConfig, jobs: list[Job]) -> dict[str, Any]:
 
 
 def build_report(cfg: LabConfig, jobs: list[Job]) -> dict[str, Any]:
-    """Everything ``lab.json`` holds (see docs/lab.md, "Output")."""
+    """Everything ``lab.json`` holds (see docs/lab.md, "How a lab runs")."""
     results = collect(cfg, jobs)
     tasks: dict[str, Any] = {}
     for task, data in results.items():

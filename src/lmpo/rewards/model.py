@@ -48,7 +48,13 @@ class RewardModel:
 
     def __init__(self, path: str, *, seqs_per_batch: int = 32, chat_template: str | None = None,
                  dtype: str = "float32", device: str | torch.device = "cpu", model=None, tokenizer=None) -> None:
-        from lmpo.models.loading import hf_progress_bars_only_on_a_terminal, looks_like_hub_id, resolve_dtype
+        from lmpo.models.loading import (
+            hf_progress_bars_only_on_a_terminal,
+            hub_load_options,
+            looks_like_hub_id,
+            refuse_pickle_weights,
+            resolve_dtype,
+        )
         from lmpo.tasks.chat import read_chat_template
 
         if seqs_per_batch < 1:
@@ -63,10 +69,15 @@ class RewardModel:
                 raise InputError(f"reward model {path!r} is neither a local directory nor a Hugging Face "
                                  "'org/name'; give the directory of an AutoModelForSequenceClassification "
                                  "(config.json, weights, tokenizer).")
+            try:
+                refuse_pickle_weights(path)
+                options = hub_load_options(path)
+            except InputError as e:
+                raise InputError(f"reward model: {e}") from None
             hf_progress_bars_only_on_a_terminal()
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, **options)
             model = model or AutoModelForSequenceClassification.from_pretrained(
-                path, dtype=resolve_dtype(dtype) or "auto")
+                path, dtype=resolve_dtype(dtype) or "auto", **options)
         if tokenizer.pad_token_id is None:
             if tokenizer.eos_token is None:
                 raise InputError(f"the tokenizer of reward model {path!r} has neither a pad nor an EOS token; "

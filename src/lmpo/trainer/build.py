@@ -111,6 +111,8 @@ def load_policy(mc, device: torch.device, name: str | None = None, where: str = 
     name = mc.name if name is None else name
     try:
         return load_model_and_tokenizer(name, dtype=mc.dtype, device=device, seed=mc.init_seed)
+    except InputError as e:  # already says what is wrong and how to fix it
+        raise InputError(f"`{where}`: {e}") from None
     except (OSError, ValueError) as e:
         first = " ".join(str(e).split())[:300]
         raise InputError(f"`{where}` = {name!r} could not be loaded ({type(e).__name__}: {first}). Give a "

@@ -97,7 +97,7 @@ def _run_train(args: argparse.Namespace) -> int:
     cfg = load_config(config, overrides=list(args.overrides), base=base)
     if stored_run is not None:
         cfg = _as_stored_run(cfg, stored_run, args)
-    validate_config(cfg)
+    validate_config(cfg, config)
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return 0

@@ -708,9 +708,24 @@ def save_config(cfg: TrainConfig, path: str | os.PathLike) -> None:
 # Validation (before any model is built)
 # ----------------------------------------------------------------------------------------------------
 
-def validate_config(cfg: TrainConfig) -> None:
-    """Check every field that can be checked without building a model (:meth:`TrainConfig.validate`)."""
-    cfg.validate()
+def validate_config(cfg: TrainConfig, path: str | os.PathLike | None = None) -> None:
+    """Check every field that can be checked without building a model (:meth:`TrainConfig.validate`). With the
+    config file's ``path``, a missing `model.name` directory that the file's comments say how to write (a
+    warm-up run) is reported with that command."""
+    try:
+        cfg.validate()
+    except ConfigError as e:
+        name = cfg.model.name
+        if path is None or not str(e).startswith("`model.name`") or os.path.exists(name):
+            raise
+        from lmpo.models.loading import warmup_command
+
+        with open(path, encoding="utf-8") as f:
+            command = warmup_command(f.read(), name)
+        if command is None:
+            raise
+        raise ConfigError(f"{e} {os.fspath(path)}'s comments give the command that writes {name!r}; run it "
+                          f"first: `{command}`") from None
 
 
 def _check_across_sections(cfg: TrainConfig, objective: Any) -> None:
@@ -809,10 +824,15 @@ def _check_model_source(where: str, name: str) -> None:
     if os.path.exists(name):
         raise ConfigError(f"`{where}` = {name!r} is a file; give the model's directory (with config.json and the "
                           f"weights), a Hugging Face hub id, or a built-in preset ({presets}).")
-    from lmpo.models.loading import looks_like_hub_id
+    from lmpo.models.loading import looks_like_hub_id, looks_like_local_path
 
     if looks_like_hub_id(name):
         return  # a Hugging Face hub id: whether it can be fetched is only known when it is loaded
+    if name.count("/") == 1 and looks_like_local_path(name):
+        raise ConfigError(f"`{where}` = {name!r}: no such directory exists (working directory: {os.getcwd()}). A "
+                          "name that starts with `.`, `/`, `~` or `runs/`, or whose parent directory exists, is a "
+                          "local path, never looked up on the Hugging Face Hub. Fix the path, or write the model "
+                          "there first.")
     raise ConfigError(f"`{where}` = {name!r} is not a built-in preset ({presets}), no such directory exists "
                       f"(working directory: {os.getcwd()}) and it is not a hub id `org/name`. Fix the path, or "
                       "use a hub id such as `Qwen/Qwen2.5-0.5B-Instruct`.")
