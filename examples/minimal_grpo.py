@@ -1,4 +1,4 @@
-"""GRPO in one file: the built-in tiny model learns multi-digit addition, on CPU, in about a minute.
+"""GRPO in one file: the built-in tiny model learns multi-digit addition, on CPU, in a few CPU-minutes.
 
 What `lmpo train` does, without its options: a supervised warm-up (so that some completions are right and
 rewards differ within a group), then RL steps of
@@ -11,6 +11,10 @@ with answers), ``HFRollout`` (the sampler), ``policy_logprobs`` (the training fo
 and ``Objective`` (the maths). Read it top to bottom; docs/trainer.md says what the full trainer adds.
 
     python examples/minimal_grpo.py --steps 200
+
+Measured once (seed 0, one thread, 6.3 CPU-minutes, most of them the warm-up): held-out greedy accuracy 0.160 after
+the warm-up → 0.185 after 200 RL steps, on 200 problems (±0.05 at 95%: one run shows the loop works, not a gain).
+`lmpo demo` runs the same recipe for 600 steps with a learning-rate schedule.
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ def main() -> None:
         if sft % 50 == 0 and greedy_accuracy(sampler, rng.sample(train, 200)) >= args.sft_stop_accuracy:
             break
     start = greedy_accuracy(sampler, held_out)
-    print(f"held-out greedy accuracy after the warm-up: {start:.3f}")
+    print(f"held-out greedy accuracy after the warm-up: {start:.3f}", flush=True)
 
     # 2. GRPO.
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -132,7 +136,8 @@ def main() -> None:
             optimizer.step()
         if step % 10 == 0 or step == args.steps:
             print(f"step {step:4d}  reward {rewards.mean().item():.3f}  loss {loss.item():+.4f}  "
-                  f"clip {stats.get('clip/frac', torch.tensor(0.0)).item():.3f}  {time.perf_counter() - t0:.0f} s")
+                  f"clipped {stats.get('clip/region_frac', torch.tensor(0.0)).item():.3f}  "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
     end = greedy_accuracy(sampler, held_out)
     print(f"held-out greedy accuracy: {start:.3f} → {end:.3f} after {args.steps} RL steps ({args.preset})")
 
