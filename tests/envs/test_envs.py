@@ -241,16 +241,19 @@ def test_checker_plays_the_expert_under_the_budget_and_names_the_field_that_cuts
 
     tokenizer = build_chat_tokenizer()
     env, examples = make_env("ToolArithmetic-v0"), make_env_task("ToolArithmetic-v0").eval_examples()[:2]
-    check_env(env, examples, budget=EpisodeBudget(4, 256, 96), tokenizer=tokenizer)  # the documented budget fits
+    from lmpo.generation.episodes import check_expert_budget
+
+    check_env(env, examples)
+    check_expert_budget(env, examples, EpisodeBudget(4, 256, 96), tokenizer)  # the documented budget fits
     call = format_tool_call("calculator", {"expression": examples[0].meta["expression"]})
     need = len(tokenizer(call, add_special_tokens=False)["input_ids"]) + 1
     with pytest.raises(EnvCheckError, match=rf"expert's turn 0 was cut by `budget.max_new_tokens_per_turn` = "
                                             rf"{need - 1} \(it needs {need} tokens\)"):
-        check_env(make_env("ToolArithmetic-v0"), examples, budget=EpisodeBudget(4, 256, need - 1), tokenizer=tokenizer)
+        check_expert_budget(make_env("ToolArithmetic-v0"), examples, EpisodeBudget(4, 256, need - 1), tokenizer)
     with pytest.raises(EnvCheckError, match=r"did not end within `budget.max_turns` = 1 turns"):
-        check_env(make_env("ToolArithmetic-v0"), examples, budget=EpisodeBudget(1, 256, 96), tokenizer=tokenizer)
+        check_expert_budget(make_env("ToolArithmetic-v0"), examples, EpisodeBudget(1, 256, 96), tokenizer)
     with pytest.raises(EnvCheckError, match=r"cut at turn \d by `budget.max_total_tokens` = 60"):
-        check_env(make_env("ToolArithmetic-v0"), examples, budget=EpisodeBudget(4, 60, 96), tokenizer=tokenizer)
+        check_expert_budget(make_env("ToolArithmetic-v0"), examples, EpisodeBudget(4, 60, 96), tokenizer)
     from lmpo.generation.episodes import run_episodes
 
     with pytest.warns(UserWarning, match="2 of 2 expert episodes were cut by the budget's max_new_tokens_per_turn = 40"):

@@ -39,7 +39,7 @@ class EnvCheckError(AssertionError):
     """An environment breaks the protocol; the message names the environment and the rule."""
 
 
-def _fail(env: LMEnv, rule: str) -> EnvCheckError:
+def check_failure(env: LMEnv, rule: str) -> EnvCheckError:
     return EnvCheckError(f"{type(env).__name__} ({env.env_id or 'unregistered'}): {rule}")
 
 
@@ -48,39 +48,39 @@ def check_card(env: LMEnv) -> dict[str, str]:
     card = env_card(env)
     missing = [s for s in CARD_SECTIONS if not card.get(s)]
     if missing:
-        raise _fail(env, f"the class docstring lacks the card section(s) {missing} (Markdown '## <section>' headings "
+        raise check_failure(env, f"the class docstring lacks the card section(s) {missing} (Markdown '## <section>' headings "
                          f"with text under each: {', '.join(CARD_SECTIONS)})")
     match = ENV_ID_PATTERN.match(env.env_id or "")
     if match is None:
-        raise _fail(env, "env_id is not of the form Name-vN (register the class with @register_env)")
+        raise check_failure(env, "env_id is not of the form Name-vN (register the class with @register_env)")
     if f"v{match.group(1)}:" not in card["Version"]:
-        raise _fail(env, f"the card's Version section has no 'v{match.group(1)}: …' entry for {env.env_id}")
+        raise check_failure(env, f"the card's Version section has no 'v{match.group(1)}: …' entry for {env.env_id}")
     return card
 
 
 def _check_step(env: LMEnv, result: object, action: str) -> StepResult:
     where = f"step({action[:30]!r})"
     if not isinstance(result, tuple) or len(result) != 5:
-        raise _fail(env, f"{where} must return (observation, reward, terminated, truncated, info), got {result!r:.200}")
+        raise check_failure(env, f"{where} must return (observation, reward, terminated, truncated, info), got {result!r:.200}")
     observation, reward, terminated, truncated, info = result
     try:
         observation = check_messages(observation, OBSERVATION_ROLES, f"{where} observation")
     except ValueError as e:
-        raise _fail(env, str(e)) from None
+        raise check_failure(env, str(e)) from None
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        raise _fail(env, f"{where} reward must be a finite number, got {reward!r}")
+        raise check_failure(env, f"{where} reward must be a finite number, got {reward!r}")
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if not isinstance(flag, bool):
-            raise _fail(env, f"{where} {name} must be a bool, got {type(flag).__name__}")
+            raise check_failure(env, f"{where} {name} must be a bool, got {type(flag).__name__}")
     if not isinstance(info, dict):
-        raise _fail(env, f"{where} info must be a dict, got {type(info).__name__}")
+        raise check_failure(env, f"{where} info must be a dict, got {type(info).__name__}")
     if not (terminated or truncated) and not observation:
-        raise _fail(env, f"{where} returned no observation for an episode that goes on: the policy would be asked "
+        raise check_failure(env, f"{where} returned no observation for an episode that goes on: the policy would be asked "
                          "to speak twice in a row")
     return StepResult(observation, float(reward), terminated, truncated, info)
 
 
-def _call(env: LMEnv, what: str, function: Callable[[], object]) -> object:
+def checked_call(env: LMEnv, what: str, function: Callable[[], object]) -> object:
     """``function()``; an exception becomes the EnvCheckError of the rule it breaks."""
     try:
         return function()
@@ -93,15 +93,15 @@ def _call(env: LMEnv, what: str, function: Callable[[], object]) -> object:
             rule = "reset must start an episode for every example of its task and for example=None"
         else:
             rule = "the expert must be able to act in every state of an episode it plays"
-        raise _fail(env, f"{what} raised {type(e).__name__}: {detail}; {rule}") from e
+        raise check_failure(env, f"{what} raised {type(e).__name__}: {detail}; {rule}") from e
 
 
 def _step(env: LMEnv, action: str) -> StepResult:
-    return _check_step(env, _call(env, f"step({action[:30]!r})", lambda: env.step(action)), action)
+    return _check_step(env, checked_call(env, f"step({action[:30]!r})", lambda: env.step(action)), action)
 
 
 def _reset(env: LMEnv, example: Example | None, seed: int) -> object:
-    return _call(env, f"reset(example, seed={seed})", lambda: env.reset(example, seed=seed))
+    return checked_call(env, f"reset(example, seed={seed})", lambda: env.reset(example, seed=seed))
 
 
 def _play_to_end(env: LMEnv, example: Example | None, seed: int, max_steps: int, action: Callable[[int], str],
@@ -112,7 +112,7 @@ def _play_to_end(env: LMEnv, example: Example | None, seed: int, max_steps: int,
     for i in range(max_steps):
         text = action(i)
         if not isinstance(text, str):
-            raise _fail(env, f"an action must be text, got {type(text).__name__}")
+            raise check_failure(env, f"an action must be text, got {type(text).__name__}")
         result = _step(env, text)
         if infos is not None:
             infos.append((result.reward, result.info))
@@ -160,8 +160,7 @@ def expert_budget_problem(episode, budget: EpisodeBudget, turn_tokens: Sequence[
 
 
 def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: int = 0,
-              max_steps: int = 64, budget: EpisodeBudget | None = None, tokenizer=None,
-              chat_template: str | None = None) -> None:
+              max_steps: int = 64) -> None:
     """Raise :class:`EnvCheckError` naming the rule an environment breaks; return None when it keeps them all.
 
     Checks: the environment card (:func:`check_card`); tool schemas; ``reset`` returns a non-empty opening of
@@ -172,32 +171,29 @@ def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: in
     keeps answering; an environment with an ``expert_action`` gets, on every example, an expert episode that
     ends within ``max_steps`` steps and succeeds (a turn with ``info["correct"]``, or a positive return).
 
-    With ``budget`` and ``tokenizer`` (its chat template, or ``chat_template``) the expert also plays through the
-    episode driver under that budget, as a supervised warm-up does, and a turn or episode the budget cuts fails
-    naming the budget field, its value and what the expert needed (``budget.max_new_tokens_per_turn`` = 96 …).
+    Under a token budget and a chat template, ``lmpo.generation.episodes.check_expert_budget`` plays the expert
+    through the episode driver, as a supervised warm-up does (the driver sits above this layer).
     """
     check_card(env)
     for tool in env.tools:
         if not isinstance(tool, Tool):
-            raise _fail(env, f"tools must be lmpo.envs.tools.Tool objects, got {type(tool).__name__}")
+            raise check_failure(env, f"tools must be lmpo.envs.tools.Tool objects, got {type(tool).__name__}")
         if tool.schema["function"]["name"] != tool.name:
-            raise _fail(env, f"tool {tool.name!r}'s schema names another function")
-    if budget is not None and tokenizer is None:
-        raise ValueError("check_env(budget=...) plays the expert through the chat template: give tokenizer= too")
+            raise check_failure(env, f"tool {tool.name!r}'s schema names another function")
     for example in examples:
         first = _reset(env, example, seed)
         again = _reset(env, example, seed)
         for result in (first, again):
             if not isinstance(result, tuple) or len(result) != 2 or not isinstance(result[1], dict):
-                raise _fail(env, f"reset() must return (messages, info), got {result!r:.200}")
+                raise check_failure(env, f"reset() must return (messages, info), got {result!r:.200}")
         try:
             opening = check_messages(first[0], OPENING_ROLES, "reset() messages")
         except ValueError as e:
-            raise _fail(env, str(e)) from None
+            raise check_failure(env, str(e)) from None
         if not opening:
-            raise _fail(env, "reset() returned no opening messages")
+            raise check_failure(env, "reset() returned no opening messages")
         if first[0] != again[0]:
-            raise _fail(env, f"reset(example, seed={seed}) is not deterministic: two calls gave different openings")
+            raise check_failure(env, f"reset(example, seed={seed}) is not deterministic: two calls gave different openings")
         for action in PROBE_ACTIONS:  # each probe on a fresh episode, so that every one is answered mid-episode
             _reset(env, example, seed)
             _step(env, action)
@@ -207,59 +203,15 @@ def check_env(env: LMEnv, examples: Sequence[Example | None] = (None,), seed: in
             except Exception:  # noqa: BLE001 - any exception is the expected refusal
                 pass
             else:
-                raise _fail(env, "step() after the episode ended must raise (call reset() first), but it returned")
+                raise check_failure(env, "step() after the episode ended must raise (call reset() first), but it returned")
         if type(env).expert_action is not LMEnv.expert_action:
             results: list = []
-            expert = lambda i: _call(env, "expert_action()", env.expert_action)  # noqa: E731
+            expert = lambda i: checked_call(env, "expert_action()", env.expert_action)  # noqa: E731
             if not _play_to_end(env, example, seed, max_steps, expert, results):
-                raise _fail(env, f"the expert's episode did not end within {max_steps} steps")
+                raise check_failure(env, f"the expert's episode did not end within {max_steps} steps")
             if not episode_succeeded([r for r, _ in results], [i for _, i in results]):
-                raise _fail(env, f"the expert's episode (seed {seed}) ended without success (return "
+                raise check_failure(env, f"the expert's episode (seed {seed}) ended without success (return "
                                  f"{sum(r for r, _ in results):g}): the expert or the reward is wrong")
-            if budget is not None:
-                _check_expert_under_budget(env, example, seed, budget, tokenizer, chat_template)
     env.close()
 
 
-class _Unclosed:
-    """The environment under check as the episode driver sees it, except that the driver's ``close`` after its
-    episode does not close it (``check_env`` goes on with it and closes it once, at the end)."""
-
-    def __init__(self, env: LMEnv) -> None:
-        self.env = env
-
-    def expert_action(self) -> str:
-        return _call(self.env, "expert_action()", self.env.expert_action)
-
-    def close(self) -> None:
-        pass
-
-    def __getattr__(self, name: str):
-        return getattr(self.env, name)
-
-
-def play_expert(runner, factory: Callable[[], LMEnv], example: Example | None, seed: int):
-    """One expert episode of ``factory()``'s environment through ``runner`` (an ``EpisodeRunner``): the episode
-    and the tokens each expert turn needed (its text and the stop token), which the budget may have cut."""
-    texts: list[str] = []
-
-    def recording():
-        env = factory()
-        expert = env.expert_action
-        env.expert_action = lambda: texts.append(expert()) or texts[-1]
-        return env
-
-    episode = runner.run(recording, [example], 1, seed=seed, expert=True)[0]
-    needed = [len(runner.tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]
-    return episode, needed
-
-
-def _check_expert_under_budget(env: LMEnv, example: Example | None, seed: int, budget: EpisodeBudget, tokenizer,
-                               chat_template: str | None) -> None:
-    from lmpo.generation.episodes import EpisodeRunner
-
-    runner = EpisodeRunner(None, tokenizer, budget, chat_template=chat_template, on_env_error="truncate")
-    episode, needed = play_expert(runner, lambda: _Unclosed(env), example, seed)
-    problem = expert_budget_problem(episode, budget, needed)
-    if problem is not None:
-        raise _fail(env, problem)

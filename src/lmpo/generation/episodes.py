@@ -63,6 +63,7 @@ from lmpo.envs.base import (
     check_messages,
     make_env,
 )
+from lmpo.envs.checker import check_failure, checked_call, expert_budget_problem
 from lmpo.errors import InputError
 from lmpo.generation.hf import _filter_top_k_top_p, sample_categorical
 from lmpo.generation.rollout import eos_token_ids
@@ -493,7 +494,7 @@ def run_episodes(sampler: TurnSampler | None, tokenizer, env: str | Callable[[],
     """``EpisodeRunner(sampler, tokenizer, budget, **runner_options).run(env, examples, …)`` in one call.
 
     With ``expert=True`` a demonstration that a budget cut is no demonstration of the expert: a warning names
-    the budget field and how many episodes it cut (``lmpo.envs.check_env(..., budget=, tokenizer=)`` says how many
+    the budget field and how many episodes it cut (:func:`check_expert_budget` says how many
     tokens the expert needed)."""
     runner = EpisodeRunner(sampler, tokenizer, budget, **runner_options)
     episodes = runner.run(env, examples, completions_per_example, seed=seed, generator=generator, expert=expert)
@@ -657,3 +658,55 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         # episode, so that one cut before it answered counts as a failure
         out["episodes/success_rate"] = sum(any(i.get("correct") for i in e.infos) for e in episodes) / n
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Experts under a budget (check an environment as a warm-up will play it)
+# ----------------------------------------------------------------------------------------------------
+
+
+class _Unclosed:
+    """The environment under check as the episode driver sees it, except that the driver's ``close`` after its
+    episode does not close it (the caller goes on with it)."""
+
+    def __init__(self, env: LMEnv) -> None:
+        self.env = env
+
+    def expert_action(self) -> str:
+        return checked_call(self.env, "expert_action()", self.env.expert_action)
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.env, name)
+
+
+def play_expert(runner: EpisodeRunner, factory: Callable[[], LMEnv], example: Example | None, seed: int):
+    """One expert episode of ``factory()``'s environment through ``runner``: the episode and the tokens each expert
+    turn needed (its text and the stop token), which the budget may have cut."""
+    texts: list[str] = []
+
+    def recording():
+        env = factory()
+        expert = env.expert_action
+        env.expert_action = lambda: texts.append(expert()) or texts[-1]
+        return env
+
+    episode = runner.run(recording, [example], 1, seed=seed, expert=True)[0]
+    needed = [len(runner.tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]
+    return episode, needed
+
+
+def check_expert_budget(env: LMEnv, examples: Sequence[Example | None], budget: EpisodeBudget, tokenizer, *,
+                        chat_template: str | None = None, seed: int = 0) -> None:
+    """Play ``env``'s expert on every example through the episode driver under ``budget`` and the tokenizer's chat
+    template (or ``chat_template``), as a supervised warm-up does; raise :class:`lmpo.envs.EnvCheckError` naming
+    the budget field that cuts it, its value and what the expert needed (``budget.max_new_tokens_per_turn`` = 96
+    (it needs 104 tokens)), or the expert's failure. ``lmpo.envs.check_env`` checks the rest of the protocol."""
+    runner = EpisodeRunner(None, tokenizer, budget, chat_template=chat_template, on_env_error="truncate")
+    for example in examples:
+        episode, needed = play_expert(runner, lambda: _Unclosed(env), example, seed)
+        problem = expert_budget_problem(episode, budget, needed)
+        if problem is not None:
+            raise check_failure(env, problem)

@@ -169,7 +169,8 @@ class Demonstrations:
         return self.episodes[row]
 
     def _play(self, row: int):
-        from lmpo.envs.checker import episode_succeeded, expert_budget_problem, play_expert
+        from lmpo.envs.checker import episode_succeeded, expert_budget_problem
+        from lmpo.generation.episodes import play_expert
 
         source = self.owner[row]
         episode, needed = play_expert(self.runner, self.factories[source], self.examples[row], self.seed + row)
