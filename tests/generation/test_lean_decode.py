@@ -202,3 +202,18 @@ def test_rollout_lean_decode_switch_reaches_the_engine():
         engine = build_rollout_engine(cfg, model, tok)
         engine.generate(PROMPTS[:1], 1)
         assert engine.decode_mode == ("lean" if on else "eager")
+
+
+@pytest.mark.parametrize("d", [64, 128, 896])
+def test_fused_rms_norm_is_llama_rms_norm_bit_for_bit(d):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from lmpo.generation.lean import _rms_norm
+
+    norm = LlamaRMSNorm(d, eps=1e-5)
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(d, generator=g))
+            x = torch.randn(128, d, generator=g) * (seed + 1)
+            assert torch.equal(_rms_norm(x, norm.weight, norm.variance_epsilon), norm(x))

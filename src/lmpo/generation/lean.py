@@ -13,7 +13,7 @@ a fixed, short sequence of ATen calls per layer instead of the Hugging Face modu
     logits = rmsnorm(x) · w W_headᵀ                                    (b, V), into a buffer the sampler reads
 
 Every elementwise operation is the one Hugging Face's modules run, in the same order and dtype (``rotate_half``
-written into a buffer, ``pow(2)`` as ``x · x``, which is what ATen computes for it), so the logits equal the
+written into a buffer, RMSNorm as ATen's fused ``rms_norm``, which computes it bit for bit), so the logits equal the
 module stack's up to the rounding of the fused GEMMs; ``tests/generation/test_lean_decode.py`` checks greedy
 tokens against ``model.generate`` and sampled tokens against the generic loop, seed for seed.
 
@@ -105,14 +105,10 @@ def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None, 
     return torch.addmm(bias, x, weight_t, out=out)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor,
-              var: torch.Tensor) -> torch.Tensor:
-    """``LlamaRMSNorm`` (float32) into ``out``: ``weight · (x · rsqrt(mean(x²) + eps))``, op for op."""
-    torch.mul(x, x, out=out)
-    torch.mean(out, -1, keepdim=True, out=var)
-    var.add_(eps).rsqrt_()
-    torch.mul(x, var, out=out)
-    return out.mul_(weight)
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``LlamaRMSNorm`` in float32, ``weight · (x · rsqrt(mean(x²) + eps))``: ATen's fused ``rms_norm`` computes
+    the module's five operations bit for bit (``tests/generation/test_lean_decode.py`` checks it)."""
+    return torch.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 class LeanDecoder:
@@ -169,7 +165,7 @@ class LeanDecoder:
             qkv, gu = w.qkv_t.shape[1], w.gu_t.shape[1]
             hd, H, Hkv = self.head_dim, self.heads, self.kv_heads
             self._buffers = {
-                "rows": rows, "x": new(rows, self.hidden), "h": new(rows, self.hidden), "var": new(rows, 1),
+                "rows": rows, "x": new(rows, self.hidden),
                 "qkv": new(rows, qkv), "qk": new(rows, H + Hkv, hd), "rot": new(rows, H + Hkv, hd),
                 "attn": new(rows, H * hd), "o": new(rows, self.hidden), "gu": new(rows, gu),
                 "m": new(rows, gu // 2), "logits": new(rows, self.embed.shape[0]),
@@ -189,7 +185,7 @@ class LeanDecoder:
         H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
         group, q_width, kv_width = H // Hkv, H * hd, Hkv * hd
         half = hd // 2
-        x, h, var, qkv, qk, rot = s["x"], s["h"], s["var"], s["qkv"], s["qk"], s["rot"]
+        x, qkv, qk, rot = s["x"], s["qkv"], s["qk"], s["rot"]
         attn, o, gu, m = s["attn"], s["o"], s["gu"], s["m"]
         ff = m.shape[1]
         length = slot + 1
@@ -197,7 +193,7 @@ class LeanDecoder:
         cos, sin = cos_sin[:, None, 0], cos_sin[:, None, 1]  # (b, 1, hd): broadcast over heads
         torch.index_select(self.embed, 0, ids, out=x)
         for w, (keys, values) in zip(self.layers, caches):
-            _rms_norm(x, w.norm1, w.eps1, h, var)
+            h = _rms_norm(x, w.norm1, w.eps1)
             _linear(h, w.qkv_t, w.qkv_bias, qkv)
             raw = qkv[:, : q_width + kv_width].view(b, H + Hkv, hd)  # q and k heads side by side
             # rope on q and k at once: q·cos + rotate_half(q)·sin, rotate_half(q) = cat(−q₂, q₁)
@@ -214,11 +210,10 @@ class LeanDecoder:
             torch.matmul(probs, values[:, :, :length], out=attn.view(b, Hkv, group, hd))
             _linear(attn, w.o_t, w.o_bias, o)
             x.add_(o)
-            _rms_norm(x, w.norm2, w.eps2, h, var)
+            h = _rms_norm(x, w.norm2, w.eps2)
             _linear(h, w.gu_t, w.gu_bias, gu)
             gate = torch.nn.functional.silu(gu[:, :ff], inplace=True)
             torch.mul(gate, gu[:, ff:], out=m)
             _linear(m, w.down_t, w.down_bias, o)
             x.add_(o)
-        _rms_norm(x, self.final_norm, self.final_eps, h, var)
-        return torch.mm(h, self.head_t, out=s["logits"])
+        return torch.mm(_rms_norm(x, self.final_norm, self.final_eps), self.head_t, out=s["logits"])
