@@ -12,17 +12,19 @@ a fixed, short sequence of ATen calls per layer instead of the Hugging Face modu
                 x += (silu(g) · u) W_downᵀ
     logits = rmsnorm(x) · w W_headᵀ                                    (b, V), into a buffer the sampler reads
 
-Every elementwise operation is the one Hugging Face's modules run, in the same order and dtype (``rotate_half``
-written into a buffer, RMSNorm as ATen's fused ``rms_norm``, which computes it bit for bit), so the logits equal the
-module stack's up to the rounding of the fused GEMMs; ``tests/generation/test_lean_decode.py`` checks greedy
-tokens against ``model.generate`` and sampled tokens against the generic loop, seed for seed.
+Every operation is the one Hugging Face's modules run, in the same order and dtype (``rotate_half`` written into
+a buffer, RMSNorm as ATen's fused ``rms_norm``, which computes it bit for bit; a fused GEMM gives each output
+column what its own GEMM gives), so the logits equal the module stack's bit for bit on the configurations
+``tests/generation/test_lean_decode.py`` builds (the presets, a Llama with grouped-query heads and biases, a
+Qwen2): greedy tokens equal ``model.generate``'s and sampled tokens the generic loop's, seed for seed.
 
-On CPU the Hugging Face stack spends most of a small model's decode step outside its arithmetic (about 40 ATen
-calls per layer, each with Python and dispatch around it, for (128, 128) operands); this step runs ~25 calls
-per layer into preallocated buffers. The concatenated weights are rebuilt only when a parameter was written
-since the last call (an optimizer step bumps every parameter's version counter).
+The Hugging Face stack runs about twice as many ATen calls per layer, each with module dispatch and Python
+around it, on (128, 128)-sized operands where that overhead is comparable to the arithmetic; this step runs
+~23 calls per layer into preallocated buffers. ``benchmarks/decode_bound.py`` measures both against the time
+of the step's GEMMs and attention products alone. The concatenated weights are rebuilt only when a parameter
+was written since the last call (an optimizer step bumps every parameter's version counter).
 
-``LeanDecoder.unsupported(model)`` names why a model cannot take this path (another architecture, hooks on
+``unsupported(model)`` names why a model cannot take this path (another architecture, hooks on
 a module, adapters in place of ``nn.Linear``, a rope that depends on the sequence length, sliding-window
 attention, a dtype other than float32); ``HFRollout`` then decodes through the model's own forward.
 """
