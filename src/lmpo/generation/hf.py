@@ -629,7 +629,8 @@ class HFRollout(SamplingEngine):
                                         [(layer.keys, layer.values) for layer in cache.layers])
                 if rows.numel() == B:  # no row dropped: the sampler reads the step's own buffer
                     logits = step_logits
-                else:
+                else:  # (a copy once the step's buffer, an inference tensor, would be written here)
+                    logits = logits.clone() if logits.is_inference() else logits
                     logits.index_copy_(0, rows, step_logits)
                 next_position = next_position + 1
                 continue
