@@ -155,6 +155,11 @@ def test_weights_written_in_place_are_read_again(models):
     generic = HFRollout(model, tok, max_new_tokens=12, temperature=0.0, ignore_eos=True, lean_decode=False)
     assert torch.equal(after, generic.generate(PROMPTS, 1).completion_ids)
     assert not torch.equal(before, after)
+    # a write through .data (as the rollout worker loads pushed weights) bumps no version counter
+    for p in model.parameters():
+        p.data.mul_(1.5)
+    assert torch.equal(engine.generate(PROMPTS, 1).completion_ids, generic.generate(PROMPTS, 1).completion_ids)
+    assert not torch.equal(engine.generate(PROMPTS, 1).completion_ids, after)
 
 
 def test_other_architectures_fall_back_with_one_line():

@@ -21,8 +21,8 @@ Qwen2): greedy tokens equal ``model.generate``'s and sampled tokens the generic 
 The Hugging Face stack runs about twice as many ATen calls per layer, each with module dispatch and Python
 around it, on (128, 128)-sized operands where that overhead is comparable to the arithmetic; this step runs
 ~23 calls per layer into preallocated buffers. ``benchmarks/decode_bound.py`` measures both against the time
-of the step's GEMMs and attention products alone. The concatenated weights are rebuilt only when a parameter
-was written since the last call (an optimizer step bumps every parameter's version counter).
+of the step's GEMMs and attention products alone. The concatenated weights are copied again at every
+``generate`` call (the weights change between RL steps; the copy is a millisecond for the presets).
 
 ``unsupported(model)`` names why a model cannot take this path (another architecture, hooks on
 a module, adapters in place of ``nn.Linear``, a rope that depends on the sequence length, sliding-window
@@ -73,11 +73,6 @@ def unsupported(model: nn.Module) -> str | None:
     return None
 
 
-def _params_key(model: nn.Module) -> tuple:
-    """Identity and version of every parameter: changes when any is replaced or written in place."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
-
-
 class _Layer:
     """One decoder layer's weights as the step reads them (the fused ones concatenated along the output axis)."""
 
@@ -114,7 +109,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 class LeanDecoder:
-    """The lean decode step of one model (see the module docstring); weights re-read when they change.
+    """The lean decode step of one model (see the module docstring); ``refresh`` re-reads its weights.
 
     ``step`` reads the loop's key/value buffers (B, kv heads, L, head dim) per layer, as ``HFRollout``'s
     ``_BufferLayer`` cache holds them (also after it drops finished rows).
@@ -131,22 +126,20 @@ class LeanDecoder:
         self.heads = first.q_proj.out_features // self.head_dim
         self.kv_heads = first.k_proj.out_features // self.head_dim
         self.hidden = config.hidden_size
-        self._key: tuple | None = None
         self._buffers: dict | None = None
         self._rope: torch.Tensor | None = None
 
     def refresh(self) -> None:
-        """Rebuild the concatenated weights if any parameter changed since the last build (cheap otherwise)."""
-        key = _params_key(self.model)
-        if key == self._key:
-            return
+        """Concatenate the fused weights from the parameters as they are now (at every ``generate`` call).
+
+        One copy of the q/k/v and gate/up weights (a millisecond for the presets): no version counter to trust,
+        which a write through ``.data`` (the rollout worker's weight loads) or from another process bypasses."""
         inner = self.model.model
         with torch.no_grad():
             self.layers = [_Layer(layer) for layer in inner.layers]
         self.embed = inner.embed_tokens.weight
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.head_t = self.model.lm_head.weight.t()
-        self._key = key
 
     def rope_table(self, positions: int) -> torch.Tensor:
         """(positions, 2, head dim): cos and sin of every position as the model's rotary embedding computes
