@@ -113,7 +113,7 @@ def test_step_logits_equal_the_models_forward(models, name):
 
 
 @pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(1.0, 1.0, 0), (0.7, 0.9, 20)])
-@pytest.mark.parametrize("name", ["tiny", "qwen2"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-wide", "llama-gqa-bias", "qwen2"])
 def test_sampled_tokens_equal_the_generic_loop_seed_for_seed(models, name, temperature, top_p, top_k):
     zoo, tok = models
     kwargs = dict(max_new_tokens=24, temperature=temperature, top_p=top_p, top_k=top_k, ignore_eos=True,
