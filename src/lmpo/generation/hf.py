@@ -370,8 +370,9 @@ class HFRollout(SamplingEngine):
             ``Qwen2ForCausalLM``, float32) through ``lmpo.generation.lean.LeanDecoder``: the same arithmetic as
             the model's forward in a short fixed sequence of ATen calls into preallocated buffers, QKV and
             gate/up projections fused. Its logits equal the model's forward bit for bit on the tested
-            configurations, so greedy tokens and seeded samples are the generic loop's; other models (and models with forward hooks) say so once and decode through
-            their forward. Ignored on other devices, with ``compile_decode`` or ``cuda_graphs``.
+            configurations, so greedy tokens and seeded samples are the generic loop's; other models (and
+            models with forward hooks) say so once and decode through their forward. Ignored on other devices,
+            with ``compile_decode`` or ``cuda_graphs``.
         sync_every_tokens: how often the loop reads the finished rows back on the host to stop early and
             compact the batch (default: every token on CPU, where reading costs nothing; every 8 on an
             accelerator). Tokens past a row's EOS are masked whatever this is.
