@@ -163,7 +163,7 @@ class Party:
 
 
 def make_lmpo(model, tok, args, length: int, steps: int, compile: bool = False, staleness: int = 0,
-              threads: int | None = None, model_name: str = "tiny"):
+              threads: int | None = None, model_name: str = "tiny", lean_decode: bool = True):
     """lmpo's Trainer; with ``staleness`` k >= 1 its rollout worker builds the same model (``build_model``) and
     gets ``threads // 2`` torch threads, the training process the rest."""
     from lmpo.trainer import Trainer
@@ -177,7 +177,7 @@ def make_lmpo(model, tok, args, length: int, steps: int, compile: bool = False, 
         "model": {"name": "tiny", "init_seed": 0},
         "task": {"name": "addition", "options": {"min_digits": 1, "max_digits": 2}, "eval_examples": 8},
         "rollout": {"completions_per_prompt": args.group, "max_new_tokens": length, "temperature": 1.0,
-                    "ignore_eos": True, "async_staleness": staleness,
+                    "ignore_eos": True, "async_staleness": staleness, "lean_decode": lean_decode,
                     **({"async_threads": worker_threads, "async_timeout_s": 3600.0} if staleness else {})},
         "objective": {"preset": "grpo"},
         "optim": {"lr": args.lr, "max_grad_norm": 1.0},
@@ -346,16 +346,17 @@ def _median_ratio(num: list[float], den: list[float], pairs: list[int]) -> tuple
 def run_setting(model_name: str, length: int, steps: int, args, compile: bool = False,
                 stalenesses: tuple[int, ...] = ()) -> dict:
     """One setting: lmpo sync, lmpo async at each k of ``stalenesses`` and TRL, one step each in turn."""
-    names = ["lmpo", *(f"async{k}" for k in stalenesses), "trl"]
+    names = [*(["base"] if args.lean_baseline else []), "lmpo", *(f"async{k}" for k in stalenesses), "trl"]
     baton = Baton(*names)
     cores = args.threads
-    parties = {n: Party(n, baton, threads=cores if n in ("lmpo", "trl") else None) for n in names}
+    parties = {n: Party(n, baton, threads=cores if n in ("base", "lmpo", "trl") else None) for n in names}
     tok = build_model(model_name)[1]
     trainers, phases, fns = {}, {n: [] for n in names}, []
     for n in names[:-1]:
-        k = 0 if n == "lmpo" else int(n[len("async"):])
+        k = int(n[len("async"):]) if n.startswith("async") else 0
         model, _ = build_model(model_name)
-        trainers[n] = make_lmpo(model, tok, args, length, steps, compile, staleness=k, model_name=model_name)
+        trainers[n] = make_lmpo(model, tok, args, length, steps, compile, staleness=k, model_name=model_name,
+                                lean_decode=n != "base")
         if k:  # the training process's share of the cores, set again at every turn (one torch per process)
             parties[n].threads = trainers[n].cfg.loop.num_threads
         fns.append((n, functools.partial(run_lmpo, trainers[n], parties[n], phases[n])))
@@ -377,6 +378,16 @@ def run_setting(model_name: str, length: int, steps: int, args, compile: bool = 
            "trl_s": statistics.median(d["trl"][i] for i in pairs),
            "gen": gen, "logp": logp, "update": 1.0 - gen - logp,
            "gen_s": statistics.median(p["gen"] for p in steady), "async": {}}
+    if "base" in names:  # lmpo with the generic decode, same rotation: the phases before -> after
+        base = [phases["base"][i] for i in pairs]
+        base_total = sum(p["step_s"] for p in base)
+        out["base"] = {"s": statistics.median(d["base"][i] for i in pairs),
+                       "vs_trl": _median_ratio(d["trl"], d["base"], pairs),
+                       "speedup": _median_ratio(d["base"], d["lmpo"], pairs),
+                       **{f"{key}_x": _median_ratio([p[key] for p in phases["base"]], [p[key] for p in phases["lmpo"]],
+                                                  pairs) for key in ("gen", "logp")},
+                       "gen_s": statistics.median(p["gen"] for p in base), "gen": sum(p["gen"] for p in base) / base_total,
+                       "logp": sum(p["logp"] for p in base) / base_total}
     for k in stalenesses:
         name = f"async{k}"
         steady = [phases[name][i] for i in pairs]
@@ -433,6 +444,9 @@ def main() -> None:
     p.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"],
                    help="lmpo's loop.compile (torch.compile of the log-prob forwards and the decode step); "
                         "'off on' runs every setting twice, side by side in one process")
+    p.add_argument("--lean-baseline", action="store_true",
+                   help="add lmpo with rollout.lean_decode=false (the generic decode) to the rotation: each row then "
+                        "also prints that system's step and phases, and the per-step ratios before -> after")
     p.add_argument("--gen-scaling", action=argparse.BooleanOptionalAction, default=None,
                    help="also time lmpo's generation alone at 32 and 256 tokens (default: on without --lengths)")
     p.add_argument("--quick", action="store_true",
@@ -477,6 +491,13 @@ def main() -> None:
                       f"{r['lmpo_s']:8.3f} {r['trl_s']:8.3f} {r['ratio']:5.2f}x {r['q1']:5.2f}-{r['q3']:4.2f}x "
                       f"{r['gen']:5.0%} {r['logp']:5.0%} {r['update']:6.0%}  ({time.perf_counter() - t0:.0f} s wall)",
                       flush=True)
+                if "base" in r:
+                    b = r["base"]
+                    print(f"{'':>10} before (rollout.lean_decode=false): step {b['s']:.3f} s, TRL/before "
+                          f"{b['vs_trl'][1]:.2f}x [{b['vs_trl'][0]:.2f}-{b['vs_trl'][2]:.2f}], gen {b['gen']:.0%} "
+                          f"logp {b['logp']:.0%}; after/before: step {b['speedup'][1]:.2f}x "
+                          f"[{b['speedup'][0]:.2f}-{b['speedup'][2]:.2f}], generation {b['gen_x'][1]:.2f}x "
+                          f"[{b['gen_x'][0]:.2f}-{b['gen_x'][2]:.2f}], log-prob {b['logp_x'][1]:.2f}x", flush=True)
                 for k, a in r["async"].items():
                     marks = []
                     for key, label in (("vs_sync", "async/sync"), ("vs_trl", "async/TRL")):

@@ -4,6 +4,8 @@
 - ``Rollout`` / ``RolloutEngine``: what an engine returns and the protocol the trainer drives it through;
   ``ENGINES`` maps ``rollout.engine`` names to engine classes (``hf``: ``HFRollout``, the default, any
   Hugging Face causal LM; ``vllm``: ``VLLMRollout``, needs the ``lmpo[vllm]`` extra and a GPU).
+- ``lean``: the CPU decode step ``HFRollout`` runs for Llama-family models (fused projections, preallocated
+  buffers, logits bit for bit those of the model's forward); other models decode through their forward.
 - ``AsyncRollout``: ``HFRollout`` in a worker process, fed weights through shared memory, step t generated with
   the weights of step t − k (docs/async.md).
 - ``policy_logprobs``: the training forward (log-probs, entropies, token-gradient norms on request);

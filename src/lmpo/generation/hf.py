@@ -29,6 +29,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
+from lmpo.generation.lean import LeanDecoder, unsupported
 from lmpo.generation.logprobs import position_ids_from_mask
 from lmpo.generation.rollout import Rollout, SamplingEngine, completion_mask
 
@@ -365,6 +366,13 @@ class HFRollout(SamplingEngine):
             On a device other than CUDA the same fixed-shape step runs eagerly (no capture). If a model's
             forward cannot be captured, the engine says so once and decodes eagerly. ``impl="loop"`` only, not
             with ``compile_decode``.
+        lean_decode: on CPU, run each decode step of a Llama-family model (``LlamaForCausalLM``,
+            ``Qwen2ForCausalLM``, float32) through ``lmpo.generation.lean.LeanDecoder``: the same arithmetic as
+            the model's forward in a short fixed sequence of ATen calls into preallocated buffers, QKV and
+            gate/up projections fused. Its logits equal the model's forward bit for bit on the tested
+            configurations, so greedy tokens and seeded samples are the generic loop's; other models (and
+            models with forward hooks) say so once and decode through their forward. Ignored on other devices,
+            with ``compile_decode`` or ``cuda_graphs``.
         sync_every_tokens: how often the loop reads the finished rows back on the host to stop early and
             compact the batch (default: every token on CPU, where reading costs nothing; every 8 on an
             accelerator). Tokens past a row's EOS are masked whatever this is.
@@ -384,6 +392,7 @@ class HFRollout(SamplingEngine):
         sync_every_tokens: int | None = None,
         compile_decode: bool = False,
         cuda_graphs: bool = False,
+        lean_decode: bool = True,
     ) -> None:
         if impl not in ("loop", "generate"):
             raise ValueError(f"impl={impl!r} must be 'loop' or 'generate'")
@@ -403,8 +412,11 @@ class HFRollout(SamplingEngine):
         self.cuda_graphs = cuda_graphs
         self._compiled: _CompiledDecode | None = None
         self._graphs: _GraphDecode | None = None
-        #: how the last ``generate`` call decoded: "eager", "compile", "cuda_graphs" or "static" (the graphs'
-        #: fixed-shape step run eagerly, off CUDA)
+        self.lean_decode = lean_decode
+        self._lean: LeanDecoder | None = None
+        self._lean_refused: nn.Module | None = None  # the model the lean step was refused for (said once)
+        #: how the last ``generate`` call decoded: "eager", "lean" (``lean_decode`` on CPU), "compile",
+        #: "cuda_graphs" or "static" (the graphs' fixed-shape step run eagerly, off CUDA)
         self.decode_mode = "eager"
 
     def _compiled_decode(self) -> _CompiledDecode:
@@ -419,6 +431,23 @@ class HFRollout(SamplingEngine):
         if self._graphs is None or self._graphs.model is not self.model:
             self._graphs = _GraphDecode(self.model, capture=device.type == "cuda")
         return self._graphs
+
+    def _lean_decoder(self, device: torch.device) -> LeanDecoder | None:
+        """The lean CPU decode step of the current model, its fused weights up to date; None (said once per
+        model) when the model cannot take it."""
+        if not self.lean_decode or device.type != "cpu" or self.impl != "loop":
+            return None
+        reason = unsupported(self.model)  # every call: a hook may have been added since the last one
+        if reason is not None:
+            if self._lean_refused is not self.model:
+                warnings.warn(f"lean CPU decode unavailable: {reason}; decoding through the model's forward",
+                              RuntimeWarning, stacklevel=4)
+                self._lean_refused = self.model
+            return None
+        if self._lean is None or self._lean.model is not self.model:
+            self._lean = LeanDecoder(self.model)
+        self._lean.refresh()
+        return self._lean
 
     def sync_weights(self, model: nn.Module) -> None:
         """Nothing to copy: this engine samples from the training model's own parameters."""
@@ -534,8 +563,9 @@ class HFRollout(SamplingEngine):
             cache = (compiled or graphs).cache_for(B, length, G, device)
         else:
             cache = _buffer_cache(model, B, length, G)
-        self.decode_mode = ("compile" if compiled is not None else "eager" if graphs is None else
-                            "cuda_graphs" if graphs.capture else "static")
+        lean = self._lean_decoder(device) if compiled is None and graphs is None else None
+        self.decode_mode = ("compile" if compiled is not None else "lean" if lean is not None else
+                            "eager" if graphs is None else "cuda_graphs" if graphs.capture else "static")
         positions = position_ids_from_mask(prompt_mask)  # (N, P)
         out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -593,6 +623,16 @@ class HFRollout(SamplingEngine):
                 mask = attention[:, None, None, : P + t + 1]
                 torch._dynamo.maybe_mark_dynamic(mask, 3)
                 logits = compiled.step(next_ids[:, None], mask, next_position, cache)
+                next_position = next_position + 1
+                continue
+            if lean is not None:
+                step_logits = lean.step(next_ids[rows], next_position, P + t, ~attention[:, None, None, : P + t + 1],
+                                        [(layer.keys, layer.values) for layer in cache.layers])
+                if rows.numel() == B:  # no row dropped: the sampler reads the step's own buffer
+                    logits = step_logits
+                else:  # (a copy once the step's buffer, an inference tensor, would be written here)
+                    logits = logits.clone() if logits.is_inference() else logits
+                    logits.index_copy_(0, rows, step_logits)
                 next_position = next_position + 1
                 continue
             out = model(input_ids=next_ids[rows, None], attention_mask=attention[:, : P + t + 1],

@@ -215,6 +215,8 @@ def _engine_options(cfg: TrainConfig, device, record_logprobs: bool) -> dict:
         options["compile_decode"] = True
     elif ro.engine == "hf" and ro.cuda_graphs and torch.device(device).type == "cuda":
         options["cuda_graphs"] = True
+    if ro.engine == "hf":
+        options["lean_decode"] = ro.lean_decode
     return dict(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
                 ignore_eos=ro.ignore_eos, record_logprobs=ro.record_logprobs or record_logprobs, **options)
 

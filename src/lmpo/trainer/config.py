@@ -176,6 +176,12 @@ class RolloutConfig:
                            "(static KV cache, one graph per 256-position bucket of the attended length, captured "
                            "at first use); ignored on other devices and under `loop.compile`. A model whose "
                            "forward cannot be captured decodes eagerly, with a warning.")
+    lean_decode: bool = _f(True, "On CPU, decode Llama-family models (`LlamaForCausalLM`, `Qwen2ForCausalLM`, float32: "
+                           "the built-in presets and checkpoints of that architecture) with the `hf` engine's lean "
+                           "decode step (`lmpo.generation.lean`: fused QKV and gate/up projections, preallocated "
+                           "buffers, the same greedy tokens and the same seeded samples as the model's forward). "
+                           "Other models decode through their forward, with a one-line warning. Ignored on other "
+                           "devices and under `loop.compile`.")
     vllm_lora_sync: str = _f("merged", "How a LoRA policy's weights reach vLLM (`engine: vllm`) after each step: "
                              "`merged` (adapters merged into the base weights, all of which are copied) or "
                              "`adapter` (the adapter alone, served by vLLM on the base weights it loaded once; "
