@@ -181,6 +181,8 @@ def test_calculator_refuses(expression, error):
     start = time.monotonic()
     with pytest.raises(CalculatorError, match=error):
         calculate(expression)
-    assert time.monotonic() - start < 0.5  # refused before any large computation
+    # refused before any large computation: round(2, -10**9) used to run for minutes; a loaded machine's scheduling
+    # noise stays far below this bound
+    assert time.monotonic() - start < 10.0
     result = run_tool_call([calculator_tool()], ToolCall("calculator", {"expression": expression}))
     assert not result.ok and error in result.output

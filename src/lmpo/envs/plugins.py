@@ -36,8 +36,8 @@ ENTRY_POINT_GROUP = "lmpo.envs"
 HOW_TO_REGISTER = (
     "To use your own environment, decorate its class with @lmpo.envs.register_env('Name-v0', task=YourTask) in a "
     "module and name that module or its .py file in `env.import` (a list, imported before the id is looked up), "
-    f"or install a package that declares it in the {ENTRY_POINT_GROUP!r} entry-point group (docs/multiturn.md, "
-    "\"Writing an environment\")."
+    f"or install a package that declares it in the {ENTRY_POINT_GROUP!r} entry-point group "
+    "(docs/multiturn.md, \"Writing an environment\")."
 )
 
 _imported: dict[str, str] = {}  # the resolved spelling of each import → the module it gave

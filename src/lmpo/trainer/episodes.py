@@ -52,7 +52,7 @@ EPISODE_ADVANTAGE_INPUTS = frozenset({"lengths"})
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    """Where an environment's tools run model-written code (the `python` tool; docs/multiturn.md, "The sandbox")."""
+    """Where an environment's tools run model-written code (the `python` tool; docs/multiturn.md, "The Python sandbox")."""
 
     require: str | None = _f(None, "The weakest sandbox mode the run accepts: `jail` (namespaces, seccomp, a "
                              "read-only root; as root or where user namespaces are allowed), `network` (only "
