@@ -24,7 +24,8 @@ TASK = "thinking_addition"
 
 
 def _sections(**lab):
-    return {"lab": {"jobs": 2, "checkpoint_every_steps": 2, **lab}, "grid": {"objectives": ["grpo", "gspo"], "seeds": [0]},
+    return {"lab": {"jobs": 2, "checkpoint_every_steps": 2, "sampled_eval_k": 0, **lab},
+            "grid": {"objectives": ["grpo", "gspo"], "seeds": [0]},
             "gradients": {"enabled": False}}
 
 
@@ -55,8 +56,8 @@ def _parent(pid: int) -> int:
 
 @pytest.mark.slow
 def test_ray_launcher_survives_a_killed_worker_and_reports_what_the_local_launcher_does(tmp_path, small_model_dir):
-    train = {**smoke_config(tmp_path, small_model_dir)["train"], "sft": {"steps": 0}}
-    train["loop"] = {**train["loop"], "steps": 8}
+    train = {**smoke_config(tmp_path, small_model_dir)["train"], "sft": {"steps": 0}, "eval": {"every_steps": 3}}
+    train["loop"] = {**train["loop"], "steps": 6}  # a checkpoint every 2 steps: the kill lands mid-cell
     ray_cfg = smoke_config(tmp_path / "ray", small_model_dir, **_sections(launcher="ray", max_retries=2), train=train)
     path = tmp_path / "lab_ray.yaml"
     path.write_text(yaml.safe_dump(ray_cfg))

@@ -192,13 +192,12 @@ class _RayLauncher:
         self.ray = ray
         self.started = not ray.is_initialized()
         if self.started:
-            # the worker processes import lmpo from where this process does (a source checkout on PYTHONPATH too)
-            env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                       "runtime_env": {"env_vars": env}}
+            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if cfg.lab.ray_address:
-                ray.init(address=cfg.lab.ray_address, **options)
-            else:  # a private instance on this machine, reachable on 127.0.0.1 only
+                # the cluster's workers import lmpo from where this process does (a source checkout on PYTHONPATH)
+                env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+                ray.init(address=cfg.lab.ray_address, runtime_env={"env_vars": env}, **options)
+            else:  # a private instance on this machine (127.0.0.1 only), whose workers inherit this environment
                 ray.init(address="local", num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **options)
         self.task = ray.remote(_run_worker_task)
         self.resources = cfg.lab.resources
