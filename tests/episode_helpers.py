@@ -71,3 +71,30 @@ def template_tokenizer(chat_template: str, special_tokens: list[str], eos: str, 
                                         additional_special_tokens=others, padding_side="left")
     tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def train_two_env_steps(tmp_path, env_id: str, task_options: dict, max_new_tokens_per_turn: int) -> list[dict]:
+    """Two GRPO steps of a 1-layer tiny model with the ChatML tokenizer on ``env_id`` (an adapter's smoke run);
+    returns the metric rows after checking each has a finite loss and at least one turn per episode."""
+    import math
+
+    from lmpo.models import build_chat_tokenizer, build_tiny_model
+    from lmpo.trainer import Trainer
+    from lmpo.trainer.config import config_from_dict
+
+    tok = build_chat_tokenizer()
+    model = build_tiny_model(tok, seed=0, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    cfg = config_from_dict({
+        "env": {"id": env_id, "budget": {"max_turns": 3, "max_total_tokens": 200,
+                                         "max_new_tokens_per_turn": max_new_tokens_per_turn}},
+        "task": {"eval_examples": 2, "options": task_options},
+        "rollout": {"completions_per_prompt": 2}, "objective": {"preset": "grpo"},
+        "loop": {"steps": 2, "prompts_per_step": 2, "seqs_per_microbatch": 4, "seed": 0, "device": "cpu"},
+        "eval": {"at_start": False}, "checkpoint": {"at_end": False},
+        "logging": {"run_dir": str(tmp_path / "run"), "progress_bar": False, "tensorboard": False, "plots": False},
+    })
+    result = Trainer(cfg, model=model, tokenizer=tok, log=lambda msg: None).train()
+    assert result.steps_done == 2
+    for row in result.history:
+        assert math.isfinite(row["loss/total"]) and row["episodes/turns_mean"] >= 1
+    return result.history

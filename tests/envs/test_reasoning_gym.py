@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from episode_helpers import ScriptedSampler
+from episode_helpers import ScriptedSampler, train_two_env_steps
 from lmpo.config import ConfigError
 from lmpo.envs import EpisodeBudget, check_env, make_env, make_env_task
 from lmpo.errors import InputError
@@ -147,19 +147,7 @@ def test_attempts_run_out_and_the_expert_answers():
 
 
 def test_trainer_trains_on_the_feedback_env(tmp_path):
-    tok = build_chat_tokenizer()
-    model = build_tiny_model(tok, seed=0, **SMALL_MODEL)
-    cfg = config_from_dict({
-        "env": {"id": ENV, "budget": {"max_turns": 3, "max_total_tokens": 200, "max_new_tokens_per_turn": 4}},
-        "task": {"eval_examples": 2, "options": {"dataset": "chain_sum", "num_train": 10, "num_eval": 2,
-                                                 "prompt_template": "{metadata[expression]} ="}},
-        "rollout": {"completions_per_prompt": 2}, "objective": {"preset": "grpo"},
-        "loop": {"steps": 2, "prompts_per_step": 2, "seqs_per_microbatch": 4, "seed": 0, "device": "cpu"},
-        "eval": {"at_start": False}, "checkpoint": {"at_end": False},
-        "logging": {"run_dir": str(tmp_path / "run"), "progress_bar": False, "tensorboard": False, "plots": False},
-    })
-    result = Trainer(cfg, model=model, tokenizer=tok, log=lambda msg: None).train()
-    assert result.steps_done == 2
-    for row in result.history:
-        assert math.isfinite(row["loss/total"]) and row["episodes/turns_mean"] >= 1
+    history = train_two_env_steps(tmp_path, ENV, {"dataset": "chain_sum", "num_train": 10, "num_eval": 2,
+                                                  "prompt_template": "{metadata[expression]} ="}, 4)
+    for row in history:
         assert 0 <= row["episodes/return_mean"] <= 1

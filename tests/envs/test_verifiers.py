@@ -4,19 +4,16 @@ own classes (tests/envs/verifiers_envs.py), their datasets as lmpo tasks, their 
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
 
-from episode_helpers import ScriptedSampler
+from episode_helpers import ScriptedSampler, train_two_env_steps
 from lmpo.envs import EpisodeBudget, check_env, make_env, make_env_task
 from lmpo.envs.tools import format_tool_call
 from lmpo.errors import InputError
 from lmpo.generation.episodes import run_episodes
-from lmpo.models import build_chat_tokenizer, build_tiny_model
-from lmpo.trainer import Trainer
-from lmpo.trainer.config import config_from_dict
+from lmpo.models import build_chat_tokenizer
 
 vf = pytest.importorskip("verifiers")
 if not hasattr(vf, "MultiTurnEnv"):
@@ -114,17 +111,4 @@ def test_bad_environments_are_named():
 
 
 def test_trainer_trains_on_a_verifiers_env(tmp_path):
-    tok = build_chat_tokenizer()
-    model = build_tiny_model(tok, seed=0, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    cfg = config_from_dict({
-        "env": {"id": ENV, "budget": {"max_turns": 3, "max_total_tokens": 200, "max_new_tokens_per_turn": 6}},
-        "task": {"eval_examples": 2, "options": {"environment": GUESS, "num_eval": 2}},
-        "rollout": {"completions_per_prompt": 2}, "objective": {"preset": "grpo"},
-        "loop": {"steps": 2, "prompts_per_step": 2, "seqs_per_microbatch": 4, "seed": 0, "device": "cpu"},
-        "eval": {"at_start": False}, "checkpoint": {"at_end": False},
-        "logging": {"run_dir": str(tmp_path / "run"), "progress_bar": False, "tensorboard": False, "plots": False},
-    })
-    result = Trainer(cfg, model=model, tokenizer=tok, log=lambda msg: None).train()
-    assert result.steps_done == 2
-    for row in result.history:
-        assert math.isfinite(row["loss/total"]) and row["episodes/turns_mean"] >= 1
+    train_two_env_steps(tmp_path, ENV, {"environment": GUESS, "num_eval": 2}, 6)

@@ -87,15 +87,23 @@ def _smooth(values: list[float], width: int) -> list[float]:
     return out
 
 
+def _panels(plt, count: int):
+    """Small multiples: ``count`` panels, 5 per row, shared axes; the unused cells of the last row hidden."""
+    cols = min(5, count)
+    rows = -(-count // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 0.6, 2.1 * rows + 0.8), sharex=True, sharey=True,
+                             squeeze=False)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
 def _curves(training: dict, baseline: str, key: str, title: str, path: Path, task: str, confidence: float) -> Path:
     """One panel per objective (5 per row): its mean over seeds with the t band, the baseline in grey.
     Per-step curves are smoothed by a trailing moving average over a tenth of the run."""
     plt = _plt()
     labels = list(training["curves"])
-    cols = min(5, len(labels))
-    rows = -(-len(labels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 0.6, 2.1 * rows + 0.8), sharex=True, sharey=True,
-                             squeeze=False)
+    fig, axes = _panels(plt, len(labels))
     base = training["curves"].get(baseline)
     steps = len(next(iter(training["curves"].values()))[key]["step"])
     width = 1 if key == "eval_accuracy" else max(1, steps // 10)
@@ -103,8 +111,6 @@ def _curves(training: dict, baseline: str, key: str, title: str, path: Path, tas
     def line(c: dict, name: str) -> list[float]:
         return _smooth([_v(v) for v in c[name]], width)
 
-    for ax in axes.flat[len(labels):]:
-        ax.set_visible(False)
     for ax, label in zip(axes.flat, labels):
         c = training["curves"][label][key]
         mean = line(c, "mean")
@@ -132,12 +138,7 @@ def _fits(fits: dict, path: Path, task: str) -> Path:
 
     plt = _plt()
     labels = list(fits["objectives"])
-    cols = min(5, len(labels))
-    rows = -(-len(labels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 0.6, 2.1 * rows + 0.8), sharex=True, sharey=True,
-                             squeeze=False)
-    for ax in axes.flat[len(labels):]:
-        ax.set_visible(False)
+    fig, axes = _panels(plt, len(labels))
     for ax, label in zip(axes.flat, labels):
         entry = fits["objectives"][label]
         for i, (seed, pts) in enumerate(entry.get("points", {}).items()):
