@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from lmpo.sac.agent import SACAgent
-from lmpo.sac.config import NetworkConfig, SACConfig
-from lmpo.sac.replay import ReplaySample
+from lmpo.textagent.sac.agent import SACAgent
+from lmpo.textagent.sac.config import NetworkConfig, SACConfig
+from lmpo.textagent.sac.replay import ReplaySample
 
 NETS = {
     "default": NetworkConfig(),  # seed 004 §9: d = 128, GRU 256

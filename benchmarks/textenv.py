@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lmpo.textenv import CharTextEnv, EnvConfig
+from lmpo.textagent.env import CharTextEnv, EnvConfig
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "lunyu.simplified.json"
 

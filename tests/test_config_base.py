@@ -45,7 +45,7 @@ class _Outer:
 
 def test_every_file_in_configs_loads_unchanged():
     from lmpo.lab.config import load_lab_config
-    from lmpo.sac.config import load_config as load_sac
+    from lmpo.textagent.sac.config import load_config as load_sac
     from lmpo.trainer.config import load_config as load_train
     from lmpo.trainer.config import validate_config
 
@@ -106,7 +106,7 @@ def test_malformed_yaml_is_one_message(tmp_path, text, expected):
 
 def test_config_sections_import_only_the_base():
     """rlvcr/config.py and sac/config.py build on lmpo.config, never on the trainer (no import cycle)."""
-    code = ("import sys, lmpo.rlvcr.config, lmpo.sac.config; "
+    code = ("import sys, lmpo.rlvcr.config, lmpo.textagent.sac.config; "
             "from lmpo.rlvcr.config import RLVCRConfig\n"
             "try:\n    RLVCRConfig(levels=1)\nexcept Exception as e:\n    print(type(e).__module__, type(e).__name__)\n"
             "print(sorted(m for m in sys.modules if m.startswith('lmpo.trainer')))")
@@ -116,8 +116,8 @@ def test_config_sections_import_only_the_base():
 
 
 def test_sac_default_corpus_is_bundled_and_no_absolute_paths_in_src():
-    from lmpo.sac.config import TrainConfig
-    from lmpo.textenv.bundled import resolve_corpus
+    from lmpo.textagent.env.bundled import resolve_corpus
+    from lmpo.textagent.sac.config import TrainConfig
 
     path = resolve_corpus(TrainConfig().corpus)
     assert path.is_file() and path.stat().st_size > 50_000
@@ -134,8 +134,8 @@ def test_sac_and_env_config_reference_is_documented_and_current():
     import dataclasses
 
     from lmpo.config import generated_block
-    from lmpo.sac.config import TrainConfig, render_config_reference
-    from lmpo.textenv import EnvConfig
+    from lmpo.textagent.env import EnvConfig
+    from lmpo.textagent.sac.config import TrainConfig, render_config_reference
 
     def undocumented(cls):
         for f in dataclasses.fields(cls):

@@ -14,11 +14,11 @@ import argparse
 import torch
 
 from lmpo.checkpoints import load_state
-from lmpo.sac.agent import SACAgent
-from lmpo.sac.config import config_from_dict, run_config_dict
-from lmpo.sac.evaluate import agent_teacher_forced, heldout_positions
-from lmpo.sac.train import make_text_envs, resume_checkpoint
-from lmpo.sac.weights import load_reference_policy
+from lmpo.textagent.sac.agent import SACAgent
+from lmpo.textagent.sac.config import config_from_dict, run_config_dict
+from lmpo.textagent.sac.evaluate import agent_teacher_forced, heldout_positions
+from lmpo.textagent.sac.train import make_text_envs, resume_checkpoint
+from lmpo.textagent.sac.weights import load_reference_policy
 
 
 def main() -> None:

@@ -32,12 +32,12 @@ COMMANDS: dict[str, str] = {
 
 #: ``lmpo sac <command>``: the text environment and SAC agent
 SAC_COMMANDS: dict[str, str] = {
-    "train": "lmpo.sac.cli:register_train",
-    "reference": "lmpo.sac.cli:register_reference",
-    "sample": "lmpo.sac.cli:register_sample",
-    "gate": "lmpo.sac.cli:register_gate",
-    "build-lexicon": "lmpo.textenv.cli:register_build_lexicon",
-    "env-demo": "lmpo.textenv.cli:register_env_demo",
+    "train": "lmpo.textagent.sac.cli:register_train",
+    "reference": "lmpo.textagent.sac.cli:register_reference",
+    "sample": "lmpo.textagent.sac.cli:register_sample",
+    "gate": "lmpo.textagent.sac.cli:register_gate",
+    "build-lexicon": "lmpo.textagent.env.cli:register_build_lexicon",
+    "env-demo": "lmpo.textagent.env.cli:register_env_demo",
 }
 
 

@@ -140,7 +140,7 @@ def _broken_checkpoint(d: Path) -> None:
 
 def _sac_run_without_checkpoint(d: Path) -> None:
     from lmpo.runs import write_run_config
-    from lmpo.sac.config import TrainConfig
+    from lmpo.textagent.sac.config import TrainConfig
 
     (d / "sacrun").mkdir()
     write_run_config(d / "sacrun", TrainConfig().to_dict())
@@ -148,7 +148,7 @@ def _sac_run_without_checkpoint(d: Path) -> None:
 
 def _sac_summary_without_checkpoint(d: Path) -> None:
     """A SAC run whose summary.json survived but whose checkpoints did not."""
-    from lmpo.sac.config import TrainConfig
+    from lmpo.textagent.sac.config import TrainConfig
 
     _sac_run_without_checkpoint(d)
     (d / "sacrun" / "summary.json").write_text(json.dumps({"config": TrainConfig().to_dict()}))

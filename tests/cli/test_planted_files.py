@@ -79,7 +79,7 @@ def finished_runs(tmp_path_factory):
     import torch
     import yaml
 
-    from lmpo.textenv import sample_text_path
+    from lmpo.textagent.env import sample_text_path
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -18,13 +18,13 @@ FORBIDDEN = {
     # layer: packages it must never import (DESIGN: objectives → nothing above; generation, rlvcr and the
     # adapters never import the trainer)
     "lmpo.objectives": ("lmpo.trainer", "lmpo.generation", "lmpo.rlvcr", "lmpo.integrations", "lmpo.lab",
-                        "lmpo.sac", "lmpo.textenv", "lmpo.tasks", "lmpo.rewards", "lmpo.models"),
+                        "lmpo.textagent", "lmpo.tasks", "lmpo.rewards", "lmpo.models"),
     "lmpo.generation": ("lmpo.trainer", "lmpo.rlvcr", "lmpo.integrations", "lmpo.lab"),
     "lmpo.rlvcr": ("lmpo.trainer", "lmpo.integrations", "lmpo.lab"),
     "lmpo.integrations": ("lmpo.trainer", "lmpo.lab"),
-    "lmpo.textenv": ("lmpo.sac", "lmpo.trainer", "lmpo.lab"),
+    "lmpo.textagent.env": ("lmpo.textagent.sac",),
     # LM environments sit below the episode driver (lmpo.generation.episodes) and never see a trainer
-    "lmpo.envs": ("lmpo.trainer", "lmpo.generation", "lmpo.rlvcr", "lmpo.integrations", "lmpo.lab", "lmpo.sac"),
+    "lmpo.envs": ("lmpo.trainer", "lmpo.generation", "lmpo.rlvcr", "lmpo.integrations", "lmpo.lab", "lmpo.textagent"),
 }
 
 
@@ -204,3 +204,55 @@ def test_lab_and_benchmarks_call_no_private_trainer_method():
            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
            if re.search(r"\btrainer\._[a-z]", line)]
     assert not bad, "private Trainer names used outside the trainer: " + "; ".join(bad)
+
+
+#: the only modules outside lmpo.textagent that the text agent may reach, directly or through each other: the
+#: shared utilities. A new one joins here when the agent needs it and its own imports stay inside this set.
+TEXTAGENT_SHARED = ("lmpo", "lmpo._hints", "lmpo.checkpoints", "lmpo.config", "lmpo.errors", "lmpo.overrides",
+                    "lmpo.plots", "lmpo.runs")
+#: the only modules outside lmpo.textagent that may import it: the docs generator (the SAC config reference)
+#: and the deprecated alias packages. The command router (lmpo.cli) reaches it by name, through importlib.
+TEXTAGENT_IMPORTERS = ("lmpo.generated_docs", "lmpo.sac", "lmpo.textenv")
+
+
+def _inside(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def textagent_boundary(graph: dict[str, set[str]]) -> list[str]:
+    """Every import across the wall between the text agent (lmpo.textagent) and the GRPO packages: a module
+    the agent reaches (transitively) outside itself and TEXTAGENT_SHARED, and a module outside it and
+    TEXTAGENT_IMPORTERS that imports it or one of the deprecated aliases lmpo.sac / lmpo.textenv."""
+    agent = {m for m in graph if _inside(m, ("lmpo.textagent",))}
+    reached, todo = set(agent), list(agent)
+    while todo:
+        todo += [d for d in graph[todo.pop()] if d in TEXTAGENT_SHARED and d not in reached]
+        reached.update(todo)
+    bad = [f"{m} imports {d}" for m in reached for d in graph[m] if not (d in agent or d in TEXTAGENT_SHARED)]
+    for m, deps in sorted(graph.items()):
+        if _inside(m, ("lmpo.textagent",) + TEXTAGENT_IMPORTERS):
+            continue
+        bad += [f"{m} imports {d}" for d in deps if _inside(d, ("lmpo.textagent", "lmpo.sac", "lmpo.textenv"))]
+    return sorted(bad)
+
+
+def test_textagent_and_the_grpo_packages_import_nothing_of_each_other():
+    bad = textagent_boundary(import_graph())
+    assert not bad, ("the text agent builds only on the shared utilities and nothing outside it imports it "
+                     "(move the shared piece into one of TEXTAGENT_SHARED, or add it there if it is one): "
+                     + "; ".join(bad))
+
+
+def test_textagent_boundary_sees_a_crossing():
+    """The check itself: planted imports each way, direct and through a shared utility, are all reported."""
+    graph = {m: set(d) for m, d in import_graph().items()}
+    graph["lmpo.textagent.sac.agent"].add("lmpo.objectives")
+    graph["lmpo.textagent.env.env"].add("lmpo.objectives")
+    graph["lmpo.errors"].add("lmpo.generation")
+    graph["lmpo.lab"].add("lmpo.textagent.env")
+    graph["lmpo.objectives"].add("lmpo.sac")
+    assert textagent_boundary(graph) == ["lmpo.errors imports lmpo.generation",
+                                         "lmpo.lab imports lmpo.textagent.env",
+                                         "lmpo.objectives imports lmpo.sac",
+                                         "lmpo.textagent.env.env imports lmpo.objectives",
+                                         "lmpo.textagent.sac.agent imports lmpo.objectives"]

@@ -63,7 +63,7 @@ def _install_kill_points(kill_at: int | None, labels: list[str]) -> None:
 
     import lmpo.generation.episodes as episodes
     import lmpo.generation.worker as worker
-    import lmpo.sac.train as sac_train
+    import lmpo.textagent.sac.train as sac_train
     import lmpo.trainer.checkpoint as trainer_ckpt
     import lmpo.trainer.loop as loop
 
@@ -314,9 +314,9 @@ def _kill_and_resume(tmp: Path, job: Job, seed: int, shard: int = 0, shards: int
 def _no_plots() -> None:
     """(In a try's child) no training-curve PNGs at the end of the run: ~2 CPU seconds of matplotlib per
     completed SAC run, drawn after the last checkpoint and metrics row from them (so no kill point and nothing
-    compared here). The reference runs and the Ctrl-C tests' resumed runs still draw them, and tests/sac and
+    compared here). The reference runs and the Ctrl-C tests' resumed runs still draw them, and tests/textagent/sac and
     tests/trainer check the plots themselves."""
-    import lmpo.sac.train as sac_train
+    import lmpo.textagent.sac.train as sac_train
     import lmpo.trainer.loop as loop
 
     sac_train.plot_runs = loop.plot_runs = lambda run_dirs, *a, **k: []
@@ -418,7 +418,7 @@ def jobs(tmp_path_factory):
     """The jobs, each run once uninterrupted (the reference) with its ticks counted — on first use, so that a
     pytest-xdist worker prepares only the jobs its tests need."""
     import lmpo.generation.worker as worker
-    from lmpo.textenv import sample_text_path
+    from lmpo.textagent.env import sample_text_path
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -521,7 +521,7 @@ def _ctrl_c_after(cls, method: str, calls: int):
 
 @pytest.mark.parametrize("name", ["trainer", "sac"])
 def test_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_resumes_exactly(jobs, name, tmp_path):
-    import lmpo.sac.train as sac_train
+    import lmpo.textagent.sac.train as sac_train
     import lmpo.trainer.loop as loop
 
     job = jobs(name)
