@@ -12,7 +12,7 @@ from lmpo.textagent.env import CharTextEnv, EnvConfig
 from lmpo.textagent.env.config import FLAT_NAMES, InfoNCEConfig
 from lmpo.textagent.env.infonce import InfoNCEConfig as EncoderConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 #: every field of the one-level EnvConfig (47), with its default there
 OLD_DEFAULTS = {

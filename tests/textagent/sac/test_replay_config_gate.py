@@ -156,7 +156,7 @@ def test_cpu_yaml_matches_the_cpu_preset():
 
     from lmpo.textagent.sac.config import CPU_PRESET
 
-    data = yaml.safe_load((Path(__file__).parents[2] / "configs" / "sac_cpu.yaml").read_text(encoding="utf-8"))
+    data = yaml.safe_load((Path(__file__).parents[3] / "configs" / "sac_cpu.yaml").read_text(encoding="utf-8"))
 
     def flat(d: dict, prefix: str = "") -> dict:
         out = {}
