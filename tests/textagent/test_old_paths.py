@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import warnings
 
+import pytest
+
 OLD = ("lmpo.sac", "lmpo.textenv")
 
 
@@ -29,17 +31,17 @@ def test_old_import_paths_are_the_new_modules_and_warn_once_each():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import lmpo.sac.train as old_train
-            import lmpo.textenv.cli
             from lmpo.sac.config import TrainConfig
 
             import lmpo.sac
+            import lmpo.textenv.cli
             from lmpo.textenv import ENV_ID, CharTextEnv
         moved = [w for w in caught if issubclass(w.category, DeprecationWarning)]
         assert [str(w.message).split(" has moved to ")[1].split(":")[0] for w in moved] == [
             "lmpo.textagent.sac", "lmpo.textagent.env"]
         assert {w.filename for w in moved} == {__file__}  # the warning points at the importing line
         assert TrainConfig is new_config.TrainConfig and old_train is new_train
-        assert lmpo.textenv.cli is new_env_cli and CharTextEnv is new_env.CharTextEnv
+        assert lmpo.textenv.cli.main is new_env_cli.main and CharTextEnv is new_env.CharTextEnv
         assert lmpo.sac.__all__ == new_sac.__all__
         assert all(getattr(lmpo.sac, n) is getattr(new_sac, n) for n in new_sac.__all__)
         assert ENV_ID == "lmpo/CharText-v0" and gym.spec(ENV_ID).entry_point == "lmpo.textagent.env.env:make_env"
@@ -53,6 +55,16 @@ def test_old_import_paths_are_the_new_modules_and_warn_once_each():
                 setattr(lmpo, leaf, saved[name])
             elif hasattr(lmpo, leaf):
                 delattr(lmpo, leaf)
+
+
+def test_python_m_on_the_old_cli_path_still_runs(capsys, monkeypatch):
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["lmpo.textenv.cli", "env-demo", "--help"])
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as stop:
+        warnings.simplefilter("ignore")
+        runpy.run_module("lmpo.textenv.cli", run_name="__main__")
+    assert stop.value.code == 0 and "--teacher-ratio" in capsys.readouterr().out
 
 
 def test_the_sac_commands_route_to_the_new_paths():

@@ -16,16 +16,21 @@ from types import ModuleType
 
 
 def alias_old_path(old: str, new: str) -> ModuleType:
-    """Serve every submodule of package ``new`` as ``old.<name>`` too and warn once that ``old`` moved.
+    """Serve every submodule of package ``new`` as ``old.<name>`` too (but for a module file the old package
+    keeps) and warn once that ``old`` moved.
 
     Called from the old package's ``__init__``; returns the new package, whose public names that module
     re-exports. The warning points at the line that imported the old path.
     """
     package = importlib.import_module(new)
     old_package = sys.modules[old]
+    # a module the old package still has as a file of its own (a ``python -m`` entry point) stays that file
+    own = {old + "." + m.name for m in pkgutil.iter_modules(old_package.__path__)}
     for info in pkgutil.walk_packages(package.__path__, new + "."):
-        module = importlib.import_module(info.name)
         old_name = old + info.name[len(new):]
+        if old_name in own:
+            continue
+        module = importlib.import_module(info.name)
         sys.modules[old_name] = module
         parent, _, leaf = old_name.rpartition(".")
         if parent == old:
