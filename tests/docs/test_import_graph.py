@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from functools import cache
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -59,7 +60,13 @@ def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    """module → the lmpo modules it imports; a fresh copy of the graph read once per source tree."""
+    return {m: set(deps) for m, deps in _graph_of(SRC).items()}
+
+
+@cache
+def _graph_of(src: Path) -> dict[str, frozenset[str]]:
+    modules = {_module_name(p): p for p in src.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
         deps = set()
@@ -68,7 +75,7 @@ def import_graph() -> dict[str, set[str]]:
                 target = target.rsplit(".", 1)[0]
             if target in modules and target != name:
                 deps.add(target)
-        graph[name] = deps
+        graph[name] = frozenset(deps)
     return graph
 
 
@@ -245,7 +252,7 @@ def test_textagent_and_the_grpo_packages_import_nothing_of_each_other():
 
 def test_textagent_boundary_sees_a_crossing():
     """The check itself: planted imports each way, direct and through a shared utility, are all reported."""
-    graph = {m: set(d) for m, d in import_graph().items()}
+    graph = import_graph()
     graph["lmpo.textagent.sac.agent"].add("lmpo.objectives")
     graph["lmpo.textagent.env.env"].add("lmpo.objectives")
     graph["lmpo.errors"].add("lmpo.generation")
