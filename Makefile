@@ -36,9 +36,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 
 # pytest-xdist: one worker per core (-n auto), idle workers steal queued tests (--dist worksteal: the long
-# kill/resume shards do not leave a core idle at the end); --durations shows where the time goes
+# kill/resume shards do not leave a core idle at the end); --durations shows where the time goes.
+# The suite starts hundreds of Python processes (xdist workers, CLI runs, lab and rollout workers): with
+# PYTHONDONTWRITEBYTECODE=1 (set on these machines) each of them compiled lmpo's sources again and each xdist
+# worker re-rewrote every test module's asserts (~15 CPU-s per worker). The tests write bytecode caches
+# (__pycache__/, git-ignored); lmpo's sources are compiled once up front, on every core.
 test: lint
-	$(VENV)/bin/python -m pytest -q -n auto --dist worksteal --durations=15
+	$(PY) -m compileall -q -j 0 src > /dev/null
+	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -n auto --dist worksteal --durations=15
 
 clean:
 	rm -rf $(VENV) runs

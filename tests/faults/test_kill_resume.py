@@ -19,7 +19,6 @@ timings.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import random
@@ -281,7 +280,7 @@ def _kill_and_resume(tmp: Path, job: Job, seed: int, shard: int = 0, shards: int
     of one job run on several cores): kill the job there, resume until it completes, compare with the reference."""
     fresh, resume, labels = job.fresh, job.resume, job.labels
     reference = _final_state(job.ref, job)
-    run = functools.partial(run_child, prepare=_no_plots)
+    run = run_child
     planned = list(enumerate(_planned_tries(labels, seed, job.kills)))[shard::shards]
     t0 = time.perf_counter()
     report = {"ticks": len(labels), "tries": 0, "reproduced": 0, "restarted": 0, "resume_kills": 0,
@@ -309,17 +308,6 @@ def _kill_and_resume(tmp: Path, job: Job, seed: int, shard: int = 0, shards: int
         report["reproduced"] += 1
     report["seconds_per_try"] = round((time.perf_counter() - t0) / max(1, report["tries"]), 2)
     return report
-
-
-def _no_plots() -> None:
-    """(In a try's child) no training-curve PNGs at the end of the run: ~2 CPU seconds of matplotlib per
-    completed SAC run, drawn after the last checkpoint and metrics row from them (so no kill point and nothing
-    compared here). The reference runs and the Ctrl-C tests' resumed runs still draw them, and tests/textagent/sac and
-    tests/trainer check the plots themselves."""
-    import lmpo.textagent.sac.train as sac_train
-    import lmpo.trainer.loop as loop
-
-    sac_train.plot_runs = loop.plot_runs = lambda run_dirs, *a, **k: []
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -375,7 +363,7 @@ MULTITURN_CONFIG = {
     "model": {"name": "MODEL_DIR"},
     "env": {"id": "GuessNumber-v0", "budget": {"max_turns": 3, "max_total_tokens": 200,
                                                  "max_new_tokens_per_turn": 24}},
-    "task": {"eval_examples": 2},
+    "task": {"eval_examples": 2, "options": {"num_train": 64}},  # (10,000 secrets by default: 0.1 s per run)
     "rollout": {"completions_per_prompt": 2},
     "objective": {"preset": "grpo", "overrides": {"entropy_coef": 0.01}},
     "optim": {"lr": 1e-2},
@@ -418,6 +406,8 @@ def jobs(tmp_path_factory):
     """The jobs, each run once uninterrupted (the reference) with its ticks counted — on first use, so that a
     pytest-xdist worker prepares only the jobs its tests need."""
     import lmpo.generation.worker as worker
+    import lmpo.textagent.sac.train as sac_train
+    import lmpo.trainer.loop as loop
     from lmpo.textagent.env import sample_text_path
 
     threads = torch.get_num_threads()
@@ -428,6 +418,11 @@ def jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("kill")
     mp.setenv("LMPO_CACHE_DIR", str(root / "cache"))
     mp.setattr(worker, "mp", _ForkContext(worker.mp))
+    # no training-curve PNGs at the end of a run, here or in the forked children: ~2.5 CPU seconds of matplotlib
+    # per completed run, drawn after the last checkpoint and metrics row from them (so no kill point and nothing
+    # compared here); tests/sac and tests/trainer check the plots themselves
+    for module in (loop, sac_train):
+        mp.setattr(module, "plot_runs", lambda run_dirs, *a, **k: [])
     cfg, async_cfg, env_cfg = root / "train.yaml", root / "async.yaml", root / "multiturn.yaml"
     cfg.write_text(yaml.safe_dump(TRAIN_CONFIG))
     async_cfg.write_text(yaml.safe_dump(ASYNC_CONFIG))

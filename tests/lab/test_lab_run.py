@@ -227,3 +227,39 @@ def test_worker_processes_give_the_numbers_of_an_inline_run(tmp_path, small_mode
     assert [line[:25] for line in lines[1:3]] == ["[lab] start  train/thinki"] * 2  # both started at once
     assert lines[-1].startswith("[lab] 2/2 done, 0 running, 0 left")
     assert "lmpo train:" in (tmp_path / "parallel" / "cells" / TASK / "gspo" / "seed0" / "log.txt").read_text()
+
+
+def test_a_local_worker_ends_with_the_lab_process():
+    """A local worker's parent is the forkserver, which outlives a killed lab while workers run: each worker
+    watches the lab process itself and is SIGTERMed when it ends."""
+    from lmpo.lab.runner import _exit_with
+
+    lab = subprocess.Popen(["sleep", "60"])
+    pid = os.fork()
+    if pid == 0:  # the "worker": never returns into pytest
+        try:
+            _exit_with(lab.pid)
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    try:
+        time.sleep(0.2)
+        lab.kill()
+        lab.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the worker outlived the lab process by 30 s")
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+    finally:
+        if lab.poll() is None:
+            lab.kill()
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
