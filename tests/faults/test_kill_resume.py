@@ -420,7 +420,7 @@ def jobs(tmp_path_factory):
     mp.setattr(worker, "mp", _ForkContext(worker.mp))
     # no training-curve PNGs at the end of a run, here or in the forked children: ~2.5 CPU seconds of matplotlib
     # per completed run, drawn after the last checkpoint and metrics row from them (so no kill point and nothing
-    # compared here); tests/sac and tests/trainer check the plots themselves
+    # compared here); tests/textagent/sac and tests/trainer check the plots themselves
     for module in (loop, sac_train):
         mp.setattr(module, "plot_runs", lambda run_dirs, *a, **k: [])
     cfg, async_cfg, env_cfg = root / "train.yaml", root / "async.yaml", root / "multiturn.yaml"
