@@ -263,3 +263,28 @@ def test_textagent_boundary_sees_a_crossing():
                                          "lmpo.objectives imports lmpo.sac",
                                          "lmpo.textagent.env.env imports lmpo.objectives",
                                          "lmpo.textagent.sac.agent imports lmpo.objectives"]
+
+
+def loaded_by_importing(graph: dict[str, set[str]], module: str) -> set[str]:
+    """The lmpo modules that ``import module`` runs: what it imports, transitively, and the ``__init__`` of every
+    package on the way (Python runs ``a/__init__.py`` and ``a/b/__init__.py`` before ``a.b.c``)."""
+    loaded, todo = set(), [module]
+    while todo:
+        m = todo.pop()
+        parts = m.split(".")
+        for name in [".".join(parts[:i]) for i in range(1, len(parts) + 1)]:
+            if name in graph and name not in loaded:
+                loaded.add(name)
+                todo += graph[name]
+    return loaded
+
+
+def test_config_sections_import_only_the_base():
+    """rlvcr/config.py and the SAC config build on lmpo.config, never on the trainer (no import cycle): importing
+    them loads no module of lmpo.trainer, package initialisers included."""
+    graph = import_graph()
+    for module in ("lmpo.rlvcr.config", "lmpo.textagent.sac.config"):
+        trainer = sorted(m for m in loaded_by_importing(graph, module) if _inside(m, ("lmpo.trainer",)))
+        assert trainer == [], f"importing {module} loads {trainer}"
+    graph["lmpo.generation.hf"].add("lmpo.trainer.config")  # the check sees a path through a package's __init__
+    assert "lmpo.trainer.config" in loaded_by_importing(graph, "lmpo.rlvcr.config")
