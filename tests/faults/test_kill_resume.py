@@ -64,8 +64,8 @@ def _install_kill_points(kill_at: int | None, labels: list[str]) -> None:
     import lmpo.generation.episodes as episodes
     import lmpo.generation.worker as worker
     import lmpo.sac.train as sac_train
-    import lmpo.trainer.checkpoint as trainer_ckpt
-    import lmpo.trainer.loop as loop
+    import lmpo.trainer.run.loop as loop
+    import lmpo.trainer.run.state as trainer_ckpt
 
     def tick(label: str) -> None:
         labels.append(label)
@@ -317,7 +317,7 @@ def _no_plots() -> None:
     compared here). The reference runs and the Ctrl-C tests' resumed runs still draw them, and tests/sac and
     tests/trainer check the plots themselves."""
     import lmpo.sac.train as sac_train
-    import lmpo.trainer.loop as loop
+    import lmpo.trainer.run.loop as loop
 
     sac_train.plot_runs = loop.plot_runs = lambda run_dirs, *a, **k: []
 
@@ -522,7 +522,7 @@ def _ctrl_c_after(cls, method: str, calls: int):
 @pytest.mark.parametrize("name", ["trainer", "sac"])
 def test_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_resumes_exactly(jobs, name, tmp_path):
     import lmpo.sac.train as sac_train
-    import lmpo.trainer.loop as loop
+    import lmpo.trainer.run.loop as loop
 
     job = jobs(name)
     (cls, method, calls), said = {

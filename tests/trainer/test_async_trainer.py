@@ -1,4 +1,4 @@
-"""``rollout.async_staleness`` = k >= 1 in the trainer (lmpo.trainer.pipeline): step t trains on the rollout the
+"""``rollout.async_staleness`` = k >= 1 in the trainer (lmpo.trainer.step.pipeline): step t trains on the rollout the
 in-process engine gives with the weights of step t − 1 − k, on the prompts and seed of the synchronous loop; a
 Ctrl-C checkpoint resumes to the uninterrupted run bit for bit; the worker is stopped on Ctrl-C and on errors;
 the combinations that cannot work are refused naming the field."""
@@ -18,7 +18,7 @@ from lmpo.errors import InputError, Interrupted
 from lmpo.generation import HFRollout
 from lmpo.trainer import Trainer
 from lmpo.trainer.config import validate_config
-from lmpo.trainer.sampling import seed_for
+from lmpo.trainer.step.sampling import seed_for
 
 FACTORY = functools.partial(small_model, 0)
 STEPS = 4

@@ -9,9 +9,11 @@ import torch
 from trainer_helpers import make_trainer, small_model, train_killed_in_step
 
 from lmpo.generation import RolloutBatch
-from lmpo.trainer import NonFiniteError, build, stages
-from lmpo.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from lmpo.trainer.metrics import read_jsonl
+from lmpo.trainer import NonFiniteError
+from lmpo.trainer.run import build
+from lmpo.trainer.run.metrics import read_jsonl
+from lmpo.trainer.run.state import latest_checkpoint, list_checkpoints, load_checkpoint
+from lmpo.trainer.step import stages
 
 # per-step numbers that depend on wall time are excluded from exact comparisons
 _TIMING = ("time/", "perf/")

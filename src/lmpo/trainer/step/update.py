@@ -6,7 +6,7 @@
     NonFiniteGuard        counts skipped optimizer steps and stops the run after too many in a row
 
 ``Trainer.update`` calls ``update`` with its parts; the config values read here come in ``UpdateSettings``
-(``lmpo.trainer.build.update_settings``). The objective is called through its driver, which merges the
+(``lmpo.trainer.run.build.update_settings``). The objective is called through its driver, which merges the
 statistics in one host sync per optimizer step; that sync also decides whether the step is finite.
 """
 
@@ -22,10 +22,10 @@ import torch
 from lmpo.errors import RunError
 from lmpo.generation import RolloutBatch
 from lmpo.objectives.driver import merge_stats
-from lmpo.trainer import stages
-from lmpo.trainer.mismatch import mismatch_metrics
-from lmpo.trainer.ref_sync import sync_reference
-from lmpo.trainer.sampling import seed_for
+from lmpo.trainer.step import stages
+from lmpo.trainer.step.mismatch import mismatch_metrics
+from lmpo.trainer.step.ref_sync import sync_reference
+from lmpo.trainer.step.sampling import seed_for
 
 #: ``loss_hook(rl_step, loss) -> loss``, applied to every microbatch loss (a test hook: NaN injection)
 LossHook = Callable[[int, torch.Tensor], torch.Tensor]
@@ -96,9 +96,9 @@ def update(step: int, batch: RolloutBatch, *, model: torch.nn.Module, policy, op
     Args:
         model: the policy module (its parameters are stepped); ``policy``: what its log-prob forwards call
             (the module, or its compiled view under ``loop.compile``: ``Trainer.policy()``).
-        optimizer, schedule: AdamW and its ``lmpo.trainer.optim.Schedule``.
+        optimizer, schedule: AdamW and its ``lmpo.trainer.run.optim.Schedule``.
         driver: the objective's ``ObjectiveDriver``; ref_model: the frozen reference, or None.
-        teacher: a ``lmpo.trainer.teacher.Teacher`` for a distillation part, or None.
+        teacher: a ``lmpo.trainer.step.teacher.Teacher`` for a distillation part, or None.
         guard: the run's non-finite counter; log: where its messages go (the metrics log).
 
     Returns ``loss/*``, the objective's statistics, ``optim/grad_norm``, ``optim/lr`` (of the last optimizer
@@ -206,6 +206,6 @@ def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: 
     optimizer.step()
     schedule.advance()
     if settings.ref_sync_steps > 0 and schedule.step_index % settings.ref_sync_steps == 0:
-        sync_reference(ref_model, model, settings.ref_sync_alpha)  # TR-DPO (lmpo.trainer.ref_sync)
+        sync_reference(ref_model, model, settings.ref_sync_alpha)  # TR-DPO (lmpo.trainer.step.ref_sync)
     driver.commit_step(stats)
     return stats, logp
