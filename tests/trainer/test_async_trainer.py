@@ -11,7 +11,7 @@ import signal
 
 import pytest
 import torch
-from trainer_helpers import make_trainer, small_config, small_model
+from trainer_helpers import make_trainer, set_loss_hook, small_config, small_model
 
 from lmpo.config import ConfigError
 from lmpo.errors import InputError, Interrupted
@@ -101,7 +101,7 @@ def test_ctrl_c_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
         return loss
 
-    stopped.loss_hook = ctrl_c
+    set_loss_hook(stopped, ctrl_c)
     with pytest.raises(Interrupted) as info:
         stopped.train()
     assert info.value.checkpoint.name == "step_00000002"
@@ -126,7 +126,7 @@ def test_an_error_in_a_step_stops_the_worker(tmp_path):
             raise RuntimeError("injected")
         return loss
 
-    tr.loss_hook = fail
+    set_loss_hook(tr, fail)
     with pytest.raises(RuntimeError, match="injected"):
         tr.train()
     assert tr.pids and all(_gone(pid) for pid in tr.pids)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from trainer_helpers import make_trainer, small_model, train_killed_in_step
+from trainer_helpers import make_trainer, set_loss_hook, small_model, train_killed_in_step
 
 from lmpo.generation import RolloutBatch
 from lmpo.trainer import NonFiniteError
@@ -91,7 +91,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 
 def test_nan_loss_is_skipped_and_counted(tmp_path):
     trainer = make_trainer(tmp_path / "nan", loop={"steps": 3})
-    trainer.loss_hook = lambda step, loss: loss * float("nan") if step == 2 else loss
+    set_loss_hook(trainer, lambda step, loss: loss * float("nan") if step == 2 else loss)
     w0 = _weights(trainer.model)
     result = trainer.train()
     assert result.nonfinite_skipped == 1
@@ -106,7 +106,7 @@ def test_nan_loss_is_skipped_and_counted(tmp_path):
 def test_nan_in_a_row_stops_with_clear_message_and_keeps_checkpoints(tmp_path):
     trainer = make_trainer(tmp_path / "stop", loop={"steps": 8, "max_nonfinite_steps": 3},
                            checkpoint={"every_steps": 1, "keep_last": 0})
-    trainer.loss_hook = lambda step, loss: loss * float("nan") if step >= 3 else loss
+    set_loss_hook(trainer, lambda step, loss: loss * float("nan") if step >= 3 else loss)
     with pytest.raises(NonFiniteError, match=r"3 consecutive .*max_nonfinite_steps=3.*stopping at RL step 5"):
         trainer.train()
     ckpts = list_checkpoints(tmp_path / "stop")

@@ -48,7 +48,7 @@ from lmpo.trainer.run.sft import episode_warmup, supervised_warmup
 from lmpo.trainer.step import collect, multiturn, stages
 from lmpo.trainer.step import update as update_stage
 from lmpo.trainer.step.sampling import PromptOrder, seed_for
-from lmpo.trainer.step.update import LossHook, NonFiniteError, NonFiniteGuard
+from lmpo.trainer.step.update import NonFiniteError, NonFiniteGuard
 
 __all__ = ["NonFiniteError", "TrainResult", "Trainer"]
 
@@ -110,8 +110,6 @@ class Trainer:
         self.rollout_engine, self.ref_model = rollout_engine, None
         self.pipeline = None  # the AsyncPipeline of rollout.async_staleness >= 1, during train()
         self.completion_log = None  # logging.completions_every_steps (`lmpo show`), during train()
-        #: test hook: ``loss_hook(rl_step, loss) -> loss`` applied to every microbatch loss (NaN injection)
-        self.loss_hook: LossHook | None = None
         self._compiled_policy: stages.CompiledCalls | None = None  # loop.compile: the policy's log-prob forwards
 
     @property
@@ -310,8 +308,7 @@ class Trainer:
         return update_stage.update(
             step, batch, model=self.model, policy=self.policy(), optimizer=self.optimizer, schedule=self.schedule,
             driver=self.driver, ref_model=self.ref_model, teacher=self.teacher, logprob_settings=self.logprob_settings,
-            settings=self.update_settings, guard=self.nonfinite, device=self.device, log=self.metrics.write,
-            loss_hook=self.loss_hook)
+            settings=self.update_settings, guard=self.nonfinite, device=self.device, log=self.metrics.write)
 
     # ---------------------------------------------------------------- evaluation, checkpoints (lmpo.trainer.run.state)
     def evaluate(self, examples=None) -> dict[str, float]:

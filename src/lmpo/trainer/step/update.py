@@ -27,9 +27,6 @@ from lmpo.trainer.step.mismatch import mismatch_metrics
 from lmpo.trainer.step.ref_sync import sync_reference
 from lmpo.trainer.step.sampling import seed_for
 
-#: ``loss_hook(rl_step, loss) -> loss``, applied to every microbatch loss (a test hook: NaN injection)
-LossHook = Callable[[int, torch.Tensor], torch.Tensor]
-
 
 class NonFiniteError(RunError):
     """Too many consecutive optimizer steps had a non-finite loss or gradient."""
@@ -89,8 +86,7 @@ class NonFiniteGuard:
 
 def update(step: int, batch: RolloutBatch, *, model: torch.nn.Module, policy, optimizer, schedule, driver,
            ref_model, teacher, logprob_settings: stages.LogprobSettings, settings: UpdateSettings,
-           guard: NonFiniteGuard, device: torch.device, log: Callable[[str], None],
-           loss_hook: LossHook | None = None) -> dict[str, float]:
+           guard: NonFiniteGuard, device: torch.device, log: Callable[[str], None]) -> dict[str, float]:
     """All optimizer steps of RL step ``step`` on ``batch`` (B rows, advantages set); their merged statistics.
 
     Args:
@@ -122,7 +118,7 @@ def update(step: int, batch: RolloutBatch, *, model: torch.nn.Module, policy, op
         stats, train_logp = optimizer_step(
             step, batch, rows, cov_gen, model=model, policy=policy, optimizer=optimizer, schedule=schedule,
             driver=driver, ref_model=ref_model, teacher=teacher, logprob_settings=logprob_settings,
-            settings=settings, guard=guard, device=device, log=log, loss_hook=loss_hook, keep_logp=keep_logp)
+            settings=settings, guard=guard, device=device, log=log, keep_logp=keep_logp)
         if stats is not None:
             lr = stats.pop("optim/lr")
             per_step.append(stats)
@@ -152,8 +148,8 @@ def minibatches(step: int, B: int, settings: UpdateSettings, device: torch.devic
 def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: torch.Generator, *,
                    model: torch.nn.Module, policy, optimizer, schedule, driver, ref_model, teacher,
                    logprob_settings: stages.LogprobSettings, settings: UpdateSettings, guard: NonFiniteGuard,
-                   device: torch.device, log: Callable[[str], None], loss_hook: LossHook | None = None,
-                   keep_logp: bool = False) -> tuple[dict[str, float] | None, torch.Tensor | None]:
+                   device: torch.device, log: Callable[[str], None], keep_logp: bool = False
+                   ) -> tuple[dict[str, float] | None, torch.Tensor | None]:
     """One optimizer step over the minibatch ``rows`` ((B_m,) indices into ``batch``, whose ``old_logp`` and
     ``ref_logp`` are set as ``update`` sets them); arguments as ``update``'s, ``cov_gen`` seeds clip_cov.
 
@@ -187,8 +183,6 @@ def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: 
             ref_logp=batch.ref_logp[mu] if batch.ref_logp is not None else None, entropy=fwd.entropy,
             token_grad_norm=fwd.token_grad_norm, rollout_logp=batch.rollout_logp[mu] if needs.rollout_logp else None,
             num_tokens=num_tokens, num_seqs=num_seqs, generator=cov_gen, **distill)
-        if loss_hook is not None:
-            loss = loss_hook(step, loss)
         loss.backward()
         loss_sum = loss_sum + loss.detach()
     params = [p for p in model.parameters() if p.requires_grad]
