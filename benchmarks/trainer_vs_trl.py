@@ -193,7 +193,7 @@ def make_lmpo(model, tok, args, length: int, steps: int, compile: bool = False, 
 
 def _engine(trainer):
     """The trainer's rollout engine, built as the trainer builds it."""
-    from lmpo.trainer.build import build_rollout_engine
+    from lmpo.trainer.run.build import build_rollout_engine
 
     return build_rollout_engine(trainer.cfg, trainer.model, trainer.tokenizer,
                                 record_logprobs=trainer.driver.needs.rollout_logp)
@@ -201,7 +201,8 @@ def _engine(trainer):
 
 def run_lmpo(trainer, party: Party, phases: list[dict]) -> None:
     """``trainer.train()`` with the baton taken around each RL step and its phases timed."""
-    from lmpo.trainer import build, stages
+    from lmpo.trainer.run import build
+    from lmpo.trainer.step import stages
 
     k = trainer.cfg.rollout.async_staleness
     clock = {"gen": 0.0, "logp": 0.0}

@@ -395,7 +395,7 @@ def bench_mfu(setup: Setup) -> list[dict]:
     rows = []
     variants = [("fused head", True, None), ("materialised logits", False, None)]
     if setup.mfu_compile:
-        from lmpo.trainer.stages import CompiledCalls
+        from lmpo.trainer.step.stages import CompiledCalls
 
         variants.append(("materialised logits, torch.compile", False, CompiledCalls(model)))
     # the first batch size with every variant; larger ones (whose longer matrix products raise the tensor-core

@@ -21,12 +21,12 @@ import sys
 
 #: top-level commands: name -> "module:register function"
 COMMANDS: dict[str, str] = {
-    "train": "lmpo.trainer.cli:register_train",
-    "demo": "lmpo.trainer.cli:register_demo",
-    "plot": "lmpo.trainer.cli:register_plot",
-    "eval": "lmpo.trainer.eval_cli:register_eval",
-    "export": "lmpo.trainer.export:register_export",
-    "show": "lmpo.trainer.completions:register_show",
+    "train": "lmpo.trainer.commands:register_train",
+    "demo": "lmpo.trainer.commands:register_demo",
+    "plot": "lmpo.trainer.commands:register_plot",
+    "eval": "lmpo.eval.command:register_eval",
+    "export": "lmpo.trainer.run.export:register_export",
+    "show": "lmpo.trainer.run.completions:register_show",
     "lab": "lmpo.lab.cli:register_lab",
 }
 

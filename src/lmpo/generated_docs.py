@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lmpo.envs.docs import BLOCKS as ENV_BLOCKS
+from lmpo.integrations.trl_names import render_alias_table
 from lmpo.lab.docs import BLOCKS as LAB_BLOCKS
 from lmpo.objectives.reference import GENERATED_SECTIONS, preset_table_markdown
 from lmpo.textagent.sac.config import render_config_reference as sac_config_reference
 from lmpo.trainer.config import render_config_reference, render_metrics_reference
-from lmpo.trainer.trl_config import render_alias_table
 
 #: the command that regenerates every file below (and docs/errors.md)
 COMMAND = "make docs"

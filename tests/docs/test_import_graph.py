@@ -149,7 +149,7 @@ def _is_private(name: str) -> bool:
 
 def _owner(full: str, modules: set[str], packages: set[str]) -> str:
     """The package a private name belongs to: the package whose module (or which itself) defines the first
-    private component of ``full`` (``lmpo.trainer.cli._x`` → ``lmpo.trainer``; ``lmpo._hints.f`` → ``lmpo``)."""
+    private component of ``full`` (``lmpo.trainer.commands._x`` → ``lmpo.trainer``; ``lmpo._hints.f`` → ``lmpo``)."""
     parts = full.split(".")
     i = next(i for i, p in enumerate(parts) if _is_private(p))
     prefix = ".".join(parts[:i])
@@ -194,12 +194,12 @@ def test_private_import_check_sees_a_violation(tmp_path, monkeypatch):
 
     root = tmp_path / "src"
     shutil.copytree(SRC / "lmpo", root / "lmpo", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "lmpo" / "lab" / "planted.py").write_text("from lmpo.trainer.sampling import _hidden\n"
+    (root / "lmpo" / "lab" / "planted.py").write_text("from lmpo.trainer.config import _hidden\n"
                                                       "from lmpo.trainer import _private_module\n"
                                                       "from lmpo._hints import type_hints\n")
     monkeypatch.setattr(sys.modules[__name__], "SRC", root)
     bad = private_imports()
-    assert bad == ["lmpo.lab.planted imports lmpo.trainer.sampling._hidden (private to lmpo.trainer)",
+    assert bad == ["lmpo.lab.planted imports lmpo.trainer.config._hidden (private to lmpo.trainer)",
                    "lmpo.lab.planted imports lmpo.trainer._private_module (private to lmpo.trainer)"]
 
 

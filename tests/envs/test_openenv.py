@@ -134,7 +134,7 @@ def test_base_url_is_required():
 @pytest.mark.slow  # ~2 s alone, ~8 s on 2 busy cores
 def test_lmpo_train_two_steps_on_the_server(server, tmp_path):
     from lmpo.cli import main
-    from lmpo.trainer.metrics import read_jsonl
+    from lmpo.trainer.run.metrics import read_jsonl
 
     config = {
         "model": {"name": "tiny"},

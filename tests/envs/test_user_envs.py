@@ -196,7 +196,7 @@ def test_an_installed_package_brings_its_environments_through_the_entry_point_gr
 
 
 def test_show_prints_a_whole_episode_by_role():
-    from lmpo.trainer.completions import format_completions
+    from lmpo.trainer.run.completions import format_completions
 
     long = "x" * 200
     record = {"step": 3, "group": 0, "reward": 1.0, "advantage": 0.5, "correct": True, "length": 90,

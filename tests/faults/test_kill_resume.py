@@ -63,8 +63,8 @@ def _install_kill_points(kill_at: int | None, labels: list[str]) -> None:
     import lmpo.generation.episodes as episodes
     import lmpo.generation.worker as worker
     import lmpo.textagent.sac.train as sac_train
-    import lmpo.trainer.checkpoint as trainer_ckpt
-    import lmpo.trainer.loop as loop
+    import lmpo.trainer.run.loop as loop
+    import lmpo.trainer.run.state as trainer_ckpt
 
     def tick(label: str) -> None:
         labels.append(label)
@@ -407,7 +407,7 @@ def jobs(tmp_path_factory):
     pytest-xdist worker prepares only the jobs its tests need."""
     import lmpo.generation.worker as worker
     import lmpo.textagent.sac.train as sac_train
-    import lmpo.trainer.loop as loop
+    import lmpo.trainer.run.loop as loop
     from lmpo.textagent.env import sample_text_path
 
     threads = torch.get_num_threads()
@@ -517,7 +517,7 @@ def _ctrl_c_after(cls, method: str, calls: int):
 @pytest.mark.parametrize("name", ["trainer", "sac"])
 def test_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_resumes_exactly(jobs, name, tmp_path):
     import lmpo.textagent.sac.train as sac_train
-    import lmpo.trainer.loop as loop
+    import lmpo.trainer.run.loop as loop
 
     job = jobs(name)
     (cls, method, calls), said = {

@@ -198,8 +198,8 @@ def test_a_forward_hook_takes_the_model_off_the_lean_path():
 
 
 def test_rollout_lean_decode_switch_reaches_the_engine():
-    from lmpo.trainer.build import build_rollout_engine
     from lmpo.trainer.config import config_from_dict
+    from lmpo.trainer.run.build import build_rollout_engine
 
     model, tok = load_model_and_tokenizer("tiny", seed=0)
     for on in (True, False):

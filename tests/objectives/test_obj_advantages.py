@@ -5,11 +5,16 @@ import torch
 
 from lmpo.objectives.advantages import (
     compute_advantages,
-    filter_zero_variance_groups,
     grpo_advantages,
     rloo_advantages,
     zero_variance_mask,
 )
+
+
+def filter_zero_variance_groups(rewards: torch.Tensor, group_ids: torch.Tensor):
+    """Keep mask of DAPO-style group filtering: ``(keep (B,) bool, stats)``; stats give the dropped fraction."""
+    zero_var = zero_variance_mask(rewards, group_ids)
+    return ~zero_var, {"adv/zero_var_frac": zero_var.float().mean()}
 
 
 def test_grpo_hand_case():

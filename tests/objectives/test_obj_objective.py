@@ -39,14 +39,6 @@ def test_preset_parts_follow_spec():
     assert "entropy" not in Objective.preset("grpo").needs and "ref_logp" not in Objective.preset("grpo").needs
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
-def test_requires_properties_are_aliases_of_needs(name):
-    """The documented ``requires_*`` properties read ``needs``, the one source of what an objective asks for."""
-    obj = Objective.preset(name)
-    for key in ("entropy", "ref_logp", "token_grad_norm", "rollout_logp"):
-        assert getattr(obj, f"requires_{key}") is (key in obj.needs)
-
-
 def test_preset_overrides_and_errors():
     obj = Objective.preset("grpo", eps_high=0.3, kl_coef=0.04)
     assert obj.eps_high == 0.3 and obj.kl_coef == 0.04 and "ref_logp" in obj.needs

@@ -115,7 +115,7 @@ def test_config_section_and_shipped_config():
 def test_expansion_loss_thinking_reaches_the_update(tmp_path, monkeypatch):
     # The loop trains on the stage's loss mask: with expansion_loss = thinking the expanded rows' actions (the
     # answer and EOS after "</think>") carry no loss token, the originals keep every completion token.
-    import lmpo.trainer.loop as loop_module
+    import lmpo.trainer.run.loop as loop_module
 
     seen = []
     real = loop_module.update_stage.update

@@ -1,4 +1,4 @@
-"""``rollout.async_staleness`` = k >= 1 in the trainer (lmpo.trainer.pipeline): step t trains on the rollout the
+"""``rollout.async_staleness`` = k >= 1 in the trainer (lmpo.trainer.step.pipeline): step t trains on the rollout the
 in-process engine gives with the weights of step t − 1 − k, on the prompts and seed of the synchronous loop; a
 Ctrl-C checkpoint resumes to the uninterrupted run bit for bit; the worker is stopped on Ctrl-C and on errors;
 the combinations that cannot work are refused naming the field."""
@@ -11,14 +11,14 @@ import signal
 
 import pytest
 import torch
-from trainer_helpers import make_trainer, small_config, small_model
+from trainer_helpers import make_trainer, set_loss_hook, small_config, small_model
 
 from lmpo.config import ConfigError
 from lmpo.errors import InputError, Interrupted
 from lmpo.generation import HFRollout
 from lmpo.trainer import Trainer
 from lmpo.trainer.config import validate_config
-from lmpo.trainer.sampling import seed_for
+from lmpo.trainer.step.sampling import seed_for
 
 FACTORY = functools.partial(small_model, 0)
 STEPS = 4
@@ -101,7 +101,7 @@ def test_ctrl_c_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
         return loss
 
-    stopped.loss_hook = ctrl_c
+    set_loss_hook(stopped, ctrl_c)
     with pytest.raises(Interrupted) as info:
         stopped.train()
     assert info.value.checkpoint.name == "step_00000002"
@@ -126,7 +126,7 @@ def test_an_error_in_a_step_stops_the_worker(tmp_path):
             raise RuntimeError("injected")
         return loss
 
-    tr.loss_hook = fail
+    set_loss_hook(tr, fail)
     with pytest.raises(RuntimeError, match="injected"):
         tr.train()
     assert tr.pids and all(_gone(pid) for pid in tr.pids)

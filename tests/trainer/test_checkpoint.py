@@ -6,7 +6,7 @@ import pytest
 import torch
 from trainer_helpers import small_model
 
-import lmpo.trainer.checkpoint as ckpt
+import lmpo.trainer.run.state as ckpt
 from lmpo.checkpoints import MANIFEST, remove_stale
 from lmpo.errors import InputError
 

@@ -1,4 +1,4 @@
-"""Completion logs (lmpo.trainer.completions): the JSONL table, TensorBoard text, `lmpo show`, resume."""
+"""Completion logs (lmpo.trainer.run.completions): the JSONL table, TensorBoard text, `lmpo show`, resume."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from trainer_helpers import make_trainer
 
 from lmpo.cli import main
-from lmpo.trainer.completions import CompletionLog, read_completions
+from lmpo.trainer.run.completions import CompletionLog, read_completions
 
 
 @pytest.fixture(scope="module")

@@ -197,8 +197,8 @@ def test_kl_reward_defaults_have_one_source_and_idle_fields_are_named():
     """The KL-in-reward fields declare ``needs="kl_in_reward"``; their defaults are written only in the fields,
     and the controller the trainer builds from a default config starts from them."""
     from lmpo.config import idle_fields
-    from lmpo.trainer.build import build_kl_controller
     from lmpo.trainer.config import ObjectiveConfig, RewardsConfig
+    from lmpo.trainer.run.build import build_kl_controller
 
     fields = {f.name: f.default for f in dataclasses.fields(ObjectiveConfig) if f.metadata.get("needs")}
     assert fields == {"kl_reward_estimator": "k1", "kl_reward_coef": 0.001, "kl_ctrl_type": "fixed",

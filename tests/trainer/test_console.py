@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmpo.trainer import metrics as metrics_mod
-from lmpo.trainer.metrics import MetricsLogger, console_line, line_interval
+from lmpo.trainer.run import metrics as metrics_mod
+from lmpo.trainer.run.metrics import MetricsLogger, console_line, line_interval
 
 STEP = {"reward/mean": 0.5, "reward/accuracy": 0.25, "completion/length_mean": 3.0, "optim/grad_norm": 0.8,
         "loss/total": 1e-8}

@@ -19,7 +19,7 @@ from lmpo.objectives import Objective
 from lmpo.rewards import REWARDS
 from lmpo.rewards.overlong import overlong_penalty
 from lmpo.trainer.config import load_config
-from lmpo.trainer.sampling import ScoredRollout, dynamic_sample, informative_groups, mask_truncated
+from lmpo.trainer.step.sampling import ScoredRollout, dynamic_sample, informative_groups, mask_truncated
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ def test_sft_stops_early_at_the_training_accuracy_target():
 
     from lmpo.tasks import make_task
     from lmpo.trainer.config import SFTConfig
-    from lmpo.trainer.sft import supervised_warmup
+    from lmpo.trainer.run.sft import supervised_warmup
 
     model, tok = small_model()
     task = make_task("addition", min_digits=1, max_digits=1, num_eval=10)

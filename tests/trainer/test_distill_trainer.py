@@ -11,7 +11,7 @@ from lmpo.errors import InputError
 from lmpo.generation.distill import completion_logits, policy_logits_and_logprobs, teacher_inputs
 from lmpo.generation.logprobs import policy_logprobs
 from lmpo.models import CharTokenizer, build_tiny_model
-from lmpo.trainer.teacher import Teacher, check_pair
+from lmpo.trainer.step.teacher import Teacher, check_pair
 
 DISTILL = {"overrides": {"distill": "reverse_kl", "distill_policy_coef": 0.0}}
 

@@ -12,9 +12,9 @@ from trainer_helpers import SMALL_MODEL
 from chat_helpers import CHATML, fast_tokenizer
 from lmpo.cli import main
 from lmpo.errors import InputError
+from lmpo.eval.command import evaluate_model
+from lmpo.eval.greedy import wilson_interval
 from lmpo.models import CharTokenizer, build_tiny_model
-from lmpo.trainer.eval_cli import evaluate_model
-from lmpo.trainer.evaluate import wilson_interval
 
 
 def test_wilson_interval_hand_computed():

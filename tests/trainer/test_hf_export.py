@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 
 from lmpo.cli import main
 from lmpo.errors import InputError
+from lmpo.eval.command import evaluate_model
 from lmpo.models import MODEL_PRESETS, CharTokenizer, ModelPreset
-from lmpo.trainer.eval_cli import evaluate_model
-from lmpo.trainer.export import export_run, load_run_policy
+from lmpo.trainer.run.export import export_run, load_run_policy
 
 RUN_CONFIG = {
     "model": {"name": "hf-test-tiny"},
@@ -163,8 +163,8 @@ def test_resume_refuses_a_checkpoint_file_that_is_not_its_format(runs, tmp_path)
     import hashlib
     import shutil
 
-    from lmpo.trainer.checkpoint import CheckpointError, load_checkpoint
-    from lmpo.trainer.export import resolve_source
+    from lmpo.trainer.run.export import resolve_source
+    from lmpo.trainer.run.state import CheckpointError, load_checkpoint
 
     ck = tmp_path / "run" / "checkpoints" / "step_00000002"
     shutil.copytree(runs / "full" / "checkpoints" / "step_00000002", ck)
@@ -183,7 +183,7 @@ def test_resume_refuses_a_checkpoint_file_that_is_not_its_format(runs, tmp_path)
 def test_eval_run_prefers_a_newer_checkpoint_over_model(runs, tmp_path):
     import shutil
 
-    from lmpo.trainer.export import resolve_source
+    from lmpo.trainer.run.export import resolve_source
 
     run = tmp_path / "run"
     shutil.copytree(runs / "full", run)

@@ -21,9 +21,9 @@ from lmpo.checkpoints import list_checkpoints, load_state
 from lmpo.config import ConfigError
 from lmpo.errors import InputError
 from lmpo.objectives.kl_reward import AdaptiveKLController
-from lmpo.trainer import update
-from lmpo.trainer.metrics import METRIC_DOCS, read_jsonl
-from lmpo.trainer.ref_sync import check_sync_compatible, sync_reference
+from lmpo.trainer.run.metrics import METRIC_DOCS, read_jsonl
+from lmpo.trainer.step import update
+from lmpo.trainer.step.ref_sync import check_sync_compatible, sync_reference
 
 KL_ON = {"kl_in_reward": True, "kl_reward_estimator": "k3", "kl_reward_coef": 0.05, "kl_ctrl_type": "adaptive",
          "kl_ctrl_target": 1e-4, "kl_ctrl_horizon": 24}
@@ -38,7 +38,7 @@ def _train_rows(run_dir):
 
 
 def _crash_at(step_to_crash):
-    import lmpo.trainer.loop as loop_mod
+    import lmpo.trainer.run.loop as loop_mod
 
     real_step = loop_mod.Trainer.rl_step
 

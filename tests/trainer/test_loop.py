@@ -6,12 +6,14 @@ import math
 
 import pytest
 import torch
-from trainer_helpers import make_trainer, small_model, train_killed_in_step
+from trainer_helpers import make_trainer, set_loss_hook, small_model, train_killed_in_step
 
 from lmpo.generation import RolloutBatch
-from lmpo.trainer import NonFiniteError, build, stages
-from lmpo.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from lmpo.trainer.metrics import read_jsonl
+from lmpo.trainer import NonFiniteError
+from lmpo.trainer.run import build
+from lmpo.trainer.run.metrics import read_jsonl
+from lmpo.trainer.run.state import latest_checkpoint, list_checkpoints, load_checkpoint
+from lmpo.trainer.step import stages
 
 # per-step numbers that depend on wall time are excluded from exact comparisons
 _TIMING = ("time/", "perf/")
@@ -89,7 +91,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 
 def test_nan_loss_is_skipped_and_counted(tmp_path):
     trainer = make_trainer(tmp_path / "nan", loop={"steps": 3})
-    trainer.loss_hook = lambda step, loss: loss * float("nan") if step == 2 else loss
+    set_loss_hook(trainer, lambda step, loss: loss * float("nan") if step == 2 else loss)
     w0 = _weights(trainer.model)
     result = trainer.train()
     assert result.nonfinite_skipped == 1
@@ -104,7 +106,7 @@ def test_nan_loss_is_skipped_and_counted(tmp_path):
 def test_nan_in_a_row_stops_with_clear_message_and_keeps_checkpoints(tmp_path):
     trainer = make_trainer(tmp_path / "stop", loop={"steps": 8, "max_nonfinite_steps": 3},
                            checkpoint={"every_steps": 1, "keep_last": 0})
-    trainer.loss_hook = lambda step, loss: loss * float("nan") if step >= 3 else loss
+    set_loss_hook(trainer, lambda step, loss: loss * float("nan") if step >= 3 else loss)
     with pytest.raises(NonFiniteError, match=r"3 consecutive .*max_nonfinite_steps=3.*stopping at RL step 5"):
         trainer.train()
     ckpts = list_checkpoints(tmp_path / "stop")

@@ -10,7 +10,7 @@ import torch
 from trainer_helpers import make_trainer
 
 from lmpo.generation import HFRollout
-from lmpo.trainer.evaluate import reward_arguments
+from lmpo.rewards.scorer import reward_arguments
 
 
 class Spy:

@@ -12,8 +12,8 @@ from trainer_helpers import make_trainer, small_config, small_model
 from lmpo.errors import RunError
 from lmpo.generation import HFRollout
 from lmpo.trainer import Trainer
-from lmpo.trainer.metrics import METRIC_DOCS
-from lmpo.trainer.mismatch import mismatch_metrics
+from lmpo.trainer.run.metrics import METRIC_DOCS
+from lmpo.trainer.step.mismatch import mismatch_metrics
 
 verl_helper = pytest.importorskip("verl.trainer.ppo.rollout_corr_helper")
 

@@ -1,4 +1,4 @@
-"""Multi-turn training (``env`` section, ``lmpo.trainer.episodes``): the trainer on episodes, zero gradient on the
+"""Multi-turn training (``env`` section, ``lmpo.trainer.step.multiturn``): the trainer on episodes, zero gradient on the
 environment's tokens at every importance level, truncation masking, and the refused combinations."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from lmpo.envs.tools import format_tool_call
 from lmpo.generation.episodes import run_episodes
 from lmpo.models import build_chat_tokenizer, build_tiny_model
 from lmpo.objectives import Objective, ObjectiveDriver
-from lmpo.trainer import Trainer, stages
+from lmpo.trainer import Trainer
 from lmpo.trainer.config import config_from_dict, validate_config
-from lmpo.trainer.episodes import episodes_to_rollout
+from lmpo.trainer.step import stages
+from lmpo.trainer.step.multiturn import episodes_to_rollout
 
 ENV = "ToolArithmetic-v0"
 BUDGET = {"max_turns": 3, "max_total_tokens": 120, "max_new_tokens_per_turn": 16}
@@ -206,7 +207,7 @@ def test_env_fields_without_an_env_are_refused(tmp_path):
 
 def test_demonstration_sources_spread_each_share_evenly():
     from lmpo.trainer.config import DemonstrationSource
-    from lmpo.trainer.sft import demonstration_sources
+    from lmpo.trainer.run.sft import demonstration_sources
 
     owner = demonstration_sources(10, [DemonstrationSource(0.6)])
     assert owner == [1, 0, 1, 0, 1, 1, 0, 1, 0, 1]  # rows round(linspace(0, 9, 6)): 6 of 10, both ends
@@ -219,9 +220,8 @@ def test_demonstration_sources_spread_each_share_evenly():
 
 
 def test_mixed_demonstrations_train_on_the_experts_tokens_only():
-    from lmpo.trainer.config import DemonstrationSource
-    from lmpo.trainer.episodes import EnvConfig
-    from lmpo.trainer.sft import Demonstrations
+    from lmpo.trainer.config import DemonstrationSource, EnvConfig
+    from lmpo.trainer.run.sft import Demonstrations
 
     tok = build_chat_tokenizer()
     env = EnvConfig(id=ENV, budget=EpisodeBudget(4, 256, 96))
@@ -250,7 +250,7 @@ def test_the_trainer_warms_up_on_expert_episodes_before_rl(tmp_path):
     assert len(result.sft_losses) == 40 and result.sft_losses[-1] < result.sft_losses[0] / 4
     runner = trainer.episode_runner
     runner.sampler.temperature = 0.0
-    from lmpo.trainer.episodes import env_factory
+    from lmpo.trainer.step.multiturn import env_factory
 
     played = runner.run(env_factory(trainer.cfg.env), trainer.eval_examples[:3], 1, seed=0)
     assert [e.messages[1]["content"] for e in played] == ["8"] * 3
@@ -264,8 +264,8 @@ def test_estimator_needing_a_greedy_baseline_is_refused(tmp_path):
 def test_resume_equals_uninterrupted_multiturn_run(tmp_path):
     """Episodes are seeded by (loop.seed, step): a run killed after step 2 and resumed ends where the
     uninterrupted one does, bit for bit (weights and logged metrics)."""
-    from lmpo.trainer.checkpoint import list_checkpoints
-    from lmpo.trainer.metrics import read_jsonl
+    from lmpo.trainer.run.metrics import read_jsonl
+    from lmpo.trainer.run.state import list_checkpoints
 
     sections = {"loop": {"steps": 4, "prompts_per_step": 4}, "rollout": {"completions_per_prompt": 4},
                 "checkpoint": {"every_steps": 2, "keep_last": 0}, "eval": {"every_steps": 2}}
@@ -292,7 +292,7 @@ def test_resume_equals_uninterrupted_multiturn_run(tmp_path):
 
 def test_turn_advantages_by_hand():
     from lmpo.objectives.advantages import make_estimator
-    from lmpo.trainer.episodes import turn_advantages
+    from lmpo.trainer.step.multiturn import turn_advantages
 
     # group 0: ep0 rewards [0, 1], ep1 [0.5, 0]; group 1: ep2 [1] (one turn), ep3 [0, 0]; γ = 0.5
     # returns-to-go: ep0 [0.5, 1], ep1 [0.5, 0], ep2 [1], ep3 [0, 0]
@@ -311,7 +311,7 @@ def test_turn_advantages_by_hand():
 def test_turn_advantages_reduce_to_episode_advantages():
     """γ = 1, rewards only at the last turn, equal turn counts: every token gets the episode-return advantage."""
     from lmpo.objectives.advantages import make_estimator
-    from lmpo.trainer.episodes import turn_advantages
+    from lmpo.trainer.step.multiturn import turn_advantages
 
     gen = torch.Generator().manual_seed(0)
     B, K = 8, 3
@@ -350,7 +350,7 @@ def test_turn_discount_refuses_estimators_with_inputs(tmp_path):
 def test_lmpo_eval_plays_a_multiturn_runs_held_out_episodes_as_the_trainer_did(tmp_path):
     """`lmpo eval RUN` on an episode run: the held-out success the trainer logged last, and the same episodes."""
     from lmpo.errors import InputError
-    from lmpo.trainer.eval_cli import evaluate_model
+    from lmpo.eval.command import evaluate_model
 
     result = env_trainer(tmp_path / "run", "GuessNumber-v0", loop={"steps": 1}).train()
     evaluated = evaluate_model(str(tmp_path / "run"), None, device="cpu", samples_per_prompt=2)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmpo.trainer.config import OptimConfig
-from lmpo.trainer.optim import Schedule, build_optimizer, lr_at
+from lmpo.trainer.run.optim import Schedule, build_optimizer, lr_at
 
 
 def test_warmup_then_constant():

@@ -1,4 +1,4 @@
-"""pass@k and avg@k (lmpo.trainer.passk): the unbiased estimator by hand and by enumeration, intervals, wiring."""
+"""pass@k and avg@k (lmpo.eval.passk): the unbiased estimator by hand and by enumeration, intervals, wiring."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 from trainer_helpers import make_trainer
 
-from lmpo.trainer.passk import default_ks, mean_interval, pass_at_k, pass_at_k_metrics
+from lmpo.eval.passk import default_ks, mean_interval, pass_at_k, pass_at_k_metrics
 
 
 def _enumerated(n: int, c: int, k: int) -> float:

@@ -12,9 +12,7 @@ import yaml
 
 from lmpo.config import ConfigError, deep_merge, generated_block
 from lmpo.errors import InputError
-from lmpo.objectives import Objective
-from lmpo.trainer.config import TrainConfig, config_from_dict, load_config, validate_config
-from lmpo.trainer.trl_config import (
+from lmpo.integrations.trl_names import (
     TRL_ALIASES,
     TRL_IGNORED,
     TRL_REFUSED,
@@ -22,6 +20,8 @@ from lmpo.trainer.trl_config import (
     translate_trl,
     trl_defaults,
 )
+from lmpo.objectives import Objective
+from lmpo.trainer.config import TrainConfig, config_from_dict, load_config, validate_config
 
 trl = pytest.importorskip("trl")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trainer.md"

@@ -58,3 +58,19 @@ def train_killed_in_step(trainer, step: int) -> None:
             trainer.train()
     finally:
         Trainer.rl_step = real_step
+
+
+def set_loss_hook(trainer, hook) -> None:
+    """Apply ``hook(rl_step, loss) -> loss`` to every microbatch loss of ``trainer`` (NaN injection, a Ctrl-C or an
+    error raised mid-step): wraps its ``update`` (to know the RL step) and its objective driver's ``loss``."""
+    step = [0]
+    real_update, real_loss = trainer.update, trainer.driver.loss
+
+    def update(rl_step, batch):
+        step[0] = rl_step
+        return real_update(rl_step, batch)
+
+    def loss(*args, **kwargs):
+        return hook(step[0], real_loss(*args, **kwargs))
+
+    trainer.update, trainer.driver.loss = update, loss

@@ -42,8 +42,9 @@ COV_QUANTILES = (0.80, 0.85, 0.90, 0.95, 0.98, 0.99)
 def measure_start(train: dict, seed: int, *, batches: int, updates: int, log=print) -> dict[str, Any]:
     """Token- and sequence-level quantities of R off-policy batches at the start of RL (see the module docstring)."""
     from lmpo.lab.gradients import _advantages, _Batches, _no_grad_logp, _sequences, off_policy_point
-    from lmpo.trainer import Trainer, stages
+    from lmpo.trainer import Trainer
     from lmpo.trainer.config import config_from_dict
+    from lmpo.trainer.step import stages
 
     cfg = config_from_dict(train)
     trainer = Trainer(cfg, log=log)

@@ -7,7 +7,7 @@ import sys
 
 
 def register_lab(subparsers: argparse._SubParsersAction, name: str) -> None:
-    from lmpo.trainer.cli import accept_overrides
+    from lmpo.trainer.commands import accept_overrides
 
     p = subparsers.add_parser(
         name, help="run a grid of objectives × seeds under one budget, the gradient study and the verdicts",

@@ -38,8 +38,9 @@ import torch
 
 from lmpo.generation import RolloutBatch
 from lmpo.lab import stats as st
-from lmpo.trainer import build, stages
 from lmpo.trainer.config import config_from_dict
+from lmpo.trainer.run import build
+from lmpo.trainer.step import stages
 
 # ----------------------------------------------------------------------------------------------------
 # The seam: the only code here that calls the rollout engine and the trainer's log-prob forward
@@ -84,7 +85,7 @@ def _no_grad_logp(trainer, model, batch: dict, T: int) -> torch.Tensor:
 
 def _score(trainer, examples: list, rollout, engine) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(B,) total rewards of a rollout, scored as the trainer scores its own, and what the advantage estimator
-    needs beyond them (``lmpo.trainer.stages.advantage_inputs``, as the trainer computes them)."""
+    needs beyond them (``lmpo.trainer.step.stages.advantage_inputs``, as the trainer computes them)."""
     rewards, per_fn = stages.score_rewards(trainer.scorer, examples, rollout)
     return rewards, stages.advantage_inputs(trainer.estimator, trainer.scorer, examples, rollout, per_fn,
                                             engine=engine, device=trainer.device,
@@ -248,7 +249,7 @@ def off_policy_point(trainer, batches: _Batches, k: int, seed: int, step: int, *
     model to θ' by k GRPO minibatch updates on an update batch from θ_s, with AdamW at the train section's
     settings and, when given, the snapshot's optimizer state (its moments), so that the step sizes are those
     of training at that point and not those of a fresh AdamW."""
-    from lmpo.trainer.optim import build_optimizer
+    from lmpo.trainer.run.optim import build_optimizer
 
     cfg, model = trainer.cfg, trainer.model
     behaviour = copy.deepcopy(model).eval()
@@ -277,7 +278,7 @@ def gradient_study(spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
     """The study at one snapshot (see the module docstring); ``spec`` is the job spec of ``lmpo.lab.grid``."""
     from lmpo.objectives import Objective, ObjectiveDriver
     from lmpo.trainer import Trainer
-    from lmpo.trainer.checkpoint import load_checkpoint
+    from lmpo.trainer.run.state import load_checkpoint
 
     t0 = time.perf_counter()
     cfg = config_from_dict(spec["train"])

@@ -113,7 +113,7 @@ def run_warmup(job_dir: Path, spec: dict, log: Callable[[str], None]) -> dict[st
 def run_cell(job_dir: Path, spec: dict, log: Callable[[str], None]) -> dict[str, Any]:
     """One training cell: resume from its newest checkpoint or start clean; summarise its metrics."""
     from lmpo.trainer import Trainer
-    from lmpo.trainer.checkpoint import checkpoint_dir, latest_checkpoint
+    from lmpo.trainer.run.state import checkpoint_dir, latest_checkpoint
 
     cfg = config_from_dict(spec["train"])
     run_dir = Path(cfg.logging.run_dir)
@@ -153,8 +153,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def sampled_evaluation(trainer, k: int, *, seed: int) -> dict[str, Any]:
     """k completions per held-out problem, sampled like the training rollout (its temperature, top-p, top-k):
     ``pass_at_k`` (some sample is right, unbiased with n = k) and ``avg_at_k`` (mean share right)."""
+    from lmpo.eval.greedy import judge
     from lmpo.generation import HFRollout
-    from lmpo.trainer.evaluate import judge
 
     cfg = trainer.cfg
     engine = HFRollout(trainer.model, trainer.tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -233,7 +233,7 @@ def summarise_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     ``kl_behaviour``, ``steps_per_s`` (RL steps per second of step time, evaluation excluded) and the staleness
     study's ``mismatch_kl``, ``is_truncated_frac``, ``is_masked_frac`` and ``rejected_frac``.
     """
-    from lmpo.trainer.metrics import read_jsonl
+    from lmpo.trainer.run.metrics import read_jsonl
 
     rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
     train = sorted((r for r in rows if r.get("kind") == "train"), key=lambda r: r["step"])

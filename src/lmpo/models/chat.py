@@ -11,7 +11,10 @@ character plus Qwen2's special tokens, and Qwen2's chat format (``<|im_start|>ro
 
 from __future__ import annotations
 
+import os
 import string
+
+from lmpo.errors import InputError
 
 #: Qwen2's ChatML chat template without its tool-calling branches
 CHATML_TEMPLATE = (
@@ -55,3 +58,14 @@ def build_chat_tokenizer(chat_template: str | None = CHATML_TEMPLATE):
                                         additional_special_tokens=[CHAT_SPECIAL_TOKENS[1]], padding_side="left")
     tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def read_chat_template(template: str) -> str:
+    """A Jinja chat template given as its text (contains ``{{`` or ``{%``) or as the path of a file holding it."""
+    if "{{" in template or "{%" in template:
+        return template
+    if not os.path.isfile(template):
+        raise InputError(f"chat template {template!r} is neither a Jinja template (no '{{{{' or '{{%') nor an "
+                         "existing file; give the template text or the path of a .jinja file.")
+    with open(template, encoding="utf-8") as fh:
+        return fh.read()

@@ -86,15 +86,6 @@ def zero_variance_mask(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.
     return group_statistics(rewards, group_ids)["zero_variance"]
 
 
-def filter_zero_variance_groups(
-    rewards: torch.Tensor, group_ids: torch.Tensor
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Keep mask for dynamic sampling (DAPO): ``(keep (B,) bool, stats)``; stats give the dropped fraction."""
-    zero_var = zero_variance_mask(rewards, group_ids)
-    stats = {"adv/zero_var_frac": zero_var.float().mean()}
-    return ~zero_var, stats
-
-
 def _stats(adv: torch.Tensor, zero_var: torch.Tensor) -> dict[str, torch.Tensor]:
     adv = adv.detach()
     return {

@@ -159,27 +159,6 @@ class Objective:
             object.__setattr__(self, "_needs", frozenset(needs))
         return self._needs
 
-    # Documented aliases of ``needs`` (docs/objectives.md), kept for scripts written against them.
-    @property
-    def requires_entropy(self) -> bool:
-        """``"entropy" in self.needs``."""
-        return "entropy" in self.needs
-
-    @property
-    def requires_ref_logp(self) -> bool:
-        """``"ref_logp" in self.needs``."""
-        return "ref_logp" in self.needs
-
-    @property
-    def requires_token_grad_norm(self) -> bool:
-        """``"token_grad_norm" in self.needs``."""
-        return "token_grad_norm" in self.needs
-
-    @property
-    def requires_rollout_logp(self) -> bool:
-        """``"rollout_logp" in self.needs``."""
-        return "rollout_logp" in self.needs
-
     @property
     def entropy_in_loss(self) -> bool:
         """Whether the entropies enter the loss with their gradient (a bonus), not only as a mask or a statistic."""
@@ -259,27 +238,18 @@ class Objective:
         lengths = m.sum(-1)  # (B,) |y|
         num_valid = lengths.sum()  # N
         clamp = self._general.log_ratio_clamp
-        # Inputs are zeroed at invalid positions so that garbage there (even NaN) reaches no value or gradient.
-        # With the finiteness check on, a product with the mask does it (a multiplication costs a fraction of a
-        # masked select on CPU) and the check's one reduction per tensor shows whether anything, garbage
-        # included, was not finite; only then are the inputs masked again with selects and checked once more
-        # (reporting a bad value at a valid position). Without the check the selects are used directly.
-        clean = self._general.check_finite
-        diff, adv, adv_check, inputs = _masked_inputs(clean, logp, old_logp, advantages, optional, valid, m, lengths,
-                                                      dtype)
+        # Inputs are zeroed at invalid positions by selects, so that garbage there (even NaN) reaches no value or
+        # gradient. The finiteness check then costs one reduction per input and one host sync, which also tells
+        # whether any log-ratio reaches the clamp.
+        diff, adv, adv_check, inputs = _masked_inputs(logp, old_logp, advantages, optional, valid, lengths, dtype)
         clamped = True  # whether some |log-ratio| may exceed the clamp (unknown without the check)
-        if clean:
-            finite, clamped, mask_ok = _scan(diff, adv_check, inputs, mask, clamp)
-            if not (finite and mask_ok):
-                clean = False
-                diff, adv, adv_check, inputs = _masked_inputs(False, logp, old_logp, advantages, optional, valid, m,
-                                                              lengths, dtype)
-                clamped = self._check_values(diff, adv_check, inputs, mask, valid, logp, old_logp, advantages, clamp)
+        if self._general.check_finite:
+            clamped = self._check_values(diff, adv_check, inputs, mask, valid, logp, old_logp, advantages, clamp)
 
         # When no log-ratio reaches the clamp the clamp is the identity (in value and gradient): skip it.
         ctx = Context(logp=logp, old_logp=old_logp, valid=valid, m=m, lengths=lengths, num_valid=num_valid, diff=diff,
                       log_ratio=diff.clamp(-clamp, clamp) if clamped else diff, adv=adv, dtype=dtype, inputs=inputs,
-                      generator=generator, clamp=clamp, clean=clean)
+                      generator=generator, clamp=clamp)
         stats: dict[str, torch.Tensor] = {}
         ctx.credit = parts["credit"].weights(ctx)
         ctx.correction = parts["correction"].apply(ctx, stats)
@@ -445,12 +415,11 @@ class Objective:
         return ", ".join(owners)
 
 
-def _masked_inputs(clean: bool, logp, old_logp, advantages, optional, valid, m, lengths, dtype):
+def _masked_inputs(logp, old_logp, advantages, optional, valid, lengths, dtype):
     """``(diff, adv, adv_check, inputs)``: the log-ratio (B, T), advantages (B, 1) or (B, T), the advantages to check,
-    and the optional inputs, each 0 at invalid positions: by a product with the float mask ``m`` when ``clean``
-    (garbage there must be caught by the finiteness check), else by selects."""
+    and the optional inputs, each 0 at invalid positions (selects: garbage there, NaN included, goes nowhere)."""
     def zero_invalid(x: torch.Tensor) -> torch.Tensor:
-        return x * m if clean else torch.where(valid, x, 0.0)
+        return torch.where(valid, x, 0.0)
 
     diff = zero_invalid(logp.to(dtype) - old_logp.detach().to(dtype))  # (B, T) log-ratio
     if advantages.dim() == 1:

@@ -48,6 +48,7 @@ class RewardModel:
 
     def __init__(self, path: str, *, seqs_per_batch: int = 32, chat_template: str | None = None,
                  dtype: str = "float32", device: str | torch.device = "cpu", model=None, tokenizer=None) -> None:
+        from lmpo.models.chat import read_chat_template
         from lmpo.models.loading import (
             hf_progress_bars_only_on_a_terminal,
             hub_load_options,
@@ -55,7 +56,6 @@ class RewardModel:
             refuse_pickle_weights,
             resolve_dtype,
         )
-        from lmpo.tasks.chat import read_chat_template
 
         if seqs_per_batch < 1:
             raise InputError(f"reward model {path!r}: seqs_per_batch={seqs_per_batch} must be >= 1.")

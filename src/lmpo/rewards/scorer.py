@@ -134,6 +134,31 @@ def get_reward_fn(name_or_path: str) -> Callable[..., list]:
     return load_reward_fn(name_or_path)
 
 
+def reward_arguments(examples: Sequence, completions: Sequence[str]
+                     ) -> tuple[list, list, list[str], dict[str, list]]:
+    """``(prompts, completions, answers, columns)`` for reward functions, one entry per completion of the
+    ``lmpo.tasks.Example`` at the same position.
+
+    As TRL passes them: for an example whose prompt is a conversation (``Example.messages``), its prompt is
+    the message list and its completion ``[{"role": "assistant", "content": text}]``; otherwise both are
+    strings. ``columns`` are the examples' extra fields (see :func:`_meta_columns`).
+    """
+    prompts = [e.messages if e.messages is not None else e.prompt for e in examples]
+    wrapped = [[{"role": "assistant", "content": c}] if e.messages is not None else c
+               for e, c in zip(examples, completions)]
+    return prompts, wrapped, [e.answer for e in examples], _meta_columns(examples)
+
+
+def _meta_columns(examples: Sequence) -> dict[str, list]:
+    """Per-sample meta columns (TRL style keyword lists) shared by every example."""
+    if not examples:
+        return {}
+    keys = set(examples[0].meta)
+    for e in examples[1:]:
+        keys &= set(e.meta)
+    return {k: [e.meta[k] for e in examples] for k in sorted(keys) if k not in ("prompts", "completions", "answer")}
+
+
 @dataclass(frozen=True)
 class RewardSpec:
     """One weighted reward function: ``name`` is a built-in name or ``pkg.module:function``;

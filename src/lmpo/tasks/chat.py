@@ -16,12 +16,11 @@ built-in task), ``text`` never renders (conversational data are then an error).
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lmpo.errors import InputError
-from lmpo.models.chat import has_chat_template
+from lmpo.models.chat import has_chat_template, read_chat_template
 from lmpo.tasks.base import Example
 
 PROMPT_FORMATS = ("auto", "chat", "text")
@@ -31,17 +30,6 @@ def is_conversation(value: Any) -> bool:
     """True for a non-empty list of ``{"role": ..., "content": ...}`` messages (TRL's conversational format)."""
     return (isinstance(value, (list, tuple)) and len(value) > 0
             and all(isinstance(m, Mapping) and "role" in m and "content" in m for m in value))
-
-
-def read_chat_template(template: str) -> str:
-    """A Jinja chat template given as its text (contains ``{{`` or ``{%``) or as the path of a file holding it."""
-    if "{{" in template or "{%" in template:
-        return template
-    if not os.path.isfile(template):
-        raise InputError(f"chat template {template!r} is neither a Jinja template (no '{{{{' or '{{%') nor an "
-                         "existing file; give the template text or the path of a .jinja file.")
-    with open(template, encoding="utf-8") as fh:
-        return fh.read()
 
 
 def _adds_bos(tokenizer) -> bool:

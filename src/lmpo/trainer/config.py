@@ -27,6 +27,7 @@ from lmpo.config import (
     check_fields,
     check_value,
     deep_merge,
+    flat_aliases,
     from_dict,
     idle_fields,
     parse_overrides,
@@ -36,9 +37,12 @@ from lmpo.config import (
     to_dict,
 )
 from lmpo.config import option as _f
+from lmpo.envs import ENVS, EpisodeBudget, LMEnv
+from lmpo.envs.base import is_registered, unknown_env_message
+from lmpo.envs.plugins import import_env_modules
+from lmpo.envs.tools.sandbox import set_default_require
+from lmpo.generation.episodes import ON_ENV_ERROR
 from lmpo.rlvcr.config import RLVCRConfig
-from lmpo.trainer.episodes import EnvConfig, validate_env
-from lmpo.trainer.teacher import TeacherConfig, validate_teacher
 
 __all__ = ["ConfigError", "TrainConfig", "config_from_dict", "config_to_dict", "load_config", "parse_overrides",
            "render_config_reference", "replace", "save_config", "validate_config"]
@@ -536,7 +540,7 @@ class EvalConfig:
     max_new_tokens: int | None = _f(None, "Completion length at evaluation (default: rollout.max_new_tokens).", ge=1)
     samples_per_prompt: int = _f(0, "Also sample this many completions per held-out prompt (rollout temperature "
                                  "and top-p, a fixed seed) and log `eval/pass@k` for k = 1, 2, 4, … and "
-                                 "`eval/avg@n` with 95% intervals (lmpo.trainer.passk); 0 = greedy accuracy only.",
+                                 "`eval/avg@n` with 95% intervals (lmpo.eval.passk); 0 = greedy accuracy only.",
                                  ge=0)
 
 
@@ -578,6 +582,170 @@ class LoggingConfig:
         if self.wandb:
             _require_package("wandb", "`logging.wandb` = true needs the `wandb` package; install it or set "
                              "logging.wandb: false.")
+
+
+# ---- the teacher of on-policy distillation (lmpo.trainer.step.teacher)
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    """The teacher of on-policy distillation (used when the objective selects a `distill` part)."""
+
+    name: str = _f("", "A built-in preset, a local directory holding a saved Hugging Face causal LM, or a hub id; it "
+                   "must share the policy's tokenizer. Empty = no teacher.")
+    init_seed: int = _f(0, "Seed of the random initialisation when `name` is a built-in preset.", ge=0)
+    dtype: str = _f("float32", "Parameter dtype of the teacher.", choices=("float32", "bfloat16", "float16"))
+
+
+def validate_teacher(cfg: Any, objective: Any) -> None:
+    """The ``teacher`` section against the objective: a distillation part needs a teacher and a teacher needs one."""
+    name = cfg.teacher.name
+    wants = "teacher_logits" in objective.needs
+    if wants and not name:
+        raise ConfigError(f"`objective.overrides` selects distill={objective.distill!r}, which needs a teacher, but "
+                          "`teacher.name` is empty. Set teacher.name to a model sharing the policy's tokenizer, or "
+                          "set objective.overrides.distill: none.")
+    if name and not wants:
+        raise ConfigError(f"`teacher.name` = {name!r} but the objective has no distillation part, so the teacher "
+                          "would never be used. Select one (objective.overrides.distill: reverse_kl or gkd_jsd) or "
+                          "leave teacher.name empty.")
+    if wants and "token_grad_norm" in objective.needs:
+        raise ConfigError(f"distill={objective.distill!r} with credit={objective.credit!r}: per-token gradient norms "
+                          "and the distillation forward are not supported together. Use credit: none.")
+
+
+# ---- multi-turn environments (lmpo.trainer.step.multiturn)
+
+
+#: the default limit of one environment call: far above any real step, so that only a hang reaches it
+DEFAULT_STEP_TIMEOUT_S = 60.0
+#: advantage-estimator inputs the episode stage can supply (lengths: policy tokens per episode)
+EPISODE_ADVANTAGE_INPUTS = frozenset({"lengths"})
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Where an environment's tools run model-written code (the `python` tool; docs/multiturn.md, "The Python sandbox")."""
+
+    require: str | None = _f(None, "The weakest sandbox mode the run accepts: `jail` (namespaces, seccomp, a "
+                             "read-only root; as root or where user namespaces are allowed), `network` (only "
+                             "the network cut) or `none`; the run stops at its start when this machine gives less. "
+                             "Unset: the strongest available, with a one-line warning when that is not a jail.",
+                             choices=(None, "jail", "network", "none"))
+
+
+@flat_aliases({"import": "imports"})
+@dataclass(frozen=True)
+class EnvConfig:
+    """A multi-turn environment to train on instead of single-turn completions (docs/multiturn.md)."""
+
+    id: str | None = _f(None, "Registered environment id of `lmpo.envs.ENVS` (e.g. `ToolArithmetic-v0`); unset = "
+                        "single-turn training. Examples come from the environment's task, built with "
+                        "`task.options`; `rollout.completions_per_prompt` episodes are played per example. Ids of "
+                        "installed packages' `lmpo.envs` entry points are found without `import`.")
+    imports: tuple[str, ...] = _f((), "Modules (dotted names on PYTHONPATH) or `.py` files (relative to the "
+                                  "current directory) imported before `id` is looked up, so that their "
+                                  "`@register_env` classes are registered: your own environments "
+                                  "(docs/multiturn.md, \"Writing an environment\"). Written `env.import` in YAML "
+                                  "and on the command line.")
+    options: dict = _f({}, "Keyword options of the environment constructor (e.g. `{max_turns: 4}`).")
+    budget: EpisodeBudget = _f(EpisodeBudget(), "Episode budgets the driver enforces (replace "
+                               "`rollout.max_new_tokens` for multi-turn runs).")
+    on_env_error: str = _f("raise", "An environment that raises or returns a malformed result: `raise` stops the "
+                           "run naming the environment and the turn; `truncate` ends that episode as truncated "
+                           "(`episodes/end_env_error`).", choices=ON_ENV_ERROR)
+    step_timeout_s: float | None = _f(DEFAULT_STEP_TIMEOUT_S, "Wall-clock limit of one `reset`/`step` call "
+                                      "(null: none): an environment that hangs stops the run with a message naming "
+                                      "it and the turn (or ends that episode, under `on_env_error: truncate`).",
+                                      gt=0)
+    chat_template: str | None = _f(None, "Jinja chat template used instead of the tokenizer's own to render "
+                                   "openings and observations.")
+    sandbox: SandboxConfig = _f(SandboxConfig(), "The sandbox of tools that run model-written code.")
+    turn_discount: float | None = _f(None, "Per-turn credit: with γ set, each turn's tokens get the advantage "
+                                     "estimator applied to that turn's discounted return-to-go `G_k = Σ_{j≥k} "
+                                     "γ^(j−k) r_j` over the group's episodes that reached turn k; unset: every "
+                                     "token of an episode gets the advantage of its return.", ge=0, le=1)
+
+
+def validate_env(cfg, objective) -> None:
+    """The ``env`` section against the rest of the run. Raises ConfigError naming the field and the fix."""
+    env = cfg.env
+    if env.id is None:
+        changed = [k for k, d in (("imports", ()), ("options", {}), ("budget", EpisodeBudget()),
+                                  ("on_env_error", "raise"), ("step_timeout_s", DEFAULT_STEP_TIMEOUT_S),
+                                  ("chat_template", None), ("turn_discount", None), ("sandbox", SandboxConfig()))
+                   if getattr(env, k) != d]
+        if changed:
+            raise ConfigError(f"`env.{changed[0]}` is set but `env.id` is not: it only acts on multi-turn runs. Set "
+                              "env.id to an environment (e.g. ToolArithmetic-v0) or remove it.")
+        if cfg.sft.demonstrations:
+            raise ConfigError("`sft.demonstrations` is set but `env.id` is not: it mixes the experts of a "
+                              "multi-turn warm-up. Set env.id or remove sft.demonstrations.")
+        return
+    if env.sandbox.require is not None:  # before any environment builds its tools: a weaker machine stops here
+        set_default_require(env.sandbox.require, key="env.sandbox.require")
+    import_env_modules(env.imports)
+    if not is_registered(env.id):
+        raise ConfigError(unknown_env_message(env.id, "`env.id` names no registered environment:"))
+    _check_warmup(cfg)
+    if ENVS[env.id].task is None:
+        raise ConfigError(f"`env.id` = {env.id!r} registers no task, so the trainer has no examples to reset it on; "
+                          "register it with `task=` (lmpo.envs.register_env).")
+    refused = [
+        (cfg.task.name in ("file", "hf"), f"`task.name` = {cfg.task.name!r}",
+         "the examples of a multi-turn run come from the environment's task; leave task.name at its default"),
+        (cfg.rollout.engine != "hf", f"`rollout.engine` = {cfg.rollout.engine!r}",
+         "episodes are sampled turn by turn with the Hugging Face sampler; use rollout.engine: hf"),
+        (cfg.rollout.dynamic_sampling, "`rollout.dynamic_sampling` = true",
+         "DAPO's redraws are not implemented for episodes; set it false (objective.filter_zero_variance drops "
+         "uninformative groups instead)"),
+        (cfg.rollout.ignore_eos, "`rollout.ignore_eos` = true", "a turn ends at its stop token; set it false"),
+        (cfg.rlvcr.enabled, "`rlvcr.enabled` = true", "RLVCR expands single-turn completions; disable it"),
+        (cfg.rewards.functions != (), f"`rewards.functions` = {list(cfg.rewards.functions)!r}",
+         "the environment's rewards are the episode's rewards; remove rewards.functions"),
+        (cfg.rewards.overlong_buffer_len > 0, f"`rewards.overlong_buffer_len` = {cfg.rewards.overlong_buffer_len}",
+         "overlong shaping measures single completions; use env.budget and objective.mask_truncated_completions"),
+        (cfg.eval.samples_per_prompt > 0, f"`eval.samples_per_prompt` = {cfg.eval.samples_per_prompt}",
+         "pass@k samples single completions; set it to 0 (evaluation plays greedy episodes)"),
+        ("teacher" in objective.needs or bool(cfg.teacher.name), "a distillation teacher",
+         "on-policy distillation over episodes is not supported; remove the distill part and teacher.name"),
+        (env.turn_discount is not None and cfg.objective.kl_in_reward, "`objective.kl_in_reward` = true with "
+         f"`env.turn_discount` = {env.turn_discount}", "the KL penalty shapes episode returns, not turn rewards; "
+         "use the KL in the loss (objective.overrides.kl_coef) or unset env.turn_discount"),
+    ]
+    for bad, what, fix in refused:
+        if bad:
+            raise ConfigError(f"{what} is not supported with `env.id` = {env.id!r} (multi-turn training): {fix}.")
+
+
+def _check_warmup(cfg) -> None:
+    """``sft.steps`` > 0 on an environment needs its expert; the demonstration shares must fit in one."""
+    sft, env = cfg.sft, cfg.env
+    if sft.steps <= 0:
+        return
+    factory = ENVS[env.id].factory
+    if isinstance(factory, type) and issubclass(factory, LMEnv) and factory.expert_action is LMEnv.expert_action:
+        raise ConfigError(f"`sft.steps` = {sft.steps} with `env.id` = {env.id!r}: the warm-up imitates the "
+                          f"environment's expert, and {factory.__name__} has none (no expert_action). Implement "
+                          "expert_action (docs/multiturn.md, \"Experts and demonstrations\") or set sft.steps: 0.")
+    total = sum(source.fraction for source in sft.demonstrations)
+    if total > 1 + 1e-9:
+        raise ConfigError(f"`sft.demonstrations` fractions sum to {total:g}: they are shares of one warm-up's "
+                          "demonstrations (the rest come from env.options); make them sum to at most 1.")
+
+
+def check_estimator(estimator, env_id: str, name: str, turn_discount: float | None = None) -> None:
+    """The advantage estimator must need nothing the episode stage cannot give (ReMax's greedy baseline,
+    per-function reward components; with per-turn credit, anything beyond the returns)."""
+    missing = set(estimator.required_inputs()) - (EPISODE_ADVANTAGE_INPUTS if turn_discount is None else set())
+    if missing and turn_discount is not None:
+        raise ConfigError(f"`objective.advantage_estimator` = {name!r} needs {', '.join(sorted(missing))}, which "
+                          f"per-turn credit (`env.turn_discount` = {turn_discount}) does not provide; use grpo, "
+                          "rloo or gpg, or unset env.turn_discount.")
+    if missing:
+        raise ConfigError(f"`objective.advantage_estimator` = {name!r} needs {', '.join(sorted(missing))}, which "
+                          f"multi-turn episodes (`env.id` = {env_id!r}) do not provide; use grpo, rloo, "
+                          "reinforce_plus_plus or another estimator of episode returns.")
 
 
 @dataclass(frozen=True)
@@ -673,8 +841,8 @@ class TrainConfig:
 
 def config_from_dict(data: dict | None) -> TrainConfig:
     """Build a TrainConfig from a nested dict (unknown keys raise ConfigError with close matches); top-level
-    TRL names (``num_generations``, ``beta`` …, ``lmpo.trainer.trl_config``) are accepted as aliases."""
-    from lmpo.trainer.trl_config import resolve_aliases
+    TRL names (``num_generations``, ``beta`` …, ``lmpo.integrations.trl_names``) are accepted as aliases."""
+    from lmpo.integrations.trl_names import resolve_aliases
 
     return from_dict(TrainConfig, resolve_aliases(data), "")
 
@@ -689,8 +857,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | di
     """``base`` dict ← YAML file (optional) ← overrides (``--a.b value`` list or nested dict) → TrainConfig.
 
     Top-level TRL names in the file (``num_generations: 8`` …) are resolved to their lmpo keys before the
-    overrides apply (``lmpo.trainer.trl_config.resolve_aliases``)."""
-    from lmpo.trainer.trl_config import resolve_aliases
+    overrides apply (``lmpo.integrations.trl_names.resolve_aliases``)."""
+    from lmpo.integrations.trl_names import resolve_aliases
 
     data: dict = dict(base or {})
     if path is not None:
@@ -911,8 +1079,8 @@ def render_config_reference() -> str:
 
 
 def render_metrics_reference() -> str:
-    """Markdown table of every metric key the trainer logs (from ``lmpo.trainer.metrics.METRIC_DOCS``)."""
-    from lmpo.trainer.metrics import METRIC_DOCS
+    """Markdown table of every metric key the trainer logs (from ``lmpo.trainer.run.metrics.METRIC_DOCS``)."""
+    from lmpo.trainer.run.metrics import METRIC_DOCS
 
     rows = ["| key | meaning |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in METRIC_DOCS.items()]
     return "\n".join(rows) + "\n"

@@ -77,7 +77,7 @@ def demo_config(run_dir: str | None = None, seed: int | None = None, preset: str
 def run_demo(run_dir: str | None = None, seed: int | None = None, preset: str | None = None,
              overrides: list[str] | dict | None = None) -> dict:
     """Run the demo and print its table; returns the figures (accuracies, seconds, paths)."""
-    from lmpo.trainer.loop import Trainer
+    from lmpo.trainer.run.loop import Trainer
 
     cfg = demo_config(run_dir, seed, preset, overrides)
     t0 = time.perf_counter()

@@ -196,8 +196,6 @@ class Context:
         log_ratio: (B, T) ``diff`` clamped to ±``clamp`` (the log-ratio every level exponentiates).
         adv:       (B, 1) or (B, T) detached advantages, 0 on empty rows / invalid positions.
         inputs:    optional inputs (``INPUTS``) at valid positions, 0 elsewhere.
-        clean:     every input is finite everywhere (the check saw it), so a product with ``m`` zeroes the invalid
-                   positions as a select would (a product is several times cheaper on CPU).
         generator: torch.Generator for parts that draw random numbers, or None.
         credit:    (B, T) detached token credit weights, or None (set by the objective before the level runs).
         correction: (B, T) or (B, 1) detached rollout-correction weights, or None (set before the level runs).
@@ -206,19 +204,18 @@ class Context:
     """
 
     __slots__ = ("logp", "old_logp", "valid", "m", "lengths", "num_valid", "diff", "log_ratio", "adv", "dtype", "inputs",
-                 "generator", "clamp", "clean", "credit", "correction", "keep", "term", "_carrier", "_logp_valid",
+                 "generator", "clamp", "credit", "correction", "keep", "term", "_carrier", "_logp_valid",
                  "_old_valid", "_rollout_delta")
 
     def __init__(self, **values: Any) -> None:
         self._carrier = self._logp_valid = self._old_valid = self._rollout_delta = None
         self.credit = self.correction = self.keep = self.term = None
-        self.clean = False
         for k, v in values.items():
             setattr(self, k, v)
 
     def zero_invalid(self, x: Any) -> Any:
-        """(B, T) ``x`` at valid positions, 0 elsewhere (a product with the mask when the inputs are clean)."""
-        return x * self.m if self.clean else torch.where(self.valid, x, 0.0)
+        """(B, T) ``x`` at valid positions, 0 elsewhere (a select: garbage there, NaN included, goes nowhere)."""
+        return torch.where(self.valid, x, 0.0)
 
     @property
     def logp_valid(self) -> Any:

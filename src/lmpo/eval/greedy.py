@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from lmpo.generation import HFRollout
+from lmpo.rewards.scorer import reward_arguments
 from lmpo.tasks import Example
 
 
@@ -75,27 +76,3 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def reward_arguments(examples: Sequence[Example], completions: Sequence[str]
-                     ) -> tuple[list, list, list[str], dict[str, list]]:
-    """``(prompts, completions, answers, columns)`` for reward functions, one entry per completion.
-
-    As TRL passes them: for an example whose prompt is a conversation (``Example.messages``), its prompt is
-    the message list and its completion ``[{"role": "assistant", "content": text}]``; otherwise both are
-    strings. ``columns`` are the examples' extra fields (see :func:`_meta_columns`).
-    """
-    prompts = [e.messages if e.messages is not None else e.prompt for e in examples]
-    wrapped = [[{"role": "assistant", "content": c}] if e.messages is not None else c
-               for e, c in zip(examples, completions)]
-    return prompts, wrapped, [e.answer for e in examples], _meta_columns(examples)
-
-
-def _meta_columns(examples: Sequence[Example]) -> dict[str, list]:
-    """Per-sample meta columns (TRL style keyword lists) shared by every example."""
-    if not examples:
-        return {}
-    keys = set(examples[0].meta)
-    for e in examples[1:]:
-        keys &= set(e.meta)
-    return {k: [e.meta[k] for e in examples] for k in sorted(keys) if k not in ("prompts", "completions", "answer")}

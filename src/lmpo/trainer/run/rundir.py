@@ -8,9 +8,9 @@ from pathlib import Path
 
 from lmpo.config import read_yaml
 from lmpo.runs import CONFIG_FILE, TENSORBOARD_DIR, check_resume_config, prepare_run_dir, write_run_config
-from lmpo.trainer.checkpoint import resolve_resume
 from lmpo.trainer.config import TrainConfig, config_to_dict
-from lmpo.trainer.export import FINAL_MODEL_DIR
+from lmpo.trainer.run.export import FINAL_MODEL_DIR
+from lmpo.trainer.run.state import resolve_resume
 
 #: what a trainer run directory holds (``--overwrite`` deletes these and nothing else)
 RUN_ENTRIES = (CONFIG_FILE, "metrics.jsonl", "checkpoints", FINAL_MODEL_DIR, TENSORBOARD_DIR, "wandb",

@@ -1,4 +1,5 @@
-"""The teacher of on-policy distillation: its config section, the checks of a (policy, teacher) pair, its forward.
+"""The teacher of on-policy distillation: the checks of a (policy, teacher) pair, its forward (its config section,
+``TeacherConfig``, is in ``lmpo.trainer.config``).
 
 A run distils when its objective selects a ``distill`` part (``objective.overrides: {distill: gkd_jsd}``): the policy
 samples the completions, the teacher scores every completion position, and the part adds the divergence between
@@ -8,39 +9,8 @@ shares the policy's tokenizer; it is frozen, loaded once and never checkpointed 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from lmpo.config import ConfigError
-from lmpo.config import option as _f
 from lmpo.errors import InputError
-
-
-@dataclass(frozen=True)
-class TeacherConfig:
-    """The teacher of on-policy distillation (used when the objective selects a `distill` part)."""
-
-    name: str = _f("", "A built-in preset, a local directory holding a saved Hugging Face causal LM, or a hub id; it "
-                   "must share the policy's tokenizer. Empty = no teacher.")
-    init_seed: int = _f(0, "Seed of the random initialisation when `name` is a built-in preset.", ge=0)
-    dtype: str = _f("float32", "Parameter dtype of the teacher.", choices=("float32", "bfloat16", "float16"))
-
-
-def validate_teacher(cfg: Any, objective: Any) -> None:
-    """The ``teacher`` section against the objective: a distillation part needs a teacher and a teacher needs one."""
-    name = cfg.teacher.name
-    wants = "teacher_logits" in objective.needs
-    if wants and not name:
-        raise ConfigError(f"`objective.overrides` selects distill={objective.distill!r}, which needs a teacher, but "
-                          "`teacher.name` is empty. Set teacher.name to a model sharing the policy's tokenizer, or "
-                          "set objective.overrides.distill: none.")
-    if name and not wants:
-        raise ConfigError(f"`teacher.name` = {name!r} but the objective has no distillation part, so the teacher "
-                          "would never be used. Select one (objective.overrides.distill: reverse_kl or gkd_jsd) or "
-                          "leave teacher.name empty.")
-    if wants and "token_grad_norm" in objective.needs:
-        raise ConfigError(f"distill={objective.distill!r} with credit={objective.credit!r}: per-token gradient norms "
-                          "and the distillation forward are not supported together. Use credit: none.")
+from lmpo.trainer.config import TeacherConfig
 
 
 def check_pair(policy, policy_tokenizer, teacher, teacher_tokenizer, *, policy_name: str, teacher_name: str) -> int:
@@ -124,4 +94,4 @@ class Teacher:
         return fwd, inputs
 
 
-__all__ = ["Teacher", "TeacherConfig", "check_pair", "validate_teacher"]
+__all__ = ["Teacher", "check_pair"]

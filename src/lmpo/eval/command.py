@@ -1,13 +1,13 @@
 """``lmpo eval MODEL_OR_RUN [--task TASK] [--n N] [--samples K]``: greedy accuracy of any causal LM, with a 95%
 confidence interval; with ``--samples K`` also pass@k (k = 1, 2, 4, … K) and avg@K from K sampled completions per
-problem (:mod:`lmpo.trainer.passk`). A run of a multi-turn environment (``env.id``) without ``--task`` is evaluated
+problem (:mod:`lmpo.eval.passk`). A run of a multi-turn environment (``env.id``) without ``--task`` is evaluated
 on episodes: greedy success on its held-out examples and, with ``--samples K``, pass@k of K sampled episodes
 (:func:`evaluate_env_run`).
 
 ``MODEL_OR_RUN`` is a built-in preset (``tiny``), any Hugging Face causal LM (a local directory or a hub name),
 or a run directory of ``lmpo train``: its ``model/`` (or newest complete checkpoint; a LoRA adapter is merged
 into the run's base model), with the run's own task, held-out examples and prompt format when ``--task`` is
-left out (:mod:`lmpo.trainer.export`).
+left out (:mod:`lmpo.trainer.run.export`).
 ``TASK`` is a built-in task (its held-out split), a JSON / JSONL / Parquet file (every row; TRL's standard
 or conversational format) or a saved ``datasets`` directory / hub name (one split, ``test`` by default).
 A completion is correct when the task's accuracy reward (``exact_match`` for files) is ``>= 1``.
@@ -117,13 +117,13 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
     ``samples_per_prompt`` = K > 0 also samples K completions per problem at ``temperature`` / ``top_p`` (seeded
     by ``seed``) and reports pass@k for k = 1, 2, 4, … K and avg@K (``EvalResult.passk``).
     """
+    from lmpo.eval.greedy import greedy_completions, judge, nonfinite_parameters, wilson_interval
     from lmpo.models import MODEL_PRESETS, load_model_and_tokenizer
     from lmpo.models.loading import looks_like_hub_id
     from lmpo.rewards import REWARDS, get_reward_fn
     from lmpo.tasks import render_prompts
-    from lmpo.trainer.build import check_prompt_lengths, resolve_device
-    from lmpo.trainer.evaluate import greedy_completions, judge, nonfinite_parameters, wilson_interval
-    from lmpo.trainer.export import is_run_dir, load_run_policy, run_config
+    from lmpo.trainer.run.build import check_prompt_lengths, resolve_device
+    from lmpo.trainer.run.export import is_run_dir, load_run_policy, run_config
 
     if n < 0:
         raise InputError(f"--n {n} must be >= 0 (0 = every example).")
@@ -200,7 +200,7 @@ def evaluate_model(model: str, task: str | None, *, options: dict[str, Any] | No
              "correct": c} for e, t, c in list(zip(examples, texts, correct))[:samples]]
     passk: dict[str, float] = {}
     if samples_per_prompt > 0:
-        from lmpo.trainer.passk import pass_at_k_metrics, sampled_correct
+        from lmpo.eval.passk import pass_at_k_metrics, sampled_correct
 
         sampled, _ = sampled_correct(policy, tokenizer, examples, accuracy_fn, samples_per_prompt=samples_per_prompt,
                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
@@ -222,11 +222,11 @@ def evaluate_env_run(run: str, cfg, *, n: int = 0, device: str = "auto", seed: i
 
     from lmpo.envs.checker import episode_succeeded
     from lmpo.envs.plugins import import_env_modules
+    from lmpo.eval.greedy import wilson_interval
     from lmpo.generation.episodes import episode_metrics
-    from lmpo.trainer.build import TASK_ERRORS, build_task, resolve_device, task_error
-    from lmpo.trainer.episodes import ensure_chat_template, env_factory, make_runner
-    from lmpo.trainer.evaluate import wilson_interval
-    from lmpo.trainer.export import load_run_policy
+    from lmpo.trainer.run.build import TASK_ERRORS, build_task, resolve_device, task_error
+    from lmpo.trainer.run.export import load_run_policy
+    from lmpo.trainer.step.multiturn import ensure_chat_template, env_factory, make_runner
 
     t0 = time.perf_counter()
     import_env_modules(cfg.env.imports, where=f"env.import (of {run}/config.yaml)")
@@ -244,7 +244,7 @@ def evaluate_env_run(run: str, cfg, *, n: int = 0, device: str = "auto", seed: i
     correct = [episode_succeeded(e.rewards, e.infos) for e in greedy]
     passk: dict[str, float] = {}
     if samples_per_prompt > 0:
-        from lmpo.trainer.passk import pass_at_k_metrics
+        from lmpo.eval.passk import pass_at_k_metrics
 
         K = samples_per_prompt
         runner = make_runner(policy, tokenizer, cfg.env, temperature=temperature, top_p=top_p)
@@ -265,7 +265,7 @@ def evaluate_env_run(run: str, cfg, *, n: int = 0, device: str = "auto", seed: i
 
 def _run_task_examples(cfg):
     """The held-out examples a run evaluated (its ``task`` section), its accuracy reward and a description."""
-    from lmpo.trainer.build import TASK_ERRORS, build_task
+    from lmpo.trainer.run.build import TASK_ERRORS, build_task
 
     try:
         task = build_task(cfg.task)

@@ -142,7 +142,7 @@ def demonstration_sources(n: int, sources: Sequence) -> list[int]:
 
 class Demonstrations:
     """Expert episodes of an environment section's examples, played on first use and kept: source, token-exact
-    rendering and budgets as in ``lmpo.trainer.episodes`` (``EpisodeRunner(expert=True)``).
+    rendering and budgets as in ``lmpo.trainer.step.multiturn`` (``EpisodeRunner(expert=True)``).
 
     A demonstration that a budget cuts raises InputError naming ``env.budget.<field>``, its value and what the
     expert needed (:func:`lmpo.envs.checker.expert_budget_problem`); ``unsuccessful`` counts those that ended
@@ -152,7 +152,7 @@ class Demonstrations:
     def __init__(self, tokenizer, env, examples: Sequence[Example], sources: Sequence = (), *, seed: int,
                  sft_steps: int = 0) -> None:
         from lmpo.generation.episodes import EpisodeRunner
-        from lmpo.trainer.episodes import env_factory
+        from lmpo.trainer.step.multiturn import env_factory
 
         self.env, self.examples, self.seed, self.sft_steps = env, list(examples), seed, sft_steps
         self.owner = demonstration_sources(len(self.examples), sources)

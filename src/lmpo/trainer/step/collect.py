@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from lmpo.trainer import episodes, stages
 from lmpo.trainer.config import TrainConfig
-from lmpo.trainer.pipeline import AsyncPipeline
-from lmpo.trainer.sampling import PromptOrder, ScoredRollout, dynamic_sample, seed_for
+from lmpo.trainer.step import multiturn, stages
+from lmpo.trainer.step.pipeline import AsyncPipeline
+from lmpo.trainer.step.sampling import PromptOrder, ScoredRollout, dynamic_sample, seed_for
 
 
 @dataclass
@@ -37,12 +37,12 @@ class Collected:
     scored: ScoredRollout
     stats: dict[str, float]
     generate_s: float
-    played: episodes.PlayedStep | None = None
+    played: multiturn.PlayedStep | None = None
 
 
 def collect(cfg: TrainConfig, step: int, *, prompts: PromptOrder, engine, pipeline: AsyncPipeline | None,
             scorer, accuracy_fn: Callable, tokenizer, device: torch.device,
-            runner: episodes.EpisodeRunner | None = None) -> Collected:
+            runner: multiturn.EpisodeRunner | None = None) -> Collected:
     """RL step ``step``'s scored samples from the ``engine`` (or the async ``pipeline``'s worker when there is
     one), with DAPO dynamic sampling under ``rollout.dynamic_sampling``; episodes of ``runner`` under
     ``env.id``."""
@@ -84,15 +84,15 @@ def draw(cfg: TrainConfig, step: int, k: int, *, prompts: PromptOrder, engine, p
     return scored, generate_s
 
 
-def play(cfg: TrainConfig, step: int, *, prompts: PromptOrder, runner: episodes.EpisodeRunner, tokenizer,
+def play(cfg: TrainConfig, step: int, *, prompts: PromptOrder, runner: multiturn.EpisodeRunner, tokenizer,
          device: torch.device) -> Collected:
     """Multi-turn (``env.id``): G episodes of each of the next ``prompts_per_step`` examples, scored by their
-    returns (``lmpo.trainer.episodes.play_step``)."""
+    returns (``lmpo.trainer.step.multiturn.play_step``)."""
     examples = prompts.take(cfg.loop.prompts_per_step)
     seed = seed_for(cfg.loop.seed, step, 1)
     t = time.perf_counter()
     with stages.autocast(cfg.loop.autocast, device):
-        played = episodes.play_step(runner, cfg.env, examples, cfg.rollout.completions_per_prompt,
+        played = multiturn.play_step(runner, cfg.env, examples, cfg.rollout.completions_per_prompt,
                                     seed=seed % 2**31, generator=torch.Generator(device).manual_seed(seed),
                                     tokenizer=tokenizer, device=device)
     generate_s = time.perf_counter() - t

@@ -37,16 +37,16 @@ from lmpo.objectives.kl_reward import make_kl_controller
 from lmpo.rewards import RewardModel, RewardScorer, RewardSpec, get_reward_fn
 from lmpo.rewards.parallel import ParallelRewardScorer
 from lmpo.tasks import load_task, render_prompts
-from lmpo.trainer import episodes
-from lmpo.trainer.completions import CompletionLog
-from lmpo.trainer.config import RewardModelConfig, TrainConfig, config_to_dict
-from lmpo.trainer.metrics import MetricsLogger
-from lmpo.trainer.pipeline import AsyncPipeline
-from lmpo.trainer.ref_sync import check_sync_compatible
-from lmpo.trainer.sampling import PromptOrder
-from lmpo.trainer.stages import LogprobSettings
-from lmpo.trainer.teacher import Teacher
-from lmpo.trainer.update import UpdateSettings
+from lmpo.trainer.config import RewardModelConfig, TrainConfig, check_estimator, config_to_dict
+from lmpo.trainer.run.completions import CompletionLog
+from lmpo.trainer.run.metrics import MetricsLogger
+from lmpo.trainer.step import multiturn
+from lmpo.trainer.step.pipeline import AsyncPipeline
+from lmpo.trainer.step.ref_sync import check_sync_compatible
+from lmpo.trainer.step.sampling import PromptOrder
+from lmpo.trainer.step.stages import LogprobSettings
+from lmpo.trainer.step.teacher import Teacher
+from lmpo.trainer.step.update import UpdateSettings
 
 #: what building a task raises for bad data or settings (reported as one InputError naming task.*)
 TASK_ERRORS = (OSError, ValueError, KeyError, TypeError, ImportError)
@@ -289,7 +289,7 @@ def logprob_settings(cfg: TrainConfig) -> LogprobSettings:
 
 
 def update_settings(cfg: TrainConfig) -> UpdateSettings:
-    """The config values the update stage reads (``lmpo.trainer.update``)."""
+    """The config values the update stage reads (``lmpo.trainer.step.update``)."""
     lp, ob = cfg.loop, cfg.objective
     return UpdateSettings(seed=lp.seed, epochs_per_step=lp.epochs_per_step, minibatches_per_step=lp.minibatches_per_step,
                           seqs_per_microbatch=lp.seqs_per_microbatch, max_grad_norm=cfg.optim.max_grad_norm,
@@ -320,7 +320,7 @@ class RunParts:
     accuracy_fn: Callable
     kl_ctrl: object | None
     teacher: Teacher | None
-    episode_runner: episodes.EpisodeRunner | None
+    episode_runner: multiturn.EpisodeRunner | None
     logprob_settings: LogprobSettings
     update_settings: UpdateSettings
 
@@ -330,7 +330,7 @@ def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenize
     replace the ones the config names. Errors name the config keys to fix (InputError)."""
     objective, driver, estimator = build_objective(config.objective)
     if config.env.id is not None:
-        episodes.check_estimator(estimator, config.env.id, config.objective.advantage_estimator,
+        check_estimator(estimator, config.env.id, config.objective.advantage_estimator,
                                  config.env.turn_discount)
     try:
         task = task if task is not None else build_task(config.task, config.env)
@@ -359,7 +359,7 @@ def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenize
                              what=f"task {task.name!r} (held-out)", fix=fix)
     else:  # the episode runner renders each environment's opening itself
         train_examples, eval_examples = list(train_examples), list(eval_examples)
-        episodes.ensure_chat_template(tokenizer, config.env, config.model.name)
+        multiturn.ensure_chat_template(tokenizer, config.env, config.model.name)
     scorer, accuracy_fn = build_rewards(config.rewards, task, train_examples + eval_examples, device)
     if config.loop.gradient_checkpointing:
         # non-reentrant: works with inputs that do not require grad and with LoRA's frozen base weights
@@ -367,14 +367,14 @@ def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenize
     if config.model.lora.enabled:
         model = wrap_lora(model, config.model.lora)
     kl_ctrl = build_kl_controller(config.objective)
-    teacher = None  # on-policy distillation (an objective `distill` part): lmpo.trainer.teacher
+    teacher = None  # on-policy distillation (an objective `distill` part): lmpo.trainer.step.teacher
     if driver.needs.teacher:
         teacher = Teacher.load(config.teacher, model, tokenizer, policy_name=config.model.name, device=device,
                                top_k=driver.needs.teacher_top_k)
     runner = None  # built from the policy as trained: after the LoRA wrap
     if config.env.id is not None:
         ro = config.rollout
-        runner = episodes.make_runner(model, tokenizer, config.env, temperature=ro.temperature, top_p=ro.top_p,
+        runner = multiturn.make_runner(model, tokenizer, config.env, temperature=ro.temperature, top_p=ro.top_p,
                                       top_k=ro.top_k)
     return RunParts(objective, driver, estimator, task, model, tokenizer, train_examples, eval_examples, scorer,
                     accuracy_fn, kl_ctrl, teacher, runner, logprob_settings(config), update_settings(config))

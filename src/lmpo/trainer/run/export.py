@@ -141,7 +141,7 @@ def load_policy(source: Path, cfg, *, merge: bool = True, device: str = "cpu"):
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype="auto")
         tokenizer = tokenizer or load_tokenizer(cfg.model.name)
     else:  # a checkpoint written before checkpoints held config.json: the run's model with its weights
-        from lmpo.trainer.checkpoint import MODEL_FILE, _load_weights
+        from lmpo.trainer.run.state import MODEL_FILE, _load_weights
 
         model, base_tokenizer = load_model_and_tokenizer(cfg.model.name, dtype=cfg.model.dtype, device="cpu",
                                                          seed=cfg.model.init_seed)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from lmpo.eval.greedy import Z_95, judge
 from lmpo.tasks import Example
-from lmpo.trainer.evaluate import Z_95, judge
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -1,6 +1,6 @@
-"""The trainer's held-out evaluation: greedy ``eval/*`` metrics (``lmpo.trainer.evaluate``), pass@k / avg@n of
-sampled completions (``lmpo.trainer.passk``, under ``eval.samples_per_prompt``), or, for a multi-turn run
-(``env.id``), greedy episodes whose ``eval/accuracy`` is the success rate (``lmpo.trainer.episodes``)."""
+"""The trainer's held-out evaluation: greedy ``eval/*`` metrics (``lmpo.eval.greedy``), pass@k / avg@n of
+sampled completions (``lmpo.eval.passk``, under ``eval.samples_per_prompt``), or, for a multi-turn run
+(``env.id``), greedy episodes whose ``eval/accuracy`` is the success rate (``lmpo.trainer.step.multiturn``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from lmpo.trainer import episodes
+from lmpo.eval.greedy import evaluate
+from lmpo.eval.passk import sampled_metrics
 from lmpo.trainer.config import TrainConfig
-from lmpo.trainer.evaluate import evaluate
-from lmpo.trainer.passk import sampled_metrics
+from lmpo.trainer.step import multiturn
 
 
 def evaluate_policy(cfg: TrainConfig, model, tokenizer, examples: Sequence, *, accuracy_fn: Callable, scorer,
@@ -21,7 +21,7 @@ def evaluate_policy(cfg: TrainConfig, model, tokenizer, examples: Sequence, *, a
     only, not on the warm-up's accuracy checks)."""
     ev, ro = cfg.eval, cfg.rollout
     if cfg.env.id is not None:
-        return episodes.evaluate_episodes(model, tokenizer, cfg.env, examples, seed=cfg.loop.seed)
+        return multiturn.evaluate_episodes(model, tokenizer, cfg.env, examples, seed=cfg.loop.seed)
     max_new_tokens = ev.max_new_tokens or ro.max_new_tokens
     out = evaluate(model, tokenizer, examples, accuracy_fn=accuracy_fn, scorer=scorer, max_new_tokens=max_new_tokens,
                    seqs_per_batch=ev.seqs_per_batch, device=device, success_threshold=cfg.rewards.success_threshold)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from lmpo.generation import Rollout
 from lmpo.generation.worker import AsyncRollout
-from lmpo.trainer.sampling import PromptOrder, seed_for
+from lmpo.trainer.step.sampling import PromptOrder, seed_for
 
 
 class AsyncPipeline:

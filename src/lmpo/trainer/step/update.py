@@ -6,7 +6,7 @@
     NonFiniteGuard        counts skipped optimizer steps and stops the run after too many in a row
 
 ``Trainer.update`` calls ``update`` with its parts; the config values read here come in ``UpdateSettings``
-(``lmpo.trainer.build.update_settings``). The objective is called through its driver, which merges the
+(``lmpo.trainer.run.build.update_settings``). The objective is called through its driver, which merges the
 statistics in one host sync per optimizer step; that sync also decides whether the step is finite.
 """
 
@@ -22,13 +22,10 @@ import torch
 from lmpo.errors import RunError
 from lmpo.generation import RolloutBatch
 from lmpo.objectives.driver import merge_stats
-from lmpo.trainer import stages
-from lmpo.trainer.mismatch import mismatch_metrics
-from lmpo.trainer.ref_sync import sync_reference
-from lmpo.trainer.sampling import seed_for
-
-#: ``loss_hook(rl_step, loss) -> loss``, applied to every microbatch loss (a test hook: NaN injection)
-LossHook = Callable[[int, torch.Tensor], torch.Tensor]
+from lmpo.trainer.step import stages
+from lmpo.trainer.step.mismatch import mismatch_metrics
+from lmpo.trainer.step.ref_sync import sync_reference
+from lmpo.trainer.step.sampling import seed_for
 
 
 class NonFiniteError(RunError):
@@ -89,16 +86,15 @@ class NonFiniteGuard:
 
 def update(step: int, batch: RolloutBatch, *, model: torch.nn.Module, policy, optimizer, schedule, driver,
            ref_model, teacher, logprob_settings: stages.LogprobSettings, settings: UpdateSettings,
-           guard: NonFiniteGuard, device: torch.device, log: Callable[[str], None],
-           loss_hook: LossHook | None = None) -> dict[str, float]:
+           guard: NonFiniteGuard, device: torch.device, log: Callable[[str], None]) -> dict[str, float]:
     """All optimizer steps of RL step ``step`` on ``batch`` (B rows, advantages set); their merged statistics.
 
     Args:
         model: the policy module (its parameters are stepped); ``policy``: what its log-prob forwards call
             (the module, or its compiled view under ``loop.compile``: ``Trainer.policy()``).
-        optimizer, schedule: AdamW and its ``lmpo.trainer.optim.Schedule``.
+        optimizer, schedule: AdamW and its ``lmpo.trainer.run.optim.Schedule``.
         driver: the objective's ``ObjectiveDriver``; ref_model: the frozen reference, or None.
-        teacher: a ``lmpo.trainer.teacher.Teacher`` for a distillation part, or None.
+        teacher: a ``lmpo.trainer.step.teacher.Teacher`` for a distillation part, or None.
         guard: the run's non-finite counter; log: where its messages go (the metrics log).
 
     Returns ``loss/*``, the objective's statistics, ``optim/grad_norm``, ``optim/lr`` (of the last optimizer
@@ -122,7 +118,7 @@ def update(step: int, batch: RolloutBatch, *, model: torch.nn.Module, policy, op
         stats, train_logp = optimizer_step(
             step, batch, rows, cov_gen, model=model, policy=policy, optimizer=optimizer, schedule=schedule,
             driver=driver, ref_model=ref_model, teacher=teacher, logprob_settings=logprob_settings,
-            settings=settings, guard=guard, device=device, log=log, loss_hook=loss_hook, keep_logp=keep_logp)
+            settings=settings, guard=guard, device=device, log=log, keep_logp=keep_logp)
         if stats is not None:
             lr = stats.pop("optim/lr")
             per_step.append(stats)
@@ -152,8 +148,8 @@ def minibatches(step: int, B: int, settings: UpdateSettings, device: torch.devic
 def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: torch.Generator, *,
                    model: torch.nn.Module, policy, optimizer, schedule, driver, ref_model, teacher,
                    logprob_settings: stages.LogprobSettings, settings: UpdateSettings, guard: NonFiniteGuard,
-                   device: torch.device, log: Callable[[str], None], loss_hook: LossHook | None = None,
-                   keep_logp: bool = False) -> tuple[dict[str, float] | None, torch.Tensor | None]:
+                   device: torch.device, log: Callable[[str], None], keep_logp: bool = False
+                   ) -> tuple[dict[str, float] | None, torch.Tensor | None]:
     """One optimizer step over the minibatch ``rows`` ((B_m,) indices into ``batch``, whose ``old_logp`` and
     ``ref_logp`` are set as ``update`` sets them); arguments as ``update``'s, ``cov_gen`` seeds clip_cov.
 
@@ -187,8 +183,6 @@ def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: 
             ref_logp=batch.ref_logp[mu] if batch.ref_logp is not None else None, entropy=fwd.entropy,
             token_grad_norm=fwd.token_grad_norm, rollout_logp=batch.rollout_logp[mu] if needs.rollout_logp else None,
             num_tokens=num_tokens, num_seqs=num_seqs, generator=cov_gen, **distill)
-        if loss_hook is not None:
-            loss = loss_hook(step, loss)
         loss.backward()
         loss_sum = loss_sum + loss.detach()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -206,6 +200,6 @@ def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: 
     optimizer.step()
     schedule.advance()
     if settings.ref_sync_steps > 0 and schedule.step_index % settings.ref_sync_steps == 0:
-        sync_reference(ref_model, model, settings.ref_sync_alpha)  # TR-DPO (lmpo.trainer.ref_sync)
+        sync_reference(ref_model, model, settings.ref_sync_alpha)  # TR-DPO (lmpo.trainer.step.ref_sync)
     driver.commit_step(stats)
     return stats, logp

@@ -31,22 +31,24 @@ from pathlib import Path
 import torch
 
 from lmpo.errors import Interrupted
+from lmpo.eval import held_out
 from lmpo.generation import RolloutBatch, avoid_cudnn_attention
 from lmpo.plots import plot_runs
 from lmpo.rlvcr.expansion import rlvcr_stage
 from lmpo.runs import RunLock, stop_on_sigint
-from lmpo.trainer import build, collect, episodes, held_out, stages
-from lmpo.trainer import checkpoint as ckpt
-from lmpo.trainer import update as update_stage
-from lmpo.trainer.completions import completion_records
 from lmpo.trainer.config import TrainConfig, validate_config
-from lmpo.trainer.export import publish_final_model
-from lmpo.trainer.metrics import to_host
-from lmpo.trainer.optim import Schedule, build_optimizer
-from lmpo.trainer.rundir import prepare_train_dir
-from lmpo.trainer.sampling import PromptOrder, seed_for
-from lmpo.trainer.sft import episode_warmup, supervised_warmup
-from lmpo.trainer.update import LossHook, NonFiniteError, NonFiniteGuard
+from lmpo.trainer.run import build
+from lmpo.trainer.run import state as ckpt
+from lmpo.trainer.run.completions import completion_records
+from lmpo.trainer.run.export import publish_final_model
+from lmpo.trainer.run.metrics import to_host
+from lmpo.trainer.run.optim import Schedule, build_optimizer
+from lmpo.trainer.run.rundir import prepare_train_dir
+from lmpo.trainer.run.sft import episode_warmup, supervised_warmup
+from lmpo.trainer.step import collect, multiturn, stages
+from lmpo.trainer.step import update as update_stage
+from lmpo.trainer.step.sampling import PromptOrder, seed_for
+from lmpo.trainer.step.update import NonFiniteError, NonFiniteGuard
 
 __all__ = ["NonFiniteError", "TrainResult", "Trainer"]
 
@@ -108,8 +110,6 @@ class Trainer:
         self.rollout_engine, self.ref_model = rollout_engine, None
         self.pipeline = None  # the AsyncPipeline of rollout.async_staleness >= 1, during train()
         self.completion_log = None  # logging.completions_every_steps (`lmpo show`), during train()
-        #: test hook: ``loss_hook(rl_step, loss) -> loss`` applied to every microbatch loss (NaN injection)
-        self.loss_hook: LossHook | None = None
         self._compiled_policy: stages.CompiledCalls | None = None  # loop.compile: the policy's log-prob forwards
 
     @property
@@ -141,7 +141,7 @@ class Trainer:
                 checkpoint / run directory. A run directory that already holds a run is refused without it.
             overwrite: delete the run already in ``logging.run_dir`` and start again.
             allow_config_change: resume although the config differs from the stored one in keys other than
-                ``lmpo.trainer.rundir.RESUMABLE_KEYS`` (steps, logging, evaluation, checkpoints).
+                ``lmpo.trainer.run.rundir.RESUMABLE_KEYS`` (steps, logging, evaluation, checkpoints).
 
         The run directory is locked for the whole call (``lmpo.runs.RunLock``: a second writer is refused). A
         Ctrl-C (SIGINT) finishes the current RL step, writes a checkpoint and raises
@@ -160,7 +160,7 @@ class Trainer:
         # 1. supervised warm-up (skipped on resume: the checkpoint already holds the warmed-up weights)
         if resume_path is None and cfg.sft.steps > 0:
             check_set = self.train_examples[: cfg.sft.check_examples]
-            # an environment's warm-up imitates its expert's episodes (lmpo.trainer.sft.episode_warmup)
+            # an environment's warm-up imitates its expert's episodes (lmpo.trainer.run.sft.episode_warmup)
             warmup, source = (episode_warmup, cfg.env) if cfg.env.id is not None else (supervised_warmup, self.task)
             result.sft_losses = warmup(
                 self.model, self.tokenizer, source, self.train_examples, cfg.sft, seed=cfg.loop.seed,
@@ -278,7 +278,7 @@ class Trainer:
             stats.update(rl.metrics)
         if cfg.env.id is not None and cfg.env.turn_discount is not None:  # per-turn credit: (B, T) advantages
             eb = got.played.episode_batch
-            adv = episodes.turn_advantages(self.estimator, eb.turn_rewards.to(dev), eb.turn_mask.to(dev),
+            adv = multiturn.turn_advantages(self.estimator, eb.turn_rewards.to(dev), eb.turn_mask.to(dev),
                                            eb.turn_ids.to(dev), group, cfg.env.turn_discount)
         # the sequences trained on; the reference log-probs of the KL in the reward are reused when needed
         batch, trainable, masked_stats = stages.train_batch(
@@ -298,23 +298,22 @@ class Trainer:
         return to_host(stats)
 
     def sample(self, step: int) -> collect.Collected:
-        """RL step ``step``'s scored samples (``lmpo.trainer.collect.collect`` with this trainer's parts)."""
+        """RL step ``step``'s scored samples (``lmpo.trainer.step.collect.collect`` with this trainer's parts)."""
         return collect.collect(self.cfg, step, prompts=self.prompts, engine=self.rollout_engine,
                                pipeline=self.pipeline, scorer=self.scorer, accuracy_fn=self.accuracy_fn,
                                tokenizer=self.tokenizer, device=self.device, runner=self.episode_runner)
 
     def update(self, step: int, batch: RolloutBatch) -> dict[str, float]:
-        """Every optimizer step of RL step ``step`` on ``batch`` (``lmpo.trainer.update.update``); its statistics."""
+        """Every optimizer step of RL step ``step`` on ``batch`` (``lmpo.trainer.step.update.update``); its statistics."""
         return update_stage.update(
             step, batch, model=self.model, policy=self.policy(), optimizer=self.optimizer, schedule=self.schedule,
             driver=self.driver, ref_model=self.ref_model, teacher=self.teacher, logprob_settings=self.logprob_settings,
-            settings=self.update_settings, guard=self.nonfinite, device=self.device, log=self.metrics.write,
-            loss_hook=self.loss_hook)
+            settings=self.update_settings, guard=self.nonfinite, device=self.device, log=self.metrics.write)
 
-    # ---------------------------------------------------------------- evaluation, checkpoints (lmpo.trainer.checkpoint)
+    # ---------------------------------------------------------------- evaluation, checkpoints (lmpo.trainer.run.state)
     def evaluate(self, examples=None) -> dict[str, float]:
         """Greedy ``eval/...`` metrics of the policy on ``examples`` (default: the held-out examples, with pass@k
-        under ``eval.samples_per_prompt``): ``lmpo.trainer.held_out.evaluate_policy``."""
+        under ``eval.samples_per_prompt``): ``lmpo.eval.held_out.evaluate_policy``."""
         return held_out.evaluate_policy(self.cfg, self.model, self.tokenizer,
                                         self.eval_examples if examples is None else examples,
                                         accuracy_fn=self.accuracy_fn, scorer=self.scorer, device=self.device,
@@ -325,9 +324,9 @@ class Trainer:
         return ckpt.trainer_state(self, step)
 
     def save(self, step: int) -> Path:
-        """Checkpoint ``step`` (``lmpo.trainer.checkpoint.save_trainer``); its path."""
+        """Checkpoint ``step`` (``lmpo.trainer.run.state.save_trainer``); its path."""
         return ckpt.save_trainer(self, step)
 
     def save_final_model(self, step: int) -> Path:
-        """RUN_DIR/model/ after RL step ``step`` (``lmpo.trainer.export.publish_final_model``); its path."""
+        """RUN_DIR/model/ after RL step ``step`` (``lmpo.trainer.run.export.publish_final_model``); its path."""
         return publish_final_model(self.run_dir, step, self.model, self.tokenizer, base_model_name=self.cfg.model.name)

@@ -85,7 +85,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.from_trl:
         from lmpo.config import read_yaml
         from lmpo.errors import InputError
-        from lmpo.trainer.trl_config import translate_trl
+        from lmpo.integrations.trl_names import translate_trl
 
         translation = translate_trl(read_yaml(args.from_trl, "TRL config"))
         print(translation.report())
@@ -101,7 +101,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return 0
-    from lmpo.trainer.loop import Trainer
+    from lmpo.trainer.run.loop import Trainer
 
     result = Trainer(cfg).train(resume=args.resume, overwrite=args.overwrite,
                                 allow_config_change=args.allow_config_change)

@@ -26,8 +26,8 @@ from lmpo.generation.packing import packed_policy_logprobs
 from lmpo.objectives.advantages import zero_variance_mask
 from lmpo.objectives.kl_reward import kl_penalised_rewards
 from lmpo.rewards.overlong import overlong_penalty
-from lmpo.trainer.evaluate import reward_arguments
-from lmpo.trainer.sampling import ScoredRollout, mask_truncated
+from lmpo.rewards.scorer import reward_arguments
+from lmpo.trainer.step.sampling import ScoredRollout, mask_truncated
 
 
 class CompiledCalls:
@@ -50,7 +50,7 @@ class CompiledCalls:
 
 @dataclass(frozen=True)
 class LogprobSettings:
-    """How a run takes log-probs (``lmpo.trainer.build.logprob_settings`` makes it from the config).
+    """How a run takes log-probs (``lmpo.trainer.run.build.logprob_settings`` makes it from the config).
 
     temperature: τ the completions were sampled with (log-probs of softmax(logits / τ)).
     group_size: G when rows ``i·G … i·G+G−1`` share a prompt and its forward is shared; None = plain forward.
@@ -179,7 +179,7 @@ def train_batch(full: RolloutBatch, advantages: torch.Tensor, keep: torch.Tensor
                 ) -> tuple[RolloutBatch, bool, dict[str, torch.Tensor]]:
     """The rows of ``full`` (B rows) an RL step trains on: those ``keep`` (B,) bool marks, with their advantages
     ((B,) or per-token (B, T)) and reference log-probs ((B, T) or None); under ``mask_truncated_completions``
-    the rows ``truncated`` (B,) bool marks get loss mask 0 (``lmpo.trainer.sampling.mask_truncated``).
+    the rows ``truncated`` (B,) bool marks get loss mask 0 (``lmpo.trainer.step.sampling.mask_truncated``).
 
     Returns the batch, whether there is anything to train on (a kept row; with masking, a token left in the
     loss) and ``completion/truncated_masked_frac`` when masking.
