@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -84,6 +84,10 @@ class Check:
     relation: str
     sesoi: Sesoi
     says: str = ""
+    objective: str = ""
+    """The objective this check compares (rule v2.1; empty: the claim's)."""
+    baseline: str = ""
+    """The baseline this check compares with, and whose value scales δ (rule v2.1; empty: the claim's)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,8 @@ class Activity:
     metric: str
     threshold: float
     says: str = ""
+    against: str = ""
+    """Rule v2.1: the matched ablation the gradient weights are compared with (empty: the claim's baseline)."""
 
 
 @dataclass(frozen=True)
@@ -137,10 +143,19 @@ class Claim:
     secondary: tuple[Check, ...] = ()
     preconditions: tuple[Precondition, ...] = ()
     activity: Activity | None = None
+    parts: tuple[Check, ...] = ()
+    """Rule v2.1: further parts of a claim that makes several (each votes; the claim holds only when all hold)."""
+    robustness: bool = False
+    """Rule v2.1: the claim is about robustness, so the objective's divergence is its outcome, not a gate."""
 
     @property
     def checks(self) -> tuple[Check, ...]:
-        return (self.primary, *self.secondary)
+        """Every check: the primary, the further voting parts (rule v2.1), then the secondary checks."""
+        return (self.primary, *self.parts, *self.secondary)
+
+    @property
+    def voting(self) -> tuple[Check, ...]:
+        return (self.primary, *self.parts)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -246,6 +261,77 @@ CLAIMS: Mapping[str, Claim] = MappingProxyType({c.name: c for c in _CLAIM_LIST})
 
 
 # ----------------------------------------------------------------------------------------------------
+# Rule v2.1: the same claims against matched ablations, every part voting
+# ----------------------------------------------------------------------------------------------------
+
+MATCHED_ABLATIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "grpo_tm": {"preset": "grpo", "overrides": {"aggregation": "token_mean"},
+                "says": "GRPO with token_mean aggregation (the aggregation of DAPO, CISPO, Clip-Cov, adaptive entropy)"},
+    "grpo_tm_noclip": {"preset": "grpo", "overrides": {"aggregation": "token_mean", "trust_region": "none"},
+                       "says": "GRPO with token_mean aggregation and no clip (KL-Cov's aggregation and trust region)"},
+    "grpo_noclip": {"preset": "grpo", "overrides": {"trust_region": "none"},
+                    "says": "GRPO without its clip (GMPO's log-clip never binds: GMPO is then unclipped too)"},
+    "amic_noclip": {"preset": "amic", "overrides": {"trust_region": "none"},
+                    "says": "AMIC's arithmetic-mean weight without its sequence clip"},
+})
+"""The cells rule v2.1's claims compare with: each equals its claim's objective in everything but the mechanism
+(aggregation and clip included). ``label → {"preset", "overrides", "says"}``, as a lab config's objective entry."""
+
+STEPS = "reward_steps"
+"""Rule v2.1's "faster": RL steps to a reward threshold (``lmpo.lab.report.TRAIN_METRICS``)."""
+
+
+def _fewer_steps(base: str) -> Check:
+    return Check("training", STEPS, "less", Sesoi(0.25, STEPS), f"reaches the reward threshold in fewer RL steps "
+                 f"than {base}")
+
+
+def _v21(name: str, **changes: Any) -> Claim:
+    return replace(CLAIMS[name], **changes)
+
+
+def _entropy_v21(name: str, baseline: str) -> Claim:
+    """An entropy claim ("stops entropy collapse while keeping accuracy") with its accuracy part voting."""
+    pass_k, acc = CLAIMS[name].secondary
+    return _v21(name, baseline=baseline, parts=(acc,), secondary=(pass_k,))
+
+
+_WEIGHTS_VS = "share of tokens whose gradient weight differs from the matched ablation's by > 1%"
+
+_CLAIM_LIST_V2_1 = [
+    _v21("ema_gradient_noise"),
+    _v21("amic_gradient_noise", baseline="gspo",
+         primary=Check("gradients", "snr", "greater", Sesoi(0.25, "snr"), "higher gradient SNR than GSPO (the same "
+                       "sequence clip on the geometric mean)"),
+         parts=(Check("gradients", "snr", "greater", Sesoi(0.25, "snr"), "the unclipped pair: AMIC's weight without "
+                      "its clip has a higher SNR than GRPO without its clip", objective="amic_noclip",
+                      baseline="grpo_noclip"),),
+         activity=Activity("gradients", "weight_diff_frac", 0.05, _WEIGHTS_VS, against="gspo")),
+    _v21("grad_adaptive_faster", primary=_fewer_steps("GSPO")),
+    _v21("decay_faster", primary=_fewer_steps("GSPO")),
+    _v21("ptrw_robust", robustness=True),
+    _v21("asym_balance", parts=(_ACC,), secondary=()),
+    _v21("gspo_stable_efficient", primary=_fewer_steps("GRPO"), parts=(_snr("higher gradient SNR (stability)"),),
+         secondary=(CLAIMS["gspo_stable_efficient"].secondary[1],)),
+    _entropy_v21("dapo_entropy", "grpo_tm"),
+    _entropy_v21("clip_cov_entropy", "grpo_tm"),
+    _entropy_v21("kl_cov_entropy", "grpo_tm_noclip"),
+    _entropy_v21("adaptive_entropy_entropy", "grpo_tm"),
+    _v21("cispo_faster", baseline="grpo_tm", primary=_fewer_steps("GRPO with token_mean"),
+         activity=Activity("gradients", "weight_diff_frac", 0.05, _WEIGHTS_VS, against="grpo_tm")),
+    _v21("gmpo_stable", baseline="grpo_noclip",
+         activity=Activity("gradients", "weight_diff_frac", 0.05, _WEIGHTS_VS, against="grpo_noclip")),
+    _v21("sapo_stable", parts=(_ACC,), secondary=()),
+    _v21("rlvcr_shorter", parts=(_ACC,), secondary=()),
+]
+
+CLAIMS_V2_1: Mapping[str, Claim] = MappingProxyType({c.name: c for c in _CLAIM_LIST_V2_1})
+"""The registry under rule v2.1 (:mod:`lmpo.lab.rules`): the claims of ``CLAIMS`` with their matched ablation as the
+baseline, every part of a claim that makes several voting, "faster" as fewer steps to a reward threshold, and
+PTRW's robustness claim decided by divergence."""
+
+
+# ----------------------------------------------------------------------------------------------------
 # The rule
 # ----------------------------------------------------------------------------------------------------
 
@@ -332,7 +418,9 @@ def baseline_value(results: Mapping[str, Any], study: str, label: str, metric: s
         return float(entry["mean"]) if entry and entry.get("mean") is not None else math.nan
     values = [snap["objectives"][label][metric]["mean"] for snap in data.get("snapshots") or []
               if label in snap["objectives"] and snap["objectives"][label].get(metric)]
-    values = [v for v in values if v is not None]
+    # rule v2 as published: a snapshot where the value is undefined (nan when measured, null once stored) makes
+    # the mean undefined; rule v2.1 (lmpo.lab.rules.baseline_interval) leaves such values out
+    values = [math.nan if v is None else float(v) for v in values]
     return float(sum(values) / len(values)) if values else math.nan
 
 
@@ -416,6 +504,17 @@ def st_fmt(x: Any) -> str:
     return f"{x:.3g}"
 
 
+def unmet_preconditions(claim: Claim, results: Mapping[str, Any], alpha: float, gates: list[dict]) -> list[str]:
+    """The reasons of the claim's unmet preconditions; every precondition's record is appended to ``gates``."""
+    reasons = []
+    for pre in claim.preconditions:
+        record = _precondition(pre, claim, results, alpha)
+        gates.append({"gate": "precondition", **record})
+        if not record["met"]:
+            reasons.append(f"precondition unmet: {pre.says} ({record['measured']})")
+    return reasons
+
+
 def _gate(claim: Claim, results: Mapping[str, Any], alpha: float) -> tuple[str | None, str, list[dict]]:
     """``(outcome, reason, gates)``: the outcome a gate imposes (None: testable) and every gate's record."""
     gates: list[dict[str, Any]] = []
@@ -426,12 +525,7 @@ def _gate(claim: Claim, results: Mapping[str, Any], alpha: float) -> tuple[str |
         missing = [x for x in (claim.objective, claim.baseline) if x not in _labels_in(study)]
         if missing:
             return NOT_RUN, f"{' and '.join(f'`{x}`' for x in missing)} not in the {check.study} study", gates
-    invalid = _invalid_runs(claim, results)
-    for pre in claim.preconditions:
-        record = _precondition(pre, claim, results, alpha)
-        gates.append({"gate": "precondition", **record})
-        if not record["met"]:
-            invalid.append(f"precondition unmet: {pre.says} ({record['measured']})")
+    invalid = _invalid_runs(claim, results) + unmet_preconditions(claim, results, alpha, gates)
     if invalid:
         return INVALID, "; ".join(invalid), gates
     if claim.activity is not None:
@@ -522,6 +616,6 @@ def claims_table_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["CLAIMS", "FAILS", "HOLDS", "INCONCLUSIVE", "INVALID", "NOT_RUN", "NOT_TESTABLE", "NO_EFFECT", "OUTCOMES",
+__all__ = ["CLAIMS", "CLAIMS_V2_1", "MATCHED_ABLATIONS", "STEPS", "FAILS", "HOLDS", "INCONCLUSIVE", "INVALID", "NOT_RUN", "NOT_TESTABLE", "NO_EFFECT", "OUTCOMES",
            "RELATIONS", "Activity", "Check", "Claim", "Precondition", "Sesoi", "Verdict", "activity_value",
            "baseline_value", "check_p", "claims_table_markdown", "judge", "judge_all", "judge_check", "sesoi_delta"]

@@ -22,6 +22,8 @@ def register_lab(subparsers: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--inline", action="store_true", help="run every job in this process, one after another")
     p.add_argument("--report-only", action="store_true", help="run nothing; rebuild the report from finished jobs")
     p.add_argument("--plan", action="store_true", help="list the jobs (and which are finished), then exit")
+    p.add_argument("--rule", choices=("v2", "v2.1"), default=None,
+                   help="verdict rule (= report.rule; default v2, the rule the published labs were judged by)")
     p.set_defaults(func=_run_lab)
     accept_overrides(p)
 
@@ -37,6 +39,8 @@ def _run_lab(args: argparse.Namespace) -> int:
         overrides += ["--lab.jobs", str(args.jobs)]
     if args.dir is not None:
         overrides += ["--lab.dir", args.dir]
+    if args.rule is not None:
+        overrides += ["--report.rule", args.rule]
     try:
         cfg = load_lab_config(args.config, overrides=overrides)
         validate_lab_config(cfg)

@@ -40,6 +40,7 @@ from lmpo.lab.config import (
     updates_before_gradient,
 )
 from lmpo.lab.jobs import RESULT_FILES, RUN_SUBDIR
+from lmpo.lab.rules import claims_for
 from lmpo.lab.staleness import check_grid as check_staleness_grid
 from lmpo.trainer.config import config_from_dict, config_to_dict, validate_config
 
@@ -197,9 +198,11 @@ def _gradient_jobs(cfg: LabConfig, root: Path, task: str, seeded: dict, has_warm
     entries = [{"label": objective_label(e), "objective": trainer_objective_section(e)}
                for e in (*gradient_objectives(cfg), *cfg.gradients.controls)]
     measured = {e["label"] for e in entries}
-    claims = [CLAIMS[n] for n in cfg.report.claims] if cfg.report.claims else list(CLAIMS.values())
+    claims = claims_for(cfg.report.rule, cfg.report.claims)
     # the activity measure compares each objective's token gradient weights with those of its claims' baselines
-    baselines = sorted(({cfg.report.baseline} | {c.baseline for c in claims}) & measured)
+    # (rule v2.1: with the matched ablation its activity gate names)
+    compared = {c.baseline for c in claims} | {c.activity.against for c in claims if c.activity and c.activity.against}
+    baselines = sorted(({cfg.report.baseline} | compared) & measured)
     gr = cfg.gradients
     jobs = []
     for step in snapshot_steps(cfg):

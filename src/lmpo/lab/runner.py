@@ -254,6 +254,9 @@ def run_lab(cfg: LabConfig, *, inline: bool = False, report_only: bool = False, 
     validate_lab_config(cfg)
     t0 = time.perf_counter()
     root = Path(cfg.lab.dir)
+    if report_only and (root / "lab.json").is_file() and not any(j.done() for j in plan_jobs(cfg, root)):
+        report = rebuild_stored(root, cfg.report.rule)
+        return LabResult(dir=root, ran=[], skipped=[], report=report, seconds=time.perf_counter() - t0)
     root.mkdir(parents=True, exist_ok=True)
     import yaml
 
@@ -290,6 +293,18 @@ def run_lab(cfg: LabConfig, *, inline: bool = False, report_only: bool = False, 
                        f"{first.dir / LOG_FILE}. Fix the cause and re-run the same command: finished jobs are kept.")
     report = write_report(cfg, root, jobs)
     return LabResult(dir=root, ran=ran, skipped=skipped, report=report, seconds=time.perf_counter() - t0)
+
+
+def rebuild_stored(root: Path, rule: str) -> dict[str, Any]:
+    """A published lab without its job results (``lab.json`` only): the verdicts rebuilt from its stored studies
+    under ``rule`` (``lmpo.lab.rules.rejudge``), written back to ``lab.json`` and ``lab.md``."""
+    from lmpo.lab.report import render_markdown
+    from lmpo.lab.rules import rejudge
+
+    report = rejudge(read_json(root / "lab.json"), rule)
+    write_json_atomic(root / "lab.json", report, indent=None)
+    (root / "lab.md").write_text(render_markdown(report), encoding="utf-8")
+    return report
 
 
 def _ready(job: Job, by_key: dict[str, Job], failed: set[str]) -> str:
