@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register_lab(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -32,7 +33,7 @@ def _run_lab(args: argparse.Namespace) -> int:
     from lmpo.errors import LmpoError
     from lmpo.lab.config import load_lab_config
     from lmpo.lab.grid import plan_jobs, validate_lab_config
-    from lmpo.lab.runner import run_lab
+    from lmpo.lab.runner import run_lab, stored_only
 
     overrides = list(args.overrides)
     if args.jobs is not None:
@@ -43,7 +44,8 @@ def _run_lab(args: argparse.Namespace) -> int:
         overrides += ["--report.rule", args.rule]
     try:
         cfg = load_lab_config(args.config, overrides=overrides)
-        validate_lab_config(cfg)
+        if not (args.report_only and stored_only(Path(cfg.lab.dir))):  # a published lab.json is rebuilt as is
+            validate_lab_config(cfg)
         if args.plan:
             jobs = plan_jobs(cfg)
             for job in jobs:

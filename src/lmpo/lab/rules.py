@@ -36,7 +36,6 @@ stored ``lab.json`` under either rule).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
@@ -457,10 +456,11 @@ def stored_results(report: Mapping[str, Any], task: str) -> dict[str, Any]:
 
 def rejudge(report: Mapping[str, Any], rule: str) -> dict[str, Any]:
     """A stored ``lab.json`` with every task's verdicts rebuilt under ``rule`` from its stored studies (nothing
-    else changes; the rule is recorded as ``report["rule"]`` and ``config.report.rule``)."""
+    else changes; the rule is recorded as ``report["rule"]`` and ``config.report.rule``). The studies are shared
+    with ``report``, not copied."""
     from lmpo.lab.report import clean
 
-    out = copy.deepcopy(dict(report))
+    out = {**report, "config": {**report["config"]}, "tasks": {t: dict(d) for t, d in report["tasks"].items()}}
     rp = dict(out["config"]["report"])
     names = rp.get("claims") or ()
     rp_ns = SimpleNamespace(alpha=rp["alpha"], confidence=rp.get("confidence", 0.95), power=rp.get("power", 0.8))

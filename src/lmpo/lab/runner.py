@@ -251,12 +251,12 @@ def run_lab(cfg: LabConfig, *, inline: bool = False, report_only: bool = False, 
     """
     from lmpo.lab.report import write_report
 
-    validate_lab_config(cfg)
     t0 = time.perf_counter()
     root = Path(cfg.lab.dir)
-    if report_only and (root / "lab.json").is_file() and not any(j.done() for j in plan_jobs(cfg, root)):
+    if report_only and stored_only(root):
         report = rebuild_stored(root, cfg.report.rule)
         return LabResult(dir=root, ran=[], skipped=[], report=report, seconds=time.perf_counter() - t0)
+    validate_lab_config(cfg)
     root.mkdir(parents=True, exist_ok=True)
     import yaml
 
@@ -293,6 +293,12 @@ def run_lab(cfg: LabConfig, *, inline: bool = False, report_only: bool = False, 
                        f"{first.dir / LOG_FILE}. Fix the cause and re-run the same command: finished jobs are kept.")
     report = write_report(cfg, root, jobs)
     return LabResult(dir=root, ran=ran, skipped=skipped, report=report, seconds=time.perf_counter() - t0)
+
+
+def stored_only(root: Path) -> bool:
+    """Whether ``root`` is a published lab: its ``lab.json`` without any job's results (no cells/, warmup/,
+    gradients/). Its cells' configs are not checked again: the lmpo that ran them may have had other defaults."""
+    return (root / "lab.json").is_file() and not any((root / d).exists() for d in ("cells", "warmup", "gradients"))
 
 
 def rebuild_stored(root: Path, rule: str) -> dict[str, Any]:
