@@ -599,20 +599,30 @@ def judge(claim: Claim, results: Mapping[str, Any], report: Any) -> Verdict:
 
 
 def _check_text(k: Check) -> str:
-    return f"{k.study} `{k.metric}` {k.relation} (δ = {k.sesoi.describe()})"
+    pair = f" `{k.objective}` vs `{k.baseline}`" if k.objective or k.baseline else ""
+    return f"{k.study} `{k.metric}`{pair} {k.relation} (δ = {k.sesoi.describe()})"
 
 
-def claims_table_markdown() -> str:
-    """The claims table of docs/lab.md (generated from ``CLAIMS``)."""
-    rows = ["| claim | source | objective vs baseline | primary check (votes; Holm across claims) | secondary checks "
-            "(reported) | gates (before any verdict) |", "|---|---|---|---|---|---|"]
-    for c in CLAIMS.values():
+def claims_table_markdown(registry: Mapping[str, Claim] | None = None) -> str:
+    """The claims table of docs/lab.md (generated from ``CLAIMS``, or from ``registry``: rule v2.1's
+    ``CLAIMS_V2_1``, whose voting parts and divergence outcome get their own column)."""
+    v21 = registry is not None
+    registry = CLAIMS if registry is None else registry
+    head = "primary check and further parts (all vote; Holm across claims)" if v21 else \
+        "primary check (votes; Holm across claims)"
+    rows = [f"| claim | source | objective vs baseline | {head} | secondary checks (reported) | gates (before any "
+            "verdict) |", "|---|---|---|---|---|---|"]
+    for c in registry.values():
         secondary = "; ".join(_check_text(k) for k in c.secondary) or "—"
         gates = [f"precondition: {p.says}" for p in c.preconditions]
+        if c.robustness:
+            gates.append("the objective's divergence is the outcome (Fisher's exact test), not a gate")
         if c.activity is not None:
-            gates.append(f"activity: {c.activity.says} (`{c.activity.metric}`) ≥ {c.activity.threshold:g}")
+            against = f" against `{c.activity.against}`" if c.activity.against else ""
+            gates.append(f"activity: {c.activity.says} (`{c.activity.metric}`{against}) ≥ {c.activity.threshold:g}")
+        voting = " + ".join(_check_text(k) for k in c.voting)
         rows.append(f"| `{c.name}`: {c.text} | {c.source} | `{c.objective}` vs `{c.baseline}` | "
-                    f"{_check_text(c.primary)} | {secondary} | {'; '.join(gates) or '—'} |")
+                    f"{voting} | {secondary} | {'; '.join(gates) or '—'} |")
     return "\n".join(rows) + "\n"
 
 
