@@ -106,6 +106,28 @@ def test_smoke_lab_writes_every_output_with_finite_numbers(finished_lab):
     assert "### Verdicts" in md and "### Training study" in md and "### Gradient study" in md
 
 
+def test_the_finished_jobs_judged_by_rule_v2_1(finished_lab):
+    # the same results under rule v2.1 (built, not written: the lab directory stays rule v2's)
+    from dataclasses import replace
+
+    from lmpo.lab.grid import plan_jobs
+    from lmpo.lab.report import build_report
+
+    cfg, _ = finished_lab
+    cfg21 = replace(cfg, report=replace(cfg.report, rule="v2.1"))
+    report = build_report(cfg21, plan_jobs(cfg21, Path(cfg.lab.dir)))
+    assert report["rule"] == "v2.1" and report["config"]["report"]["rule"] == "v2.1"
+    task = report["tasks"][TASK]
+    training = task["training"]
+    assert math.isfinite(training["reward_threshold"])  # GRPO's reward rose in the smoke run
+    assert all(_finite(v) for v in training["metrics"]["gspo"]["reward_steps"]["values"])
+    gspo = next(v for v in task["verdicts"] if v["claim"] == "gspo_stable_efficient")
+    steps, snr = [c for c in gspo["checks"] if c["votes"]]
+    assert steps["metric"] == "reward_steps" and "diff" in steps and "delta_lo" in steps
+    assert snr["metric"] == "snr" and snr["runs"] == 2 and snr["groups"] == 8  # the reference run replicates
+    assert gspo["verdict"] in (*OUTCOMES, "cannot be decided at this budget")
+
+
 def test_cells_are_ordinary_trainer_runs_sharing_the_warm_up(finished_lab):
     cfg, _ = finished_lab
     root = Path(cfg.lab.dir)
