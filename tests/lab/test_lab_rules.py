@@ -23,6 +23,8 @@ from lmpo.lab.claims import (
     NO_EFFECT,
     NOT_RUN,
     NOT_TESTABLE,
+    RECIPE_ARMS,
+    REFUSED,
     Check,
     Sesoi,
     baseline_value,
@@ -35,10 +37,12 @@ from lmpo.lab.rules import (
     cluster_comparison,
     delta_bounds,
     fisher_exact,
+    fit_comparison,
     judge_all_v21,
     judge_part,
     ni_power,
     rejudge,
+    tost_power,
 )
 from lmpo.objectives import Objective
 
@@ -294,7 +298,8 @@ def test_a_missing_part_is_not_run_unless_a_measured_part_decides():
 
 def test_matched_ablations_share_the_objectives_aggregation_and_clip():
     def build(label):  # the CPU lab's `rlvcr` arm is GRPO with RLVCR's trainer section
-        entry = MATCHED_ABLATIONS.get(label) or {"preset": "grpo" if label == "rlvcr" else label, "overrides": {}}
+        entry = MATCHED_ABLATIONS.get(label) or RECIPE_ARMS.get(label) or {
+            "preset": "grpo" if label == "rlvcr" else label, "overrides": {}}
         return Objective.preset(entry["preset"], **entry["overrides"])
 
     for claim in CLAIMS_V2_1.values():
@@ -316,12 +321,91 @@ def test_matched_ablations_share_the_objectives_aggregation_and_clip():
 
 
 # ----------------------------------------------------------------------------------------------------
+# Claims on the compute–performance fit (ScaleRL's recipe)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _fits(per_label: dict[str, list[tuple[float, float]]], r0=0.3, unfit=()):
+    """A training study whose fits hold (A, B) per seed of each label (R0 = ``r0``)."""
+    objectives = {label: {"fits": {str(s): {"status": "unbounded" if (label, s) in unfit else "converged", "r0": r0,
+                                            "a": a, "b": b} for s, (a, b) in enumerate(rows)}}
+                  for label, rows in per_label.items()}
+    metrics = {label: {"seeds": list(range(len(rows))), "zero_var_frac": _metric([0.3] * len(rows))}
+               for label, rows in per_label.items()}
+    return {"training": {"metrics": metrics, "comparisons": {}, "validity": {}, "fits": {"objectives": objectives}},
+            "gradients": None, "objectives": {}}
+
+
+def test_fit_comparison_by_hand_and_without_unfit_seeds():
+    # A: 0.80, 0.82, 0.78 against 0.70, 0.71, 0.69 → d = 0.10, 0.11, 0.09: mean 0.10, sd 0.01, se 0.005774, df 2
+    results = _fits({"x": [(0.80, 1.0), (0.82, 1.0), (0.78, 1.0)], "y": [(0.70, 1.0), (0.71, 1.0), (0.69, 1.0)]})
+    comp = fit_comparison(results, "x", "y", "a")
+    assert comp["diff"] == pytest.approx(0.10) and comp["se"] == pytest.approx(0.005774, abs=1e-6)
+    assert comp["df"] == 2 and comp["seeds"] == 3 and comp["seeds_unfit"] == 0
+    results = _fits({"x": [(0.80, 1.0), (0.82, 1.0), (0.78, 1.0)], "y": [(0.70, 1.0), (0.71, 1.0), (0.69, 1.0)]},
+                    unfit={("y", 1)})
+    comp = fit_comparison(results, "x", "y", "a")
+    assert comp["seeds_unfit"] == 1 and math.isnan(comp["diff"])  # not a two-seed mean of the seeds that fitted
+
+
+def test_equivalence_part_and_its_power_by_hand():
+    eq = Check("fits", "a", "equivalent", Sesoi(0.25, "a_gain"))
+    tiny = _comp([0.01, -0.01, 0.02, 0.00, -0.02])   # 90% interval ±0.01508; TOST p at δ 0.05 ≈ 0.001
+    assert judge_part(eq, tiny, alpha=0.05, delta_lo=0.05, delta_hi=0.05, p=0.001) == HOLDS
+    assert judge_part(eq, tiny, alpha=0.05, delta_lo=0.01, delta_hi=0.01, p=0.4) == INCONCLUSIVE
+    moved = _comp([0.30, 0.32, 0.28, 0.31, 0.29])
+    assert judge_part(eq, moved, alpha=0.05, delta_lo=0.05, delta_hi=0.1, p=1.0) == FAILS
+    # df 10⁴ (normal): δ/se = 1.6449 + 1.2816 → 1 − 2·P(Z ≥ 1.2816) = 0.8; δ/se = 1.6449 → 0
+    assert tost_power(1.0, 10_000, 1.6449 + 1.2816, 0.05) == pytest.approx(0.8, abs=2e-3)
+    assert tost_power(1.0, 10_000, 1.0, 0.05) == 0.0
+
+
+def test_cispo_ceiling_claim_compares_loss_types_at_one_aggregation():
+    claim = CLAIMS_V2_1["cispo_ceiling"]
+    assert claim.baseline == "dapo" and claim.parts[0].baseline == "gspo_tm"
+    up = [(0.80, 1.0), (0.82, 1.1), (0.78, 0.9), (0.81, 1.0)]
+    low = [(0.70, 1.0), (0.71, 1.1), (0.69, 0.9), (0.70, 1.0)]
+    v = judge_all_v21([claim], _fits({"cispo": up, "dapo": low, "gspo_tm": low}), REPORT)[0]
+    assert v.verdict == HOLDS, v.reason
+    assert v.checks[0]["delta"] == pytest.approx(0.25 * 0.40)   # 25% of DAPO's fitted gain A − R0 = 0.40
+    v = judge_all_v21([claim], _fits({"cispo": up, "dapo": low}), REPORT)[0]
+    assert v.verdict == NOT_RUN and "gspo_tm" in v.reason
+
+
+def test_efficiency_not_ceiling_claims_need_both_parts():
+    claim = CLAIMS_V2_1["zero_variance_efficiency"]
+    assert [c.metric for c in claim.voting] == ["b", "a"] and claim.parts[0].relation == "equivalent"
+    base = [(0.70, 1.00), (0.71, 1.05), (0.69, 0.95), (0.70, 1.02), (0.70, 0.98), (0.71, 1.00)]
+    steeper_same = [(a + d, b + 0.8) for (a, b), d in zip(base, (0.001, -0.001, 0.0, 0.002, -0.002, 0.0))]
+    v = judge_all_v21([claim], _fits({"grpo_zvf": steeper_same, "grpo": base}), REPORT)[0]
+    assert v.verdict == HOLDS, v.reason
+    higher = [(a + 0.2, b + 0.8) for (a, b) in base]  # it moves the ceiling too: the "not A" part fails
+    v = judge_all_v21([claim], _fits({"grpo_zvf": higher, "grpo": base}), REPORT)[0]
+    assert v.verdict == FAILS and "the same ceiling A as GRPO (within ±δ): does not hold" in v.reason
+    noisy = [(a + d, b + 0.8) for (a, b), d in zip(base, (0.15, -0.12, 0.1, -0.14, 0.13, -0.1))]
+    v = judge_all_v21([claim], _fits({"grpo_zvf": noisy, "grpo": base}), REPORT)[0]
+    assert v.verdict == UNDECIDABLE and "power" in v.reason
+    inactive = _fits({"grpo_zvf": steeper_same, "grpo": base})
+    inactive["training"]["metrics"]["grpo_zvf"]["zero_var_frac"] = _metric([0.01] * 6)
+    assert judge_all_v21([claim], inactive, REPORT)[0].verdict == NOT_TESTABLE  # nothing to filter
+
+
+def test_recipe_choices_the_lab_cannot_build_are_refused_with_a_reason():
+    assert set(REFUSED) == {"fp32_head_ceiling", "prompt_averaging_efficiency"}
+    assert not set(REFUSED) & set(CLAIMS_V2_1)
+    assert "FP32" in REFUSED["fp32_head_ceiling"] and "CPU" in REFUSED["fp32_head_ceiling"]
+    from lmpo.objectives.parts import AGGREGATIONS
+
+    assert not any("prompt" in name for name in AGGREGATIONS.names())  # the day one exists, define the claim
+
+
+# ----------------------------------------------------------------------------------------------------
 # The switch
 # ----------------------------------------------------------------------------------------------------
 
 
 def test_rule_names_are_checked():
-    assert [c.name for c in claims_for("v2")] == list(CLAIMS) == list(CLAIMS_V2_1)
+    assert [c.name for c in claims_for("v2")] == list(CLAIMS) == list(CLAIMS_V2_1)[:len(CLAIMS)]
     with pytest.raises(ValueError, match="v2.1"):
         claims_for("v3")
 

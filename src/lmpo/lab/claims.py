@@ -273,9 +273,32 @@ MATCHED_ABLATIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
                     "says": "GRPO without its clip (GMPO's log-clip never binds: GMPO is then unclipped too)"},
     "amic_noclip": {"preset": "amic", "overrides": {"trust_region": "none"},
                     "says": "AMIC's arithmetic-mean weight without its sequence clip"},
+    "gspo_tm": {"preset": "gspo", "overrides": {"aggregation": "token_mean"},
+                "says": "GSPO's loss with token_mean aggregation (ScaleRL compares loss types at one aggregation)"},
 })
 """The cells rule v2.1's claims compare with: each equals its claim's objective in everything but the mechanism
 (aggregation and clip included). ``label → {"preset", "overrides", "says"}``, as a lab config's objective entry."""
+
+RECIPE_ARMS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "grpo_zvf": {"preset": "grpo", "overrides": {}, "train": {"objective": {"filter_zero_variance": True}},
+                 "says": "GRPO with zero-variance filtering (groups whose rewards are all equal are dropped)"},
+    "grpo_batchnorm": {"preset": "grpo", "overrides": {}, "train": {"objective": {"advantage_options": {
+        "scale": "batch"}}}, "says": "GRPO with batch-level advantage normalisation (the batch's reward std)"},
+})
+"""ScaleRL's recipe choices as lab cells (``label → {"preset", "overrides", "train", "says"}``, a lab config's
+objective entry): each differs from GRPO in that choice only."""
+
+REFUSED: Mapping[str, str] = MappingProxyType({
+    "fp32_head_ceiling": "ScaleRL's FP32 LM head (vs bf16) raises the ceiling A: not defined here. lmpo has no "
+                         "option that computes the head in FP32 while the model runs in bf16 (the logits are taken in "
+                         "the model's dtype and only the log-probabilities are promoted to FP32), and the CPU lab "
+                         "runs FP32 throughout, so both arms would be the same run.",
+    "prompt_averaging_efficiency": "ScaleRL's prompt-level loss averaging changes efficiency B, not A: not defined "
+                                   "here. lmpo's aggregations (token_mean, seq_mean_token_mean, seq_mean_token_sum, "
+                                   "seq_sum_norm, token_sum) average per token, per sequence or per batch, none per "
+                                   "prompt group, so the arm cannot be built.",
+})
+"""ScaleRL recipe claims the lab does not define, with the reason (docs/lab.md prints them)."""
 
 STEPS = "reward_steps"
 """Rule v2.1's "faster": RL steps to a reward threshold (``lmpo.lab.report.TRAIN_METRICS``)."""
@@ -325,10 +348,36 @@ _CLAIM_LIST_V2_1 = [
     _v21("rlvcr_shorter", parts=(_ACC,), secondary=()),
 ]
 
+_SCALERL = "Khatri et al. 2025, ScaleRL (arXiv 2510.13786)"
+
+
+def _fit(metric: str, relation: str, says: str, baseline: str = "") -> Check:
+    """A check on the compute–performance fit (``lmpo.lab.fits``): the ceiling ``a`` (δ: 25% of the baseline's
+    ``A − R0``, its fitted RL gain) or the efficiency ``b`` (δ: 25% of the baseline's ``B``), paired over seeds."""
+    return Check("fits", metric, relation, Sesoi(0.25, "a_gain" if metric == "a" else "b"), says, baseline=baseline)
+
+
+def _b_not_a(name: str, objective: str, what: str, activity: Activity | None = None) -> Claim:
+    return Claim(name, f"{what} improves compute efficiency (a larger B) without moving the ceiling A.", _SCALERL,
+                 objective, "grpo", _fit("b", "greater", "larger efficiency B than GRPO"),
+                 parts=(_fit("a", "equivalent", "the same ceiling A as GRPO (within ±δ)"),), activity=activity)
+
+
+_CLAIM_LIST_V2_1 += [
+    Claim("cispo_ceiling", "CISPO's loss raises the asymptotic pass rate (the ceiling A) over DAPO's and GSPO's.",
+          _SCALERL, "cispo", "dapo", _fit("a", "greater", "higher ceiling A than DAPO"),
+          parts=(_fit("a", "greater", "higher ceiling A than GSPO's loss at CISPO's aggregation", baseline="gspo_tm"),)),
+    _b_not_a("zero_variance_efficiency", "grpo_zvf", "Zero-variance filtering",
+             Activity("training", "zero_var_frac", 0.05, "share of completions in zero-variance groups (what the "
+                                                         "filter drops)")),
+    _b_not_a("batch_norm_efficiency", "grpo_batchnorm", "Batch-level advantage normalisation"),
+]
+
 CLAIMS_V2_1: Mapping[str, Claim] = MappingProxyType({c.name: c for c in _CLAIM_LIST_V2_1})
 """The registry under rule v2.1 (:mod:`lmpo.lab.rules`): the claims of ``CLAIMS`` with their matched ablation as the
 baseline, every part of a claim that makes several voting, "faster" as fewer steps to a reward threshold, and
-PTRW's robustness claim decided by divergence."""
+PTRW's robustness claim decided by divergence; then ScaleRL's recipe claims, judged on the fitted ceiling A and
+efficiency B (``REFUSED`` lists the ones the lab cannot build)."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -626,6 +675,6 @@ def claims_table_markdown(registry: Mapping[str, Claim] | None = None) -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["CLAIMS", "CLAIMS_V2_1", "MATCHED_ABLATIONS", "STEPS", "FAILS", "HOLDS", "INCONCLUSIVE", "INVALID", "NOT_RUN", "NOT_TESTABLE", "NO_EFFECT", "OUTCOMES",
+__all__ = ["CLAIMS", "CLAIMS_V2_1", "MATCHED_ABLATIONS", "RECIPE_ARMS", "REFUSED", "STEPS", "FAILS", "HOLDS", "INCONCLUSIVE", "INVALID", "NOT_RUN", "NOT_TESTABLE", "NO_EFFECT", "OUTCOMES",
            "RELATIONS", "Activity", "Check", "Claim", "Precondition", "Sesoi", "Verdict", "activity_value",
            "baseline_value", "check_p", "claims_table_markdown", "judge", "judge_all", "judge_check", "sesoi_delta"]

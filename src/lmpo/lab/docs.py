@@ -23,9 +23,10 @@ def _claims_table() -> str:
 
 
 def _claims_table_v21() -> str:
-    from lmpo.lab.claims import CLAIMS_V2_1, claims_table_markdown
+    from lmpo.lab.claims import CLAIMS_V2_1, REFUSED, claims_table_markdown
 
-    return claims_table_markdown(CLAIMS_V2_1)
+    refused = "".join(f"- `{name}`: {why}\n" for name, why in REFUSED.items())
+    return claims_table_markdown(CLAIMS_V2_1) + "\nScaleRL's recipe claims the lab does not define:\n\n" + refused
 
 
 def _config_reference() -> str:

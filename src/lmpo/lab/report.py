@@ -60,6 +60,8 @@ TRAIN_METRICS: dict[str, str] = {
     "clip_low_frac": "… at the lower bound (A < 0)",
     "clip_high_frac": "… at the upper bound (A > 0)",
     "mask_frac": "mean fraction of tokens masked (Clip-Cov) or penalised (KL-Cov)",
+    "zero_var_frac": "mean share of sampled completions in groups whose rewards are all equal (no advantage; what "
+                     "zero-variance filtering drops)",
     "entropy_coef_active": "share of steps with a non-zero entropy coefficient (adaptive entropy control)",
     "rlvcr_expanded_frac": "share of trained rows that are RLVCR thinking-level expansions",
     "rlvcr_acting_frac": "share of trained rows (with at least one trained token) that carry an RLVCR thinking "

@@ -32,6 +32,10 @@ stored ``lab.json`` under either rule).
    that diverged, objective against baseline, by Fisher's exact test in Holm's family.
 6. **An endpoint the task fixes is not testable**: when the baseline's primary training metric varies over its seeds
    by less than a tenth of δ (standard deviation), no mechanism moves it on this task.
+7. **Claims on the compute–performance fit.** A check of study ``fits`` compares the fitted ceiling ``a`` or
+   efficiency ``b`` (``lmpo.lab.fits``) paired over seeds; a seed whose fit did not converge leaves it undefined.
+   Relation ``equivalent`` states "no change" (ScaleRL's "changes B, not A"): the two one-sided tests against ±δ,
+   with the same power rule as non-inferiority.
 """
 
 from __future__ import annotations
@@ -148,12 +152,39 @@ def cluster_comparison(gradients: Mapping[str, Any], objective: str, baseline: s
     return {**base, **st.paired_comparison(runs, [0.0] * len(runs), confidence=confidence, alpha=alpha, power=power)}
 
 
+def _fits_of(results: Mapping[str, Any], label: str) -> dict[str, Any]:
+    return ((((results.get("training") or {}).get("fits") or {}).get("objectives") or {}).get(label) or {}).get(
+        "fits") or {}
+
+
+def fit_comparison(results: Mapping[str, Any], objective: str, baseline: str, metric: str, *,
+                   confidence: float = 0.95, alpha: float = 0.05, power: float = 0.8) -> dict[str, Any]:
+    """Paired difference of a fitted parameter (``a``: the ceiling, ``b``: the efficiency) over the seeds both
+    objectives ran (``lmpo.lab.fits``). A common seed whose fit did not converge on either side leaves the
+    comparison undefined (``seeds_unfit``): leaving it out would select seeds on the outcome."""
+    a, b = _fits_of(results, objective), _fits_of(results, baseline)
+    common = sorted(set(a) & set(b), key=str)
+    if not common:
+        return {}
+    unfit = [s for s in common if a[s].get("status") != "converged" or b[s].get("status") != "converged"]
+    base = {"seeds": len(common), "seeds_unfit": len(unfit), "replicate": "seed"}
+    if unfit:
+        return {**base, "diff": math.nan, "ci": [math.nan, math.nan], "se": math.nan, "df": 0, "n": len(common),
+                "p": math.nan, "mde": math.nan}
+    return {**base, **st.paired_comparison([float(a[s][metric]) for s in common], [float(b[s][metric]) for s in common],
+                                           confidence=confidence, alpha=alpha, power=power)}
+
+
 def baseline_interval(results: Mapping[str, Any], study: str, label: str, metric: str,
                       confidence: float = 0.95) -> tuple[float, list[float], int]:
     """The baseline's own value of ``metric`` with its t interval: ``(mean, ci, dropped)``. Training: over its seeds;
     gradients: over its reference runs (each the mean of its groups). Non-finite values never enter (``dropped``
     counts them), so δ is never nan while any value is finite."""
-    if study == "training":
+    if study == "fits":  # "a_gain": the fitted ceiling's RL gain A − R0; otherwise the fitted parameter
+        fits = [f for f in _fits_of(results, label).values() if f.get("status") == "converged"]
+        entry = {}
+        values = [f["a"] - f["r0"] if metric == "a_gain" else f[metric] for f in fits]
+    elif study == "training":
         entry = ((results.get("training") or {}).get("metrics") or {}).get(label, {}).get(metric) or {}
         values = [v for v in entry.get("values") or [] if v is not None]
     else:
@@ -190,10 +221,20 @@ def ni_power(se: float, df: float, delta: float, alpha: float) -> float:
     return st.student_t_sf(st.student_t_ppf(1.0 - alpha, df) - delta / se, df)
 
 
+def tost_power(se: float, df: float, delta: float, alpha: float) -> float:
+    """Power of the equivalence test (two one-sided tests, margin ±δ) at a true difference of 0:
+    ``1 − 2·P(T ≥ δ/se − t_{1−α,df})``, at least 0."""
+    if not (math.isfinite(se) and math.isfinite(delta) and df >= 1) or se <= 0:
+        return math.nan
+    return max(0.0, 1.0 - 2.0 * st.student_t_sf(delta / se - st.student_t_ppf(1.0 - alpha, df), df))
+
+
 def judge_part(check: Check, comp: Mapping[str, Any], *, alpha: float, delta_lo: float, delta_hi: float,
                p: float) -> str:
     """One part under rule v2.1: rule v2's tests (``lmpo.lab.claims.judge_check``) with δ's uncertainty carried —
-    equivalence and non-inferiority against δ_lo, "does not hold" for non-inferiority against δ_hi."""
+    equivalence and non-inferiority against δ_lo, "does not hold" for non-inferiority against δ_hi. Relation
+    ``equivalent`` (a claim of no change, e.g. "B but not A"): holds when the TOST p (``p``) is below α and the
+    (1 − 2α) interval lies inside ±δ_lo; does not hold when that interval lies outside ±δ_hi."""
     d = comp.get("diff", math.nan)
     lo2, hi2 = _interval(comp, alpha)
     finite = all(x is not None and math.isfinite(x) for x in (d, lo2, hi2, delta_lo, delta_hi))
@@ -202,6 +243,10 @@ def judge_part(check: Check, comp: Mapping[str, Any], *, alpha: float, delta_lo:
     significant = p is not None and math.isfinite(p) and p < alpha
     if check.relation == "not_worse":
         return HOLDS if significant else FAILS if hi2 < -delta_hi else INCONCLUSIVE
+    if check.relation == "equivalent":  # the claim is "no change": the (1 − 2α) interval inside ±δ_lo holds
+        if significant and delta_lo > 0 and -delta_lo < lo2 and hi2 < delta_lo:
+            return HOLDS
+        return FAILS if lo2 > delta_hi or hi2 < -delta_hi else INCONCLUSIVE
     if delta_lo > 0 and -delta_lo < lo2 and hi2 < delta_lo:
         return NO_EFFECT
     sign = 1.0 if check.relation == "greater" else -1.0
@@ -220,10 +265,11 @@ def _pair(check: Check, claim: Claim) -> tuple[str, str]:
 
 
 def _missing(check: Check, claim: Claim, results: Mapping[str, Any]) -> str:
-    study = results.get(check.study)
+    study = (results.get("training") or {}).get("fits") if check.study == "fits" else results.get(check.study)
     if not study:
         return f"the {check.study} study was not run"
-    missing = [x for x in _pair(check, claim) if x not in _labels_in(study)]
+    labels = set(study.get("objectives") or {}) if check.study == "fits" else _labels_in(study)
+    missing = [x for x in _pair(check, claim) if x not in labels]
     return f"{' and '.join(f'`{x}`' for x in missing)} not in the {check.study} study" if missing else ""
 
 
@@ -244,32 +290,40 @@ def _record(check: Check, claim: Claim, results: Mapping[str, Any], rp: Any, *, 
     if check.study == "gradients":
         comp = cluster_comparison(results["gradients"], obj, base, check.metric, confidence=conf, alpha=alpha,
                                   power=power)
+    elif check.study == "fits":
+        comp = fit_comparison(results, obj, base, check.metric, confidence=conf, alpha=alpha, power=power)
     else:
         comp = (results["training"].get("comparisons") or {}).get(obj, {}).get(base, {}).get(check.metric) or {}
     rec.update(comp)
     if not comp:
         return {**rec, "not_run": f"no `{check.metric}` comparison of `{obj}` with `{base}`"}
     rec["p_test"] = _p(check, comp, rec["delta_lo"])
+    se, df = comp.get("se", math.nan), comp.get("df", 0) or 0
     if check.relation == "not_worse":
-        rec["mde"] = st.minimum_detectable_effect(comp.get("se", math.nan), comp.get("df", 0) or 0, alpha=alpha,
-                                                  power=power, sided=1)
-        rec["power"] = ni_power(comp.get("se", math.nan), comp.get("df", 0) or 0, rec["delta_lo"], alpha)
+        rec["mde"] = st.minimum_detectable_effect(se, df, alpha=alpha, power=power, sided=1)
+        rec["power"] = ni_power(se, df, rec["delta_lo"], alpha)
+    elif check.relation == "equivalent":
+        rec["power"] = tost_power(se, df, rec["delta_lo"], alpha)
     return rec
 
 
 def _p(check: Check, comp: Mapping[str, Any], delta: float) -> float:
-    if check.relation == "not_worse":
+    """The p entering Holm's family: two-sided for greater / less, one-sided of d > −δ for non-inferiority, the
+    larger of the two one-sided p (d > −δ, d < δ) for equivalence."""
+    d, se, df = comp.get("diff", math.nan), comp.get("se", math.nan), comp.get("df", 0) or 0
+    if check.relation in ("not_worse", "equivalent"):
         if not math.isfinite(delta):
             return math.nan
-        return st.one_sided_p(comp.get("diff", math.nan), comp.get("se", math.nan), comp.get("df", 0) or 0,
-                              shift=-delta, upper=True)
+        lower = st.one_sided_p(d, se, df, shift=-delta, upper=True)
+        return lower if check.relation == "not_worse" else max(lower, st.one_sided_p(d, se, df, shift=delta,
+                                                                                     upper=False))
     p = comp.get("p")
     return math.nan if p is None else float(p)
 
 
 def _runs_used(claim: Claim) -> set[str]:
     """The labels whose training runs a claim's voting checks use (rule v2.1, item 5)."""
-    return {label for c in claim.voting if c.study == "training" for label in _pair(c, claim)}
+    return {label for c in claim.voting if c.study in ("training", "fits") for label in _pair(c, claim)}
 
 
 def _divergence(claim: Claim, results: Mapping[str, Any], alpha: float) -> dict[str, Any] | None:
@@ -367,7 +421,7 @@ def _combine(parts: list[dict[str, Any]], alpha: float) -> tuple[str, str]:
     if NOT_RUN in calls:
         return NOT_RUN, "; ".join(f"{p['says']}: not run ({p['not_run']})" if p["verdict"] == NOT_RUN
                                   else f"{p['says']}: {p['verdict']}" for p in parts)
-    weak = [p for p in parts if p["relation"] == "not_worse" and p["verdict"] != HOLDS
+    weak = [p for p in parts if p["relation"] in ("not_worse", "equivalent") and p["verdict"] != HOLDS
             and _finite_num(p.get("power")) and p["power"] < NI_POWER]
     if weak:
         p = weak[0]
@@ -473,5 +527,5 @@ def rejudge(report: Mapping[str, Any], rule: str) -> dict[str, Any]:
 
 
 __all__ = ["DEFAULT_RULE", "ENDPOINT_SD_FRACTION", "NI_POWER", "RULES", "UNDECIDABLE", "baseline_interval",
-           "claims_for", "cluster_comparison", "delta_bounds", "fisher_exact", "judge_all_v21", "judge_part",
-           "judge_rule", "ni_power", "registry", "rejudge", "stored_results"]
+           "claims_for", "cluster_comparison", "delta_bounds", "fisher_exact", "fit_comparison", "judge_all_v21",
+           "judge_part", "judge_rule", "ni_power", "tost_power", "registry", "rejudge", "stored_results"]
