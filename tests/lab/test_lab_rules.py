@@ -404,18 +404,34 @@ def test_recipe_choices_the_lab_cannot_build_are_refused_with_a_reason():
 # ----------------------------------------------------------------------------------------------------
 
 
+def test_v2_1_claims_name_cells_and_metrics_the_lab_has():
+    from lmpo.lab.report import GRADIENT_METRICS, TRAIN_METRICS
+    from lmpo.objectives import PRESETS
+
+    cells = set(PRESETS) | set(MATCHED_ABLATIONS) | set(RECIPE_ARMS) | {"rlvcr"}
+    known = {"training": TRAIN_METRICS, "gradients": GRADIENT_METRICS, "fits": {"a": "", "b": ""}}
+    for claim in CLAIMS_V2_1.values():
+        for check in claim.checks:
+            assert {claim.objective, claim.baseline, check.objective or claim.objective,
+                    check.baseline or claim.baseline} <= cells, claim.name
+            assert check.metric in known[check.study] and check.relation in (
+                "greater", "less", "not_worse", "equivalent"), (claim.name, check.metric)
+        if claim.activity is not None:
+            assert claim.activity.metric in known[claim.activity.study], claim.name
+
+
 def test_rule_names_are_checked():
     assert [c.name for c in claims_for("v2")] == list(CLAIMS) == list(CLAIMS_V2_1)[:len(CLAIMS)]
     with pytest.raises(ValueError, match="v2.1"):
         claims_for("v3")
 
 
-@pytest.mark.parametrize("lab", ["cpu", "explore"])
+@pytest.mark.parametrize("lab", ["v2/cpu", "v2/explore", "staleness"])
 def test_published_v2_labs_rebuild_to_their_published_verdicts(tmp_path, lab):
     # `lmpo lab LAB.yaml --report-only` on a published lab (lab.json only, no job results): rule v2 by default
     from lmpo import cli
 
-    src = ROOT / "docs" / "lab" / "v2" / lab
+    src = ROOT / "docs" / "lab" / lab
     shutil.copy(src / "lab.json", tmp_path / "lab.json")
     published = json.loads((src / "lab.json").read_text())
     assert cli.main(["lab", str(src / "lab.yaml"), "--report-only", "--dir", str(tmp_path)]) == 0
@@ -423,6 +439,8 @@ def test_published_v2_labs_rebuild_to_their_published_verdicts(tmp_path, lab):
     assert rebuilt["rule"] == "v2" and rebuilt["config"]["report"]["rule"] == "v2"
     for task, data in published["tasks"].items():
         assert rebuilt["tasks"][task]["verdicts"] == data["verdicts"]  # every number, not only the outcome
-    assert "### Verdicts (rule v2)" in (tmp_path / "lab.md").read_text()
+        if data.get("staleness"):
+            assert {k: v for k, v in rebuilt["tasks"][task]["staleness"].items() if k != "rule"} == data["staleness"]
+    assert "(rule v2)" in (tmp_path / "lab.md").read_text()
     v21 = rejudge(published, "v2.1")
     assert v21["rule"] == "v2.1" and published.get("rule") is None  # the stored report is not changed

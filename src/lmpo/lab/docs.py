@@ -173,6 +173,15 @@ def v21_results_markdown() -> str:
                             f"{v.get('reason') or '—'} | {other} |")
                 if v["verdict"] == "not run":
                     unrecomputable.append(f"- {lab}, `{v['claim']}`: {v['reason']}")
+    stored = json.loads((DOCS / "lab" / "staleness" / "lab.json").read_text(encoding="utf-8"))
+    new = rejudge(stored, "v2.1")
+    for task, data in stored["tasks"].items():
+        for old, v in zip(data["staleness"]["verdicts"], new["tasks"][task]["staleness"]["verdicts"]):
+            parts = [check_text(c) for c in v["checks"] if c.get("votes")]
+            arrow = old["verdict"] if old["verdict"] == v["verdict"] else f"{old['verdict']} → **{v['verdict']}**"
+            why = "δ's interval and the power of non-inferiority" if old["verdict"] != v["verdict"] else "—"
+            rows.append(f"| staleness | `{v['objective']}` | {arrow} | {'; '.join(parts) or '—'} | {why} | "
+                        f"{v.get('reason') or '—'} | — |")
     out = "\n".join(rows) + "\n"
     if unrecomputable:
         out += ("\nNot recomputable from the stored lab.json (the cells or measurements v2.1 needs were not in the "

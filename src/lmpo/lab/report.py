@@ -517,7 +517,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             out += [f"Held-out accuracy after the warm-up (the RL start): {accs}.", ""]
         stale = data.get("staleness")
         if stale:
-            out += ["### Staleness study (rule v2)", "",
+            out += [f"### Staleness study (rule {stale.get('rule', 'v2')})", "",
                     f"Rows: staleness k (`rollout.async_staleness`); columns: the correction. Each cell: held-out "
                     f"accuracy Δ vs `{stale['baseline']}` [95% t interval, paired by seed] → verdict of the "
                     "non-inferiority check (δ = 25% of the baseline's RL accuracy gain; Holm across this table's "

@@ -425,8 +425,9 @@ def _combine(parts: list[dict[str, Any]], alpha: float) -> tuple[str, str]:
             and _finite_num(p.get("power")) and p["power"] < NI_POWER]
     if weak:
         p = weak[0]
+        others = f"; {'; '.join(named)}" if len(parts) > 1 else ""
         return UNDECIDABLE, (f"{p['says']}: power {p['power']:.2f} < {NI_POWER:g} at δ = {st_fmt(p['delta_lo'])} "
-                             f"(MDE {st_fmt(p.get('mde'))}); " + "; ".join(named))
+                             f"(MDE {st_fmt(p.get('mde'))}){others}")
     return INCONCLUSIVE, ("; ".join(named) if len(parts) > 1 else "")
 
 
@@ -513,14 +514,19 @@ def rejudge(report: Mapping[str, Any], rule: str) -> dict[str, Any]:
     else changes; the rule is recorded as ``report["rule"]`` and ``config.report.rule``). The studies are shared
     with ``report``, not copied."""
     from lmpo.lab.report import clean
+    from lmpo.lab.staleness import staleness_study
 
     out = {**report, "config": {**report["config"]}, "tasks": {t: dict(d) for t, d in report["tasks"].items()}}
     rp = dict(out["config"]["report"])
     names = rp.get("claims") or ()
     rp_ns = SimpleNamespace(alpha=rp["alpha"], confidence=rp.get("confidence", 0.95), power=rp.get("power", 0.8))
+    rp_ns.rule = rule
     for task, data in out["tasks"].items():
-        verdicts = judge_rule(rule, claims_for(rule, names), stored_results(out, task), rp_ns)
+        results = stored_results(out, task)
+        verdicts = judge_rule(rule, claims_for(rule, names), results, rp_ns)
         data["verdicts"] = clean([v.__dict__ for v in verdicts])
+        if data.get("staleness"):
+            data["staleness"] = clean(staleness_study(results["training"], results["objectives"], rp_ns))
     out["rule"] = rule
     out["config"]["report"] = {**rp, "rule": rule}
     return out
