@@ -78,6 +78,8 @@ def check_text(c: dict) -> str:
         return f"`{c['metric']}`: —"
     pair = f" `{c['objective']}` − `{c['baseline']}`" if "objective" in c else ""
     replicate = f" over {c['runs']} reference runs" if c.get("runs") else ""
+    if c.get("groups_undefined"):
+        replicate += f" (undefined in {c['groups_undefined']} of {c['groups']} groups; none is left out)"
     delta = f"δ {_num(c.get('delta'))}"
     if "delta_lo" in c:
         delta += f" [{_num(c['delta_lo'])}, {_num(c['delta_hi'])}]"

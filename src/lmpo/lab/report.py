@@ -432,6 +432,9 @@ def _check_cell(c: dict) -> str:
         p += f", Holm p={_f(c['p_holm'])}"
     pair = f" `{c['objective']}` − `{c['baseline']}`" if "objective" in c else ""
     runs = f", {c['runs']} runs" if c.get("runs") else ""
+    if c.get("groups_undefined") or c.get("seeds_unfit"):  # undefined, not computed on a selection
+        runs += f" (undefined in {c.get('groups_undefined') or c.get('seeds_unfit')} of {c.get('groups') or c['seeds']} " \
+                f"{'groups' if c.get('groups_undefined') else 'seeds: fit not converged'})"
     delta = f"δ={_f(c.get('delta'))}" + (f" [{_f(c['delta_lo'])}, {_f(c['delta_hi'])}]" if "delta_lo" in c else "")
     power = f", power={_f(c['power'], 2)}" if c.get("power") is not None else ""
     return (f"{c['says']}: {c['study']} `{c['metric']}`{pair} Δ {_f(c['diff'])} [{_f(c['ci'][0])}, {_f(c['ci'][1])}]"
