@@ -91,6 +91,15 @@ def same_spec(old: Any, new: dict[str, Any]) -> bool:
                for key, was, now in changed_keys(old["train"], new["train"]))
 
 
+def _same_but_baselines(old: Any, new: dict[str, Any]) -> bool:
+    """Whether two gradient-job specs differ at most in ``baselines`` (the labels the activity is measured
+    against, which the verdict rule chooses)."""
+    if not (isinstance(old, dict) and "baselines" in old and "baselines" in new):
+        return False
+    return same_spec({k: v for k, v in old.items() if k != "baselines"},
+                     {k: v for k, v in new.items() if k != "baselines"})
+
+
 def _prepare(job: Job) -> None:
     """Write the job's ``job.json``; refuse a directory that holds another configuration's job."""
     path = job.dir / JOB_FILE
@@ -99,6 +108,10 @@ def _prepare(job: Job) -> None:
         old = read_json(path)
         if same_spec(old.get("spec"), record["spec"]):
             return  # the same job (possibly written by an lmpo without some trainer fields, at their defaults)
+        if job.done() and _same_but_baselines(old.get("spec"), record["spec"]):
+            # a finished gradient job planned under another verdict rule: its activity was measured against that
+            # rule's baselines; the report judges what it measured (an activity it lacks: "not run")
+            return
         if job.done():
             raise ConfigError(f"{job.dir} holds the finished result of a different configuration of {job.key}; "
                               "run the changed lab into a fresh `lab.dir` (or delete that directory to re-run "
