@@ -30,7 +30,7 @@ from lmpo.lab.claims import (
     baseline_value,
     judge,
 )
-from lmpo.lab.report import add_reward_steps
+from lmpo.lab.report import add_reward_steps, rejudge
 from lmpo.lab.rules import (
     UNDECIDABLE,
     claims_for,
@@ -41,7 +41,6 @@ from lmpo.lab.rules import (
     judge_all_v21,
     judge_part,
     ni_power,
-    rejudge,
     tost_power,
 )
 from lmpo.objectives import Objective

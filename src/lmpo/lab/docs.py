@@ -148,7 +148,8 @@ def v21_results_markdown() -> str:
     """The published v2 labs' verdicts rebuilt under rule v2.1 from their stored lab.json (``lmpo.lab.rules``):
     old → new per claim, the deciding parts, what changed, and, where the matched ablation was not run, the
     reading on v2's baseline."""
-    from lmpo.lab.rules import judge_all_v21, rejudge, stored_results
+    from lmpo.lab.report import rejudge
+    from lmpo.lab.rules import judge_all_v21, stored_results
 
     rows = ["| lab | claim | v2 → v2.1 | v2.1's voting parts | what v2.1 changes | v2.1's reason | without the matched "
             "ablation: v2.1 on v2's baseline (a reading, not a verdict) |", "|---|---|---|---|---|---|---|"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from lmpo.lab.config import (
 from lmpo.lab.fits import fit_study
 from lmpo.lab.grid import Job
 from lmpo.lab.jobs import read_json, write_json_atomic
-from lmpo.lab.rules import UNDECIDABLE, claims_for, judge_rule
+from lmpo.lab.rules import UNDECIDABLE, claims_for, judge_rule, stored_results
 from lmpo.lab.staleness import staleness_study
 from lmpo.lab.staleness import table_markdown as staleness_table
 from lmpo.lab.stats import fmt as _f
@@ -396,6 +397,25 @@ def write_report(cfg: LabConfig, root: Path, jobs: list[Job]) -> dict[str, Any]:
     return report
 
 
+def rejudge(report: dict[str, Any], rule: str) -> dict[str, Any]:
+    """A stored ``lab.json`` with every task's verdicts (and staleness study) rebuilt under ``rule`` from its stored
+    studies (nothing else changes; the rule is recorded as ``report["rule"]`` and ``config.report.rule``). The
+    studies are shared with ``report``, not copied."""
+    out = {**report, "config": {**report["config"]}, "tasks": {t: dict(d) for t, d in report["tasks"].items()}}
+    rp = dict(out["config"]["report"])
+    settings = SimpleNamespace(alpha=rp["alpha"], confidence=rp.get("confidence", 0.95), power=rp.get("power", 0.8),
+                               rule=rule)
+    for task, data in out["tasks"].items():
+        results = stored_results(out, task)
+        verdicts = judge_rule(rule, claims_for(rule, rp.get("claims") or ()), results, settings)
+        data["verdicts"] = clean([v.__dict__ for v in verdicts])
+        if data.get("staleness"):
+            data["staleness"] = clean(staleness_study(results["training"], results["objectives"], settings))
+    out["rule"] = rule
+    out["config"]["report"] = {**rp, "rule": rule}
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # Markdown
 # ----------------------------------------------------------------------------------------------------
@@ -591,5 +611,6 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-__all__ = ["GRADIENT_METRICS", "PER_BATCH", "TRAIN_METRICS", "build_report", "collect", "render_markdown",
+__all__ = ["GRADIENT_METRICS", "PER_BATCH", "TRAIN_METRICS", "build_report", "clean", "collect", "rejudge",
+           "render_markdown",
            "training_study", "write_report"]

@@ -2,8 +2,8 @@
 ``v2.1``, which judges the same six outcomes (and one more) without the ways v2 misled a reader.
 
 ``report.rule`` (``lmpo lab … --rule v2.1``) chooses one; it is recorded in ``lab.json``. ``v2`` stays the default
-so that a stored lab is rebuilt with the rule it was published under (:func:`rejudge` rebuilds the verdicts of a
-stored ``lab.json`` under either rule).
+so that a stored lab is rebuilt with the rule it was published under (``lmpo.lab.report.rejudge`` rebuilds the
+verdicts of a stored ``lab.json`` under either rule).
 
 **Rule v2.1** keeps rule v2's gates, equivalence and non-inferiority tests and Holm's correction, and changes:
 
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from types import SimpleNamespace
 from typing import Any
 
 from lmpo.lab import stats as st
@@ -497,11 +496,6 @@ def _divergence_call(rec: dict[str, Any], alpha: float) -> str:
     return FAILS if rec["diff"] > 0 else HOLDS
 
 
-# ----------------------------------------------------------------------------------------------------
-# A stored lab under either rule
-# ----------------------------------------------------------------------------------------------------
-
-
 def stored_results(report: Mapping[str, Any], task: str) -> dict[str, Any]:
     """The studies of one task of a stored ``lab.json`` as the verdict rules take them."""
     data = report["tasks"][task]
@@ -509,29 +503,6 @@ def stored_results(report: Mapping[str, Any], task: str) -> dict[str, Any]:
             "objectives": {label: o["objective"] for label, o in (report.get("objectives") or {}).items()}}
 
 
-def rejudge(report: Mapping[str, Any], rule: str) -> dict[str, Any]:
-    """A stored ``lab.json`` with every task's verdicts rebuilt under ``rule`` from its stored studies (nothing
-    else changes; the rule is recorded as ``report["rule"]`` and ``config.report.rule``). The studies are shared
-    with ``report``, not copied."""
-    from lmpo.lab.report import clean
-    from lmpo.lab.staleness import staleness_study
-
-    out = {**report, "config": {**report["config"]}, "tasks": {t: dict(d) for t, d in report["tasks"].items()}}
-    rp = dict(out["config"]["report"])
-    names = rp.get("claims") or ()
-    rp_ns = SimpleNamespace(alpha=rp["alpha"], confidence=rp.get("confidence", 0.95), power=rp.get("power", 0.8))
-    rp_ns.rule = rule
-    for task, data in out["tasks"].items():
-        results = stored_results(out, task)
-        verdicts = judge_rule(rule, claims_for(rule, names), results, rp_ns)
-        data["verdicts"] = clean([v.__dict__ for v in verdicts])
-        if data.get("staleness"):
-            data["staleness"] = clean(staleness_study(results["training"], results["objectives"], rp_ns))
-    out["rule"] = rule
-    out["config"]["report"] = {**rp, "rule": rule}
-    return out
-
-
 __all__ = ["DEFAULT_RULE", "ENDPOINT_SD_FRACTION", "NI_POWER", "RULES", "UNDECIDABLE", "baseline_interval",
            "claims_for", "cluster_comparison", "delta_bounds", "fisher_exact", "fit_comparison", "judge_all_v21",
-           "judge_part", "judge_rule", "ni_power", "tost_power", "registry", "rejudge", "stored_results"]
+           "judge_part", "judge_rule", "ni_power", "registry", "stored_results", "tost_power"]

@@ -316,9 +316,8 @@ def stored_only(root: Path) -> bool:
 
 def rebuild_stored(root: Path, rule: str) -> dict[str, Any]:
     """A published lab without its job results (``lab.json`` only): the verdicts rebuilt from its stored studies
-    under ``rule`` (``lmpo.lab.rules.rejudge``), written back to ``lab.json`` and ``lab.md``."""
-    from lmpo.lab.report import render_markdown
-    from lmpo.lab.rules import rejudge
+    under ``rule`` (``lmpo.lab.report.rejudge``), written back to ``lab.json`` and ``lab.md``."""
+    from lmpo.lab.report import rejudge, render_markdown
 
     report = rejudge(read_json(root / "lab.json"), rule)
     write_json_atomic(root / "lab.json", report, indent=None)
