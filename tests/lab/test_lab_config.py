@@ -134,7 +134,6 @@ def test_shipped_lab_configs_validate(path):
         assert not cfg.gradients.enabled and cfg.lab.sampled_eval_k == 0
         return
     labels = [o.label or o.preset for o in cfg.grid.objectives]
-    from lmpo.lab.claims import CLAIMS
     from lmpo.lab.staleness import applies, parse_label
 
     if applies(labels):  # the staleness study (docs/lab.md): its own claims, ≥ 8 seeds, no pass@k
@@ -142,10 +141,16 @@ def test_shipped_lab_configs_validate(path):
         assert len(cfg.grid.seeds) >= 8
         assert cfg.train.task.eval_examples >= 500 and cfg.train.loop.steps // cfg.train.eval.every_steps >= 3
         return
-    judged = [CLAIMS[n] for n in cfg.report.claims] if cfg.report.claims else list(CLAIMS.values())
-    for claim in judged:  # every claim the lab judges can be judged
-        for label in (claim.objective, claim.baseline):
-            assert label in labels, f"{path.name} lacks {label} ({claim.name})"
+    from lmpo.lab.rules import claims_for
+
+    measured = set(labels) | {c.label or c.preset for c in cfg.gradients.controls}
+    for claim in claims_for(cfg.report.rule, cfg.report.claims):  # every claim the lab judges can be judged
+        for check in claim.checks:  # rule v2.1: a part may compare another pair (AMIC's unclipped pair)
+            for label in (check.objective or claim.objective, check.baseline or claim.baseline):
+                assert label in (labels if check.study == "training" else measured), \
+                    f"{path.name} lacks {label} ({claim.name})"
+        if claim.activity and claim.activity.against:  # the matched ablation the activity is measured against
+            assert claim.activity.against in measured, f"{path.name} lacks {claim.activity.against} ({claim.name})"
     # rule v2: ≥ 16 seeds, endpoints on ≥ 500 held-out problems averaged over ≥ 3 evaluations, pass@k
     assert len(cfg.grid.seeds) >= 16
     assert cfg.train.task.eval_examples >= 500 and cfg.train.task.options.get("num_eval", 0) >= 500

@@ -106,6 +106,34 @@ def test_smoke_lab_writes_every_output_with_finite_numbers(finished_lab):
     assert "### Verdicts" in md and "### Training study" in md and "### Gradient study" in md
 
 
+def test_the_finished_jobs_judged_by_rule_v2_1(finished_lab):
+    # `--report-only --rule v2.1` on the finished jobs: gradient jobs planned with rule v2's activity baselines
+    # are reused, nothing runs (the lab's v2 report is put back afterwards for the other tests)
+    from dataclasses import replace
+
+    cfg, _ = finished_lab
+    root = Path(cfg.lab.dir)
+    saved = {name: (root / name).read_bytes() for name in ("lab.json", "lab.md", "lab.yaml")}
+    cfg21 = replace(cfg, report=replace(cfg.report, rule="v2.1"))
+    try:
+        result = run_lab(cfg21, inline=True, report_only=True)
+    finally:
+        for name, data in saved.items():
+            (root / name).write_bytes(data)
+    assert not result.ran
+    report = json.loads(json.dumps(result.report))
+    assert report["rule"] == "v2.1" and report["config"]["report"]["rule"] == "v2.1"
+    task = report["tasks"][TASK]
+    training = task["training"]
+    assert math.isfinite(training["reward_threshold"])  # GRPO's reward rose in the smoke run
+    assert all(_finite(v) for v in training["metrics"]["gspo"]["reward_steps"]["values"])
+    gspo = next(v for v in task["verdicts"] if v["claim"] == "gspo_stable_efficient")
+    steps, snr = [c for c in gspo["checks"] if c["votes"]]
+    assert steps["metric"] == "reward_steps" and "diff" in steps and "delta_lo" in steps
+    assert snr["metric"] == "snr" and snr["runs"] == 2 and snr["groups"] == 8  # the reference run replicates
+    assert gspo["verdict"] in (*OUTCOMES, "cannot be decided at this budget")
+
+
 def test_cells_are_ordinary_trainer_runs_sharing_the_warm_up(finished_lab):
     cfg, _ = finished_lab
     root = Path(cfg.lab.dir)

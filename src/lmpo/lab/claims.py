@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -84,6 +84,10 @@ class Check:
     relation: str
     sesoi: Sesoi
     says: str = ""
+    objective: str = ""
+    """The objective this check compares (rule v2.1; empty: the claim's)."""
+    baseline: str = ""
+    """The baseline this check compares with, and whose value scales δ (rule v2.1; empty: the claim's)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,8 @@ class Activity:
     metric: str
     threshold: float
     says: str = ""
+    against: str = ""
+    """Rule v2.1: the matched ablation the gradient weights are compared with (empty: the claim's baseline)."""
 
 
 @dataclass(frozen=True)
@@ -137,10 +143,19 @@ class Claim:
     secondary: tuple[Check, ...] = ()
     preconditions: tuple[Precondition, ...] = ()
     activity: Activity | None = None
+    parts: tuple[Check, ...] = ()
+    """Rule v2.1: further parts of a claim that makes several (each votes; the claim holds only when all hold)."""
+    robustness: bool = False
+    """Rule v2.1: the claim is about robustness, so the objective's divergence is its outcome, not a gate."""
 
     @property
     def checks(self) -> tuple[Check, ...]:
-        return (self.primary, *self.secondary)
+        """Every check: the primary, the further voting parts (rule v2.1), then the secondary checks."""
+        return (self.primary, *self.parts, *self.secondary)
+
+    @property
+    def voting(self) -> tuple[Check, ...]:
+        return (self.primary, *self.parts)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -246,6 +261,126 @@ CLAIMS: Mapping[str, Claim] = MappingProxyType({c.name: c for c in _CLAIM_LIST})
 
 
 # ----------------------------------------------------------------------------------------------------
+# Rule v2.1: the same claims against matched ablations, every part voting
+# ----------------------------------------------------------------------------------------------------
+
+MATCHED_ABLATIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "grpo_tm": {"preset": "grpo", "overrides": {"aggregation": "token_mean"},
+                "says": "GRPO with token_mean aggregation (the aggregation of DAPO, CISPO, Clip-Cov, adaptive entropy)"},
+    "grpo_tm_noclip": {"preset": "grpo", "overrides": {"aggregation": "token_mean", "trust_region": "none"},
+                       "says": "GRPO with token_mean aggregation and no clip (KL-Cov's aggregation and trust region)"},
+    "grpo_noclip": {"preset": "grpo", "overrides": {"trust_region": "none"},
+                    "says": "GRPO without its clip (GMPO's log-clip never binds: GMPO is then unclipped too)"},
+    "amic_noclip": {"preset": "amic", "overrides": {"trust_region": "none"},
+                    "says": "AMIC's arithmetic-mean weight without its sequence clip"},
+    "gspo_tm": {"preset": "gspo", "overrides": {"aggregation": "token_mean"},
+                "says": "GSPO's loss with token_mean aggregation (ScaleRL compares loss types at one aggregation)"},
+})
+"""The cells rule v2.1's claims compare with: each equals its claim's objective in everything but the mechanism
+(aggregation and clip included). ``label → {"preset", "overrides", "says"}``, as a lab config's objective entry."""
+
+RECIPE_ARMS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "grpo_zvf": {"preset": "grpo", "overrides": {}, "train": {"objective": {"filter_zero_variance": True}},
+                 "says": "GRPO with zero-variance filtering (groups whose rewards are all equal are dropped)"},
+    "grpo_batchnorm": {"preset": "grpo", "overrides": {}, "train": {"objective": {"advantage_options": {
+        "scale": "batch"}}}, "says": "GRPO with batch-level advantage normalisation (the batch's reward std)"},
+})
+"""ScaleRL's recipe choices as lab cells (``label → {"preset", "overrides", "train", "says"}``, a lab config's
+objective entry): each differs from GRPO in that choice only."""
+
+REFUSED: Mapping[str, str] = MappingProxyType({
+    "fp32_head_ceiling": "ScaleRL's FP32 LM head (vs bf16) raises the ceiling A: not defined here. lmpo has no "
+                         "option that computes the head in FP32 while the model runs in bf16 (the logits are taken in "
+                         "the model's dtype and only the log-probabilities are promoted to FP32), and the CPU lab "
+                         "runs FP32 throughout, so both arms would be the same run.",
+    "prompt_averaging_efficiency": "ScaleRL's prompt-level loss averaging changes efficiency B, not A: not defined "
+                                   "here. lmpo's aggregations (token_mean, seq_mean_token_mean, seq_mean_token_sum, "
+                                   "seq_sum_norm, token_sum) average per token, per sequence or per batch, none per "
+                                   "prompt group, so the arm cannot be built.",
+})
+"""ScaleRL recipe claims the lab does not define, with the reason (docs/lab.md prints them)."""
+
+STEPS = "reward_steps"
+"""Rule v2.1's "faster": RL steps to a reward threshold (``lmpo.lab.report.TRAIN_METRICS``)."""
+
+
+def _fewer_steps(base: str) -> Check:
+    return Check("training", STEPS, "less", Sesoi(0.25, STEPS), f"reaches the reward threshold in fewer RL steps "
+                 f"than {base}")
+
+
+def _v21(name: str, **changes: Any) -> Claim:
+    return replace(CLAIMS[name], **changes)
+
+
+def _entropy_v21(name: str, baseline: str) -> Claim:
+    """An entropy claim ("stops entropy collapse while keeping accuracy") with its accuracy part voting."""
+    pass_k, acc = CLAIMS[name].secondary
+    return _v21(name, baseline=baseline, parts=(acc,), secondary=(pass_k,))
+
+
+_WEIGHTS_VS = "share of tokens whose gradient weight differs from the matched ablation's by > 1%"
+
+_CLAIM_LIST_V2_1 = [
+    _v21("ema_gradient_noise"),
+    _v21("amic_gradient_noise", baseline="gspo",
+         primary=Check("gradients", "snr", "greater", Sesoi(0.25, "snr"), "higher gradient SNR than GSPO (the same "
+                       "sequence clip on the geometric mean)"),
+         parts=(Check("gradients", "snr", "greater", Sesoi(0.25, "snr"), "the unclipped pair: AMIC's weight without "
+                      "its clip has a higher SNR than GRPO without its clip", objective="amic_noclip",
+                      baseline="grpo_noclip"),),
+         activity=Activity("gradients", "weight_diff_frac", 0.05, _WEIGHTS_VS, against="gspo")),
+    _v21("grad_adaptive_faster", primary=_fewer_steps("GSPO")),
+    _v21("decay_faster", primary=_fewer_steps("GSPO")),
+    _v21("ptrw_robust", robustness=True),
+    _v21("asym_balance", parts=(_ACC,), secondary=()),
+    _v21("gspo_stable_efficient", primary=_fewer_steps("GRPO"), parts=(_snr("higher gradient SNR (stability)"),),
+         secondary=(CLAIMS["gspo_stable_efficient"].secondary[1],)),
+    _entropy_v21("dapo_entropy", "grpo_tm"),
+    _entropy_v21("clip_cov_entropy", "grpo_tm"),
+    _entropy_v21("kl_cov_entropy", "grpo_tm_noclip"),
+    _entropy_v21("adaptive_entropy_entropy", "grpo_tm"),
+    _v21("cispo_faster", baseline="grpo_tm", primary=_fewer_steps("GRPO with token_mean"),
+         activity=Activity("gradients", "weight_diff_frac", 0.05, _WEIGHTS_VS, against="grpo_tm")),
+    _v21("gmpo_stable", baseline="grpo_noclip",
+         activity=Activity("gradients", "weight_diff_frac", 0.05, _WEIGHTS_VS, against="grpo_noclip")),
+    _v21("sapo_stable", parts=(_ACC,), secondary=()),
+    _v21("rlvcr_shorter", parts=(_ACC,), secondary=()),
+]
+
+_SCALERL = "Khatri et al. 2025, ScaleRL (arXiv 2510.13786)"
+
+
+def _fit(metric: str, relation: str, says: str, baseline: str = "") -> Check:
+    """A check on the compute–performance fit (``lmpo.lab.fits``): the ceiling ``a`` (δ: 25% of the baseline's
+    ``A − R0``, its fitted RL gain) or the efficiency ``b`` (δ: 25% of the baseline's ``B``), paired over seeds."""
+    return Check("fits", metric, relation, Sesoi(0.25, "a_gain" if metric == "a" else "b"), says, baseline=baseline)
+
+
+def _b_not_a(name: str, objective: str, what: str, activity: Activity | None = None) -> Claim:
+    return Claim(name, f"{what} improves compute efficiency (a larger B) without moving the ceiling A.", _SCALERL,
+                 objective, "grpo", _fit("b", "greater", "larger efficiency B than GRPO"),
+                 parts=(_fit("a", "equivalent", "the same ceiling A as GRPO (within ±δ)"),), activity=activity)
+
+
+_CLAIM_LIST_V2_1 += [
+    Claim("cispo_ceiling", "CISPO's loss raises the asymptotic pass rate (the ceiling A) over DAPO's and GSPO's.",
+          _SCALERL, "cispo", "dapo", _fit("a", "greater", "higher ceiling A than DAPO"),
+          parts=(_fit("a", "greater", "higher ceiling A than GSPO's loss at CISPO's aggregation", baseline="gspo_tm"),)),
+    _b_not_a("zero_variance_efficiency", "grpo_zvf", "Zero-variance filtering",
+             Activity("training", "zero_var_frac", 0.05, "share of completions in zero-variance groups (what the "
+                                                         "filter drops)")),
+    _b_not_a("batch_norm_efficiency", "grpo_batchnorm", "Batch-level advantage normalisation"),
+]
+
+CLAIMS_V2_1: Mapping[str, Claim] = MappingProxyType({c.name: c for c in _CLAIM_LIST_V2_1})
+"""The registry under rule v2.1 (:mod:`lmpo.lab.rules`): the claims of ``CLAIMS`` with their matched ablation as the
+baseline, every part of a claim that makes several voting, "faster" as fewer steps to a reward threshold, and
+PTRW's robustness claim decided by divergence; then ScaleRL's recipe claims, judged on the fitted ceiling A and
+efficiency B (``REFUSED`` lists the ones the lab cannot build)."""
+
+
+# ----------------------------------------------------------------------------------------------------
 # The rule
 # ----------------------------------------------------------------------------------------------------
 
@@ -332,7 +467,9 @@ def baseline_value(results: Mapping[str, Any], study: str, label: str, metric: s
         return float(entry["mean"]) if entry and entry.get("mean") is not None else math.nan
     values = [snap["objectives"][label][metric]["mean"] for snap in data.get("snapshots") or []
               if label in snap["objectives"] and snap["objectives"][label].get(metric)]
-    values = [v for v in values if v is not None]
+    # rule v2 as published: a snapshot where the value is undefined (nan when measured, null once stored) makes
+    # the mean undefined; rule v2.1 (lmpo.lab.rules.baseline_interval) leaves such values out
+    values = [math.nan if v is None else float(v) for v in values]
     return float(sum(values) / len(values)) if values else math.nan
 
 
@@ -416,6 +553,17 @@ def st_fmt(x: Any) -> str:
     return f"{x:.3g}"
 
 
+def unmet_preconditions(claim: Claim, results: Mapping[str, Any], alpha: float, gates: list[dict]) -> list[str]:
+    """The reasons of the claim's unmet preconditions; every precondition's record is appended to ``gates``."""
+    reasons = []
+    for pre in claim.preconditions:
+        record = _precondition(pre, claim, results, alpha)
+        gates.append({"gate": "precondition", **record})
+        if not record["met"]:
+            reasons.append(f"precondition unmet: {pre.says} ({record['measured']})")
+    return reasons
+
+
 def _gate(claim: Claim, results: Mapping[str, Any], alpha: float) -> tuple[str | None, str, list[dict]]:
     """``(outcome, reason, gates)``: the outcome a gate imposes (None: testable) and every gate's record."""
     gates: list[dict[str, Any]] = []
@@ -426,12 +574,7 @@ def _gate(claim: Claim, results: Mapping[str, Any], alpha: float) -> tuple[str |
         missing = [x for x in (claim.objective, claim.baseline) if x not in _labels_in(study)]
         if missing:
             return NOT_RUN, f"{' and '.join(f'`{x}`' for x in missing)} not in the {check.study} study", gates
-    invalid = _invalid_runs(claim, results)
-    for pre in claim.preconditions:
-        record = _precondition(pre, claim, results, alpha)
-        gates.append({"gate": "precondition", **record})
-        if not record["met"]:
-            invalid.append(f"precondition unmet: {pre.says} ({record['measured']})")
+    invalid = _invalid_runs(claim, results) + unmet_preconditions(claim, results, alpha, gates)
     if invalid:
         return INVALID, "; ".join(invalid), gates
     if claim.activity is not None:
@@ -505,23 +648,33 @@ def judge(claim: Claim, results: Mapping[str, Any], report: Any) -> Verdict:
 
 
 def _check_text(k: Check) -> str:
-    return f"{k.study} `{k.metric}` {k.relation} (δ = {k.sesoi.describe()})"
+    pair = f" `{k.objective}` vs `{k.baseline}`" if k.objective or k.baseline else ""
+    return f"{k.study} `{k.metric}`{pair} {k.relation} (δ = {k.sesoi.describe()})"
 
 
-def claims_table_markdown() -> str:
-    """The claims table of docs/lab.md (generated from ``CLAIMS``)."""
-    rows = ["| claim | source | objective vs baseline | primary check (votes; Holm across claims) | secondary checks "
-            "(reported) | gates (before any verdict) |", "|---|---|---|---|---|---|"]
-    for c in CLAIMS.values():
+def claims_table_markdown(registry: Mapping[str, Claim] | None = None) -> str:
+    """The claims table of docs/lab.md (generated from ``CLAIMS``, or from ``registry``: rule v2.1's
+    ``CLAIMS_V2_1``, whose voting parts and divergence outcome get their own column)."""
+    v21 = registry is not None
+    registry = CLAIMS if registry is None else registry
+    head = "primary check and further parts (all vote; Holm across claims)" if v21 else \
+        "primary check (votes; Holm across claims)"
+    rows = [f"| claim | source | objective vs baseline | {head} | secondary checks (reported) | gates (before any "
+            "verdict) |", "|---|---|---|---|---|---|"]
+    for c in registry.values():
         secondary = "; ".join(_check_text(k) for k in c.secondary) or "—"
         gates = [f"precondition: {p.says}" for p in c.preconditions]
+        if c.robustness:
+            gates.append("the objective's divergence is the outcome (Fisher's exact test), not a gate")
         if c.activity is not None:
-            gates.append(f"activity: {c.activity.says} (`{c.activity.metric}`) ≥ {c.activity.threshold:g}")
+            against = f" against `{c.activity.against}`" if c.activity.against else ""
+            gates.append(f"activity: {c.activity.says} (`{c.activity.metric}`{against}) ≥ {c.activity.threshold:g}")
+        voting = " + ".join(_check_text(k) for k in c.voting)
         rows.append(f"| `{c.name}`: {c.text} | {c.source} | `{c.objective}` vs `{c.baseline}` | "
-                    f"{_check_text(c.primary)} | {secondary} | {'; '.join(gates) or '—'} |")
+                    f"{voting} | {secondary} | {'; '.join(gates) or '—'} |")
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["CLAIMS", "FAILS", "HOLDS", "INCONCLUSIVE", "INVALID", "NOT_RUN", "NOT_TESTABLE", "NO_EFFECT", "OUTCOMES",
+__all__ = ["CLAIMS", "CLAIMS_V2_1", "MATCHED_ABLATIONS", "RECIPE_ARMS", "REFUSED", "STEPS", "FAILS", "HOLDS", "INCONCLUSIVE", "INVALID", "NOT_RUN", "NOT_TESTABLE", "NO_EFFECT", "OUTCOMES",
            "RELATIONS", "Activity", "Check", "Claim", "Precondition", "Sesoi", "Verdict", "activity_value",
            "baseline_value", "check_p", "claims_table_markdown", "judge", "judge_all", "judge_check", "sesoi_delta"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register_lab(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -22,6 +23,8 @@ def register_lab(subparsers: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--inline", action="store_true", help="run every job in this process, one after another")
     p.add_argument("--report-only", action="store_true", help="run nothing; rebuild the report from finished jobs")
     p.add_argument("--plan", action="store_true", help="list the jobs (and which are finished), then exit")
+    p.add_argument("--rule", choices=("v2", "v2.1"), default=None,
+                   help="verdict rule (= report.rule; default v2, the rule the published labs were judged by)")
     p.set_defaults(func=_run_lab)
     accept_overrides(p)
 
@@ -30,16 +33,19 @@ def _run_lab(args: argparse.Namespace) -> int:
     from lmpo.errors import LmpoError
     from lmpo.lab.config import load_lab_config
     from lmpo.lab.grid import plan_jobs, validate_lab_config
-    from lmpo.lab.runner import run_lab
+    from lmpo.lab.runner import run_lab, stored_only
 
     overrides = list(args.overrides)
     if args.jobs is not None:
         overrides += ["--lab.jobs", str(args.jobs)]
     if args.dir is not None:
         overrides += ["--lab.dir", args.dir]
+    if args.rule is not None:
+        overrides += ["--report.rule", args.rule]
     try:
         cfg = load_lab_config(args.config, overrides=overrides)
-        validate_lab_config(cfg)
+        if not (args.report_only and stored_only(Path(cfg.lab.dir))):  # a published lab.json is rebuilt as is
+            validate_lab_config(cfg)
         if args.plan:
             jobs = plan_jobs(cfg)
             for job in jobs:

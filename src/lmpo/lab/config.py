@@ -145,6 +145,9 @@ class ReportConfig:
                                   "its held-out accuracy at an evaluation after the start falls more than this "
                                   "below its start (absolute).", gt=0)
     claims: tuple[str, ...] = _f((), "Claims of `lmpo.lab.claims.CLAIMS` to judge (empty: all).")
+    rule: str = _f("v2", "Verdict rule (docs/lab.md): v2 (the rule the v2 labs were published under) | v2.1 "
+                   "(matched ablations, the run as the replicate, every part of a claim voting; "
+                   "`lmpo.lab.rules`). Recorded in lab.json.", choices=("v2", "v2.1"))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from typing import Any
 
 from lmpo.config import check_fields
 from lmpo.config import deep_merge as _deep_merge
-from lmpo.lab.claims import CLAIMS
 from lmpo.lab.config import (
     _LABEL,
     _SHARED_SECTIONS,
@@ -40,6 +39,7 @@ from lmpo.lab.config import (
     updates_before_gradient,
 )
 from lmpo.lab.jobs import RESULT_FILES, RUN_SUBDIR
+from lmpo.lab.rules import claims_for, registry
 from lmpo.lab.staleness import check_grid as check_staleness_grid
 from lmpo.trainer.config import config_from_dict, config_to_dict, validate_config
 
@@ -197,9 +197,11 @@ def _gradient_jobs(cfg: LabConfig, root: Path, task: str, seeded: dict, has_warm
     entries = [{"label": objective_label(e), "objective": trainer_objective_section(e)}
                for e in (*gradient_objectives(cfg), *cfg.gradients.controls)]
     measured = {e["label"] for e in entries}
-    claims = [CLAIMS[n] for n in cfg.report.claims] if cfg.report.claims else list(CLAIMS.values())
+    claims = claims_for(cfg.report.rule, cfg.report.claims)
     # the activity measure compares each objective's token gradient weights with those of its claims' baselines
-    baselines = sorted(({cfg.report.baseline} | {c.baseline for c in claims}) & measured)
+    # (rule v2.1: with the matched ablation its activity gate names)
+    compared = {c.baseline for c in claims} | {c.activity.against for c in claims if c.activity and c.activity.against}
+    baselines = sorted(({cfg.report.baseline} | compared) & measured)
     gr = cfg.gradients
     jobs = []
     for step in snapshot_steps(cfg):
@@ -341,10 +343,12 @@ def validate_lab_config(cfg: LabConfig) -> None:
     if rp.baseline not in labels:
         raise ConfigError(f"`report.baseline` = {rp.baseline!r} is not an objective label of the grid "
                           f"({', '.join(labels)}); every objective is compared with it.")
+    known = registry(rp.rule)
     for name in rp.claims:
-        if name not in CLAIMS:
-            raise ConfigError(f"`report.claims` names {name!r}, which is not a claim of lmpo.lab.claims.CLAIMS "
-                              f"({', '.join(CLAIMS)}).")
+        if name not in known:
+            raise ConfigError(f"`report.claims` names {name!r}, which is not a claim of rule {rp.rule}'s registry "
+                              f"(lmpo.lab.claims.{'CLAIMS' if rp.rule == 'v2' else 'CLAIMS_V2_1'}: "
+                              f"{', '.join(known)}).")
     check_staleness_grid(cfg)  # a k<K>_<correction> label must say what its cell does
     plan_jobs(cfg)  # builds and validates every cell's trainer config and checks the fixed budget
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from lmpo.lab import stats as st
-from lmpo.lab.claims import CLAIMS, FAILS, HOLDS, INVALID, NO_EFFECT, NOT_RUN, NOT_TESTABLE, judge_all
+from lmpo.lab.claims import FAILS, HOLDS, INVALID, NO_EFFECT, NOT_RUN, NOT_TESTABLE
 from lmpo.lab.config import (
     LabConfig,
     build_objective,
@@ -27,6 +28,7 @@ from lmpo.lab.config import (
 from lmpo.lab.fits import fit_study
 from lmpo.lab.grid import Job
 from lmpo.lab.jobs import read_json, write_json_atomic
+from lmpo.lab.rules import UNDECIDABLE, claims_for, judge_rule, stored_results
 from lmpo.lab.staleness import staleness_study
 from lmpo.lab.staleness import table_markdown as staleness_table
 from lmpo.lab.stats import fmt as _f
@@ -47,6 +49,9 @@ TRAIN_METRICS: dict[str, str] = {
     "reward_start": "mean training reward over the first tenth of the steps",
     "reward_end": "mean training reward over the last tenth of the steps",
     "reward_gain": "reward_end − reward_start",
+    "reward_steps": "RL steps until the moving average of the reward (a tenth of the run) first reaches the "
+                    "baseline's mean reward_start + half its mean reward_gain (the last step + 1 if never): rule "
+                    "v2.1's \"faster\"",
     "train_accuracy_auc": "mean sampled training accuracy over the run",
     "entropy_start": "mean token entropy over the first tenth of the steps",
     "entropy_min": "lowest moving average (a tenth of the steps) of the token entropy",
@@ -56,6 +61,8 @@ TRAIN_METRICS: dict[str, str] = {
     "clip_low_frac": "… at the lower bound (A < 0)",
     "clip_high_frac": "… at the upper bound (A > 0)",
     "mask_frac": "mean fraction of tokens masked (Clip-Cov) or penalised (KL-Cov)",
+    "zero_var_frac": "mean share of sampled completions in groups whose rewards are all equal (no advantage; what "
+                     "zero-variance filtering drops)",
     "entropy_coef_active": "share of steps with a non-zero entropy coefficient (adaptive entropy control)",
     "rlvcr_expanded_frac": "share of trained rows that are RLVCR thinking-level expansions",
     "rlvcr_acting_frac": "share of trained rows (with at least one trained token) that carry an RLVCR thinking "
@@ -96,12 +103,12 @@ PER_BATCH = ("weight_var", "clip_frac", "mask_frac", "ratio_max", "grad_norm")
 """Gradient metrics measured per batch (paired over batches); snr and cos_onpolicy are per snapshot."""
 
 
-def _clean(x: Any) -> Any:
+def clean(x: Any) -> Any:
     """JSON-safe copy: non-finite floats become null, numpy scalars plain numbers."""
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): clean(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [clean(v) for v in x]
     if isinstance(x, (np.floating, float)):
         return float(x) if math.isfinite(float(x)) else None
     if isinstance(x, np.integer):
@@ -119,14 +126,47 @@ def _num(x: Any) -> float:
 
 
 def _baselines(cfg: LabConfig) -> set[str]:
+    """Every label some claim of the lab's rule compares with (each check's baseline; rule v2.1's may differ)."""
     names = {cfg.report.baseline}
     for claim in _claims(cfg):
         names.add(claim.baseline)
+        names.update(c.baseline for c in claim.checks if c.baseline)
     return names
 
 
 def _claims(cfg: LabConfig):
-    return [CLAIMS[n] for n in cfg.report.claims] if cfg.report.claims else list(CLAIMS.values())
+    return claims_for(cfg.report.rule, cfg.report.claims)
+
+
+STEPS_SHARE = 0.5
+"""``reward_steps``' threshold: the reference's mean starting reward plus this share of its mean reward gain."""
+
+
+def add_reward_steps(summaries: dict[str, dict[int, dict]], reference: str) -> float:
+    """Add ``reward_steps`` to every cell's metrics (rule v2.1's "faster"); returns the threshold (nan: none).
+
+    Threshold ``T = mean reward_start + STEPS_SHARE · mean reward_gain`` of ``reference``'s cells, the same for every
+    objective; a cell's value is the RL step at which the moving average of its reward over a tenth of the run
+    (``stats.window_size``) first reaches T, and the last step + 1 when it never does (a run that is not faster
+    within the budget). No threshold (a reference without a reward gain): nan."""
+    ref = summaries.get(reference) or {}
+    starts = [c["metrics"].get("reward_start", math.nan) for c in ref.values()]
+    gains = [c["metrics"].get("reward_gain", math.nan) for c in ref.values()]
+    threshold = float(np.mean(starts) + STEPS_SHARE * np.mean(gains)) if ref else math.nan
+    if not (math.isfinite(threshold) and np.mean(gains) > 0):
+        threshold = math.nan
+    for by_seed in summaries.values():
+        for cell in by_seed.values():
+            series = cell.get("series") or {}
+            reward, steps = series.get("reward") or [], series.get("step") or []
+            value = math.nan
+            if math.isfinite(threshold) and reward and len(steps) == len(reward):
+                w = st.window_size(len(reward))
+                moving = np.convolve(np.asarray(reward, dtype=float), np.ones(w) / w, mode="valid")
+                hit = np.flatnonzero(moving >= threshold)
+                value = float(steps[hit[0] + w - 1]) if hit.size else float(steps[-1] + 1)
+            cell["metrics"]["reward_steps"] = value
+    return threshold
 
 
 def training_study(cfg: LabConfig, summaries: dict[str, dict[int, dict]]) -> dict[str, Any]:
@@ -136,6 +176,7 @@ def training_study(cfg: LabConfig, summaries: dict[str, dict[int, dict]]) -> dic
     rp = cfg.report
     kw = {"confidence": rp.confidence}
     labels = list(summaries)
+    threshold = add_reward_steps(summaries, rp.baseline)
     per_objective: dict[str, Any] = {}
     for label in labels:
         seeds = sorted(summaries[label])
@@ -158,6 +199,7 @@ def training_study(cfg: LabConfig, summaries: dict[str, dict[int, dict]]) -> dic
         for label in labels}
     validity = {label: run_validity(summaries[label], rp.divergence_margin) for label in labels}
     return {"metrics": per_objective, "comparisons": comparisons, "one_sample": one_sample, "validity": validity,
+            "reward_threshold": threshold,
             "curves": {label: _curves(summaries[label], rp) for label in labels},
             "fits": fit_study(summaries, sorted(_baselines(cfg)), confidence=rp.confidence)}
 
@@ -331,12 +373,12 @@ def build_report(cfg: LabConfig, jobs: list[Job]) -> dict[str, Any]:
         gradients = gradient_report(cfg, data["snapshots"]) if data["snapshots"] else None
         studies = {"training": training, "gradients": gradients,
                    "objectives": {objective_label(e): build_objective(e).to_dict() for e in cfg.grid.objectives}}
-        verdicts = [v.__dict__ for v in judge_all(_claims(cfg), studies, cfg.report)]
+        verdicts = [v.__dict__ for v in judge_rule(cfg.report.rule, _claims(cfg), studies, cfg.report)]
         warm = {s: w["eval"].get("eval/accuracy") for s, w in sorted(data["warmups"].items())}
         tasks[task] = {"training": training, "gradients": gradients, "verdicts": verdicts,
                        "staleness": staleness_study(training, studies["objectives"], cfg.report),
                        "warmup_accuracy": warm, "cpu_seconds": data["cpu_seconds"]}
-    return {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "config": lab_config_to_dict(cfg),
+    return {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "rule": cfg.report.rule, "config": lab_config_to_dict(cfg),
             "objectives": {objective_label(e): {"objective": build_objective(e).to_dict(), "train": dict(e.train)}
                            for e in cfg.grid.objectives},
             "metrics": {"training": TRAIN_METRICS, "gradients": GRADIENT_METRICS}, "tasks": tasks}
@@ -346,13 +388,32 @@ def write_report(cfg: LabConfig, root: Path, jobs: list[Job]) -> dict[str, Any]:
     """Write ``lab.json``, ``lab.md`` and ``plots/`` into the lab directory; returns the report."""
     from lmpo.lab.plots import draw_plots
 
-    report = _clean(build_report(cfg, jobs))
+    report = clean(build_report(cfg, jobs))
     root = Path(root)
     plots = draw_plots(report, root / "plots")
     report["plots"] = [str(p.relative_to(root)) for p in plots]
     write_json_atomic(root / "lab.json", report, indent=None)  # compact: the published file is committed
     (root / "lab.md").write_text(render_markdown(report), encoding="utf-8")
     return report
+
+
+def rejudge(report: dict[str, Any], rule: str) -> dict[str, Any]:
+    """A stored ``lab.json`` with every task's verdicts (and staleness study) rebuilt under ``rule`` from its stored
+    studies (nothing else changes; the rule is recorded as ``report["rule"]`` and ``config.report.rule``). The
+    studies are shared with ``report``, not copied."""
+    out = {**report, "config": {**report["config"]}, "tasks": {t: dict(d) for t, d in report["tasks"].items()}}
+    rp = dict(out["config"]["report"])
+    settings = SimpleNamespace(alpha=rp["alpha"], confidence=rp.get("confidence", 0.95), power=rp.get("power", 0.8),
+                               rule=rule)
+    for task, data in out["tasks"].items():
+        results = stored_results(out, task)
+        verdicts = judge_rule(rule, claims_for(rule, rp.get("claims") or ()), results, settings)
+        data["verdicts"] = clean([v.__dict__ for v in verdicts])
+        if data.get("staleness"):
+            data["staleness"] = clean(staleness_study(results["training"], results["objectives"], settings))
+    out["rule"] = rule
+    out["config"]["report"] = {**rp, "rule": rule}
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -375,18 +436,29 @@ def _cmp(d: dict | None, digits: int = 3) -> str:
 
 
 _MARK = {HOLDS: "**holds**", FAILS: "**does not hold**", NO_EFFECT: "no material effect", INVALID: "invalid run",
-         NOT_TESTABLE: "not testable here"}
+         NOT_TESTABLE: "not testable here", UNDECIDABLE: "cannot be decided at this budget"}
 
 
 def _check_cell(c: dict) -> str:
     """One check in the verdict table: Δ [t interval], δ, the minimum detectable effect, p (Holm) and its call."""
-    if "diff" not in c:
-        return f"{c['says']}: —"
+    if c.get("metric") == "diverged":
+        counts = ", ".join(f"`{k}` {v[0]} of {v[1]} seeds" for k, v in c["diverged"].items())
+        return f"{c['says']}: diverged {counts}, Fisher p={_f(c.get('p_test'))}, Holm p={_f(c.get('p_holm'))} → " \
+               f"{c.get('verdict', '—')}"
+    if "diff" not in c or c.get("not_run"):
+        return f"{c['says']}: {'not run (' + c['not_run'] + ')' if c.get('not_run') else '—'}"
     p = f"p={_f(c.get('p_test'))}"
     if c.get("p_holm") is not None:
         p += f", Holm p={_f(c['p_holm'])}"
-    return (f"{c['says']}: {c['study']} `{c['metric']}` Δ {_f(c['diff'])} [{_f(c['ci'][0])}, {_f(c['ci'][1])}], "
-            f"δ={_f(c.get('delta'))}, MDE={_f(c.get('mde'))}, {p} → {c.get('verdict', '—')}")
+    pair = f" `{c['objective']}` − `{c['baseline']}`" if "objective" in c else ""
+    runs = f", {c['runs']} runs" if c.get("runs") else ""
+    if c.get("groups_undefined") or c.get("seeds_unfit"):  # undefined, not computed on a selection
+        runs += f" (undefined in {c.get('groups_undefined') or c.get('seeds_unfit')} of {c.get('groups') or c['seeds']} " \
+                f"{'groups' if c.get('groups_undefined') else 'seeds: fit not converged'})"
+    delta = f"δ={_f(c.get('delta'))}" + (f" [{_f(c['delta_lo'])}, {_f(c['delta_hi'])}]" if "delta_lo" in c else "")
+    power = f", power={_f(c['power'], 2)}" if c.get("power") is not None else ""
+    return (f"{c['says']}: {c['study']} `{c['metric']}`{pair} Δ {_f(c['diff'])} [{_f(c['ci'][0])}, {_f(c['ci'][1])}]"
+            f"{runs}, {delta}, MDE={_f(c.get('mde'))}{power}, {p} → {c.get('verdict', '—')}")
 
 
 def _gates_cell(v: dict) -> str:
@@ -409,15 +481,18 @@ def _scope(cfg: dict, data: dict) -> str:
 
 def _verdict_table(cfg: dict, data: dict) -> list[str]:
     out: list[str] = []
-    out += ["### Verdicts (rule v2)", "",
-            f"Scope: {_scope(cfg, data)}. Primary checks are Holm-corrected across the testable claims; "
-            "secondary checks are reported and do not vote. δ: the smallest effect of interest; MDE: the "
+    rule = cfg["report"].get("rule", "v2")
+    votes = ("Primary checks are Holm-corrected across the testable claims; secondary checks are reported and do "
+             "not vote." if rule == "v2" else "Every part of a claim votes (listed first) and enters Holm's family; "
+             "gradient checks have the reference run as the replicate; δ [its interval].")
+    out += [f"### Verdicts (rule {rule})", "",
+            f"Scope: {_scope(cfg, data)}. {votes} δ: the smallest effect of interest; MDE: the "
             "smallest difference this run detects at 80% power.", "",
             "| claim | objective vs baseline | gates | primary check | secondary checks | verdict |",
             "|---|---|---|---|---|---|"]
     for v in data["verdicts"]:
-        primary = [c for c in v["checks"] if c.get("primary")]
-        secondary = [c for c in v["checks"] if not c.get("primary")]
+        primary = [c for c in v["checks"] if c.get("votes", c.get("primary"))]
+        secondary = [c for c in v["checks"] if not c.get("votes", c.get("primary"))]
         verdict = _MARK.get(v["verdict"], v["verdict"]) + (f" ({v['reason']})" if v["reason"] else "")
         out.append(f"| {v['text']} ({v['source']}) | `{v['objective']}` vs `{v['baseline']}` | {_gates_cell(v)} | "
                    f"{'; '.join(_check_cell(c) for c in primary) or '—'} | "
@@ -465,7 +540,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             out += [f"Held-out accuracy after the warm-up (the RL start): {accs}.", ""]
         stale = data.get("staleness")
         if stale:
-            out += ["### Staleness study (rule v2)", "",
+            out += [f"### Staleness study (rule {stale.get('rule', 'v2')})", "",
                     f"Rows: staleness k (`rollout.async_staleness`); columns: the correction. Each cell: held-out "
                     f"accuracy Δ vs `{stale['baseline']}` [95% t interval, paired by seed] → verdict of the "
                     "non-inferiority check (δ = 25% of the baseline's RL accuracy gain; Holm across this table's "
@@ -536,5 +611,6 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-__all__ = ["GRADIENT_METRICS", "PER_BATCH", "TRAIN_METRICS", "build_report", "collect", "render_markdown",
+__all__ = ["GRADIENT_METRICS", "PER_BATCH", "TRAIN_METRICS", "build_report", "clean", "collect", "rejudge",
+           "render_markdown",
            "training_study", "write_report"]

@@ -92,6 +92,15 @@ def same_spec(old: Any, new: dict[str, Any]) -> bool:
                for key, was, now in changed_keys(old["train"], new["train"]))
 
 
+def _same_but_baselines(old: Any, new: dict[str, Any]) -> bool:
+    """Whether two gradient-job specs differ at most in ``baselines`` (the labels the activity is measured
+    against, which the verdict rule chooses)."""
+    if not (isinstance(old, dict) and "baselines" in old and "baselines" in new):
+        return False
+    return same_spec({k: v for k, v in old.items() if k != "baselines"},
+                     {k: v for k, v in new.items() if k != "baselines"})
+
+
 def _prepare(job: Job) -> None:
     """Write the job's ``job.json``; refuse a directory that holds another configuration's job."""
     path = job.dir / JOB_FILE
@@ -100,6 +109,10 @@ def _prepare(job: Job) -> None:
         old = read_json(path)
         if same_spec(old.get("spec"), record["spec"]):
             return  # the same job (possibly written by an lmpo without some trainer fields, at their defaults)
+        if job.done() and _same_but_baselines(old.get("spec"), record["spec"]):
+            # a finished gradient job planned under another verdict rule: its activity was measured against that
+            # rule's baselines; the report judges what it measured (an activity it lacks: "not run")
+            return
         if job.done():
             raise ConfigError(f"{job.dir} holds the finished result of a different configuration of {job.key}; "
                               "run the changed lab into a fresh `lab.dir` (or delete that directory to re-run "
@@ -315,9 +328,12 @@ def run_lab(cfg: LabConfig, *, inline: bool = False, report_only: bool = False, 
     """
     from lmpo.lab.report import write_report
 
-    validate_lab_config(cfg)
     t0 = time.perf_counter()
     root = Path(cfg.lab.dir)
+    if report_only and stored_only(root):
+        report = rebuild_stored(root, cfg.report.rule)
+        return LabResult(dir=root, ran=[], skipped=[], report=report, seconds=time.perf_counter() - t0)
+    validate_lab_config(cfg)
     root.mkdir(parents=True, exist_ok=True)
     import yaml
 
@@ -354,6 +370,23 @@ def run_lab(cfg: LabConfig, *, inline: bool = False, report_only: bool = False, 
                        f"{first.dir / LOG_FILE}. Fix the cause and re-run the same command: finished jobs are kept.")
     report = write_report(cfg, root, jobs)
     return LabResult(dir=root, ran=ran, skipped=skipped, report=report, seconds=time.perf_counter() - t0)
+
+
+def stored_only(root: Path) -> bool:
+    """Whether ``root`` is a published lab: its ``lab.json`` without any job's results (no cells/, warmup/,
+    gradients/). Its cells' configs are not checked again: the lmpo that ran them may have had other defaults."""
+    return (root / "lab.json").is_file() and not any((root / d).exists() for d in ("cells", "warmup", "gradients"))
+
+
+def rebuild_stored(root: Path, rule: str) -> dict[str, Any]:
+    """A published lab without its job results (``lab.json`` only): the verdicts rebuilt from its stored studies
+    under ``rule`` (``lmpo.lab.report.rejudge``), written back to ``lab.json`` and ``lab.md``."""
+    from lmpo.lab.report import rejudge, render_markdown
+
+    report = rejudge(read_json(root / "lab.json"), rule)
+    write_json_atomic(root / "lab.json", report, indent=None)
+    (root / "lab.md").write_text(render_markdown(report), encoding="utf-8")
+    return report
 
 
 def _ready(job: Job, by_key: dict[str, Job], failed: set[str]) -> str:

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from lmpo.config import ConfigError
-from lmpo.lab.claims import Activity, Check, Claim, Sesoi, judge_all
+from lmpo.lab.claims import Activity, Check, Claim, Sesoi
+from lmpo.lab.rules import judge_rule
 from lmpo.lab.stats import fmt as _f
 
 BASELINE = "k0_none"
@@ -134,7 +135,8 @@ def staleness_study(training: Mapping[str, Any] | None, objectives: Mapping[str,
         return None
     labels = list(training["metrics"])
     claims = staleness_claims(labels)
-    verdicts = judge_all(claims, {"training": training, "objectives": objectives}, report)
+    rule = getattr(report, "rule", "v2")  # the lab's verdict rule (lmpo.lab.rules), its registry aside
+    verdicts = judge_rule(rule, claims, {"training": training, "objectives": objectives}, report)
     by_label = {v.objective: v for v in verdicts}
     rows: dict[int, dict[str, Any]] = {}
     for label in labels:
@@ -159,7 +161,7 @@ def staleness_study(training: Mapping[str, Any] | None, objectives: Mapping[str,
         else:
             cell["verdict"] = "baseline"
         rows.setdefault(k, {})[column] = cell
-    return {"baseline": BASELINE, "verdicts": [v.__dict__ for v in verdicts],
+    return {"baseline": BASELINE, "rule": rule, "verdicts": [v.__dict__ for v in verdicts],
             "rows": {k: rows[k] for k in sorted(rows)}}
 
 
