@@ -12,12 +12,14 @@ import functools
 import os
 import random
 import re
+import signal
 
 import pytest
 import torch
 
 import worker_env
 from lmpo.envs import make_env
+from lmpo.errors import Interrupted
 from lmpo.generation.worker import AsyncRollout
 from lmpo.trainer import Trainer, build
 from lmpo.trainer.config import config_from_dict
@@ -63,7 +65,7 @@ class WorkerAtStaleness0(Recording):
         return super().sample(step)
 
 
-def _config(run_dir, k: int, ticks=None, kill_env=()) -> dict:
+def _config(run_dir, k: int, ticks=None, kill_env=(), checkpoint_every: int = 0):
     options = {} if ticks is None else {"ticks": str(ticks), "kill_at": list(kill_env), "main_pid": os.getpid()}
     return config_from_dict({
         "env": {"id": ENV, "import": [os.path.abspath(worker_env.__file__)], "options": options,
@@ -73,7 +75,7 @@ def _config(run_dir, k: int, ticks=None, kill_env=()) -> dict:
         "objective": {"preset": "grpo", "overrides": {"entropy_coef": 0.01}},  # the weights move at every step
         "optim": {"lr": 1e-2},
         "loop": {"steps": STEPS, "prompts_per_step": 2, "seqs_per_microbatch": 4, "seed": 0, "device": "cpu"},
-        "eval": {"at_start": False}, "checkpoint": {"at_end": False},
+        "eval": {"at_start": False}, "checkpoint": {"at_end": False, "every_steps": checkpoint_every},
         "logging": {"run_dir": str(run_dir), "progress_bar": False, "tensorboard": False, "plots": False},
     })
 
@@ -175,3 +177,33 @@ def test_twenty_seeded_worker_kills_change_nothing(runs):
     assert _rows(killed_rows) == _rows(full_rows)
     _same_weights(full, killed)
     assert len(workers) == KILLS + 1 and all(_gone(pid) for pid in workers | full.pids)
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_checkpoint_resumes_to_the_uninterrupted_run(runs, tmp_path):
+    """Ctrl-C during step 2 (step 3's episodes already in the worker): the checkpoint keeps W_1 and the data position
+    before step 3; the resumed run plays steps 3 and 4 as the uninterrupted run did, to the same weights."""
+    full, full_rows = runs["k1"]
+    model, tok = worker_env.chat_model(0)
+    cut = Recording(_config(tmp_path / "run", 1, checkpoint_every=1), model=model, tokenizer=tok,
+                    model_factory=ticking_model, log=lambda msg: None)
+    sent = []
+
+    def ctrl_c(step, loss):
+        if step == 2 and not sent:
+            sent.append(step)
+            os.kill(os.getpid(), signal.SIGINT)
+        return loss
+
+    cut.loss_hook = ctrl_c
+    with pytest.raises(Interrupted) as info:
+        cut.train()
+    assert info.value.checkpoint.name == "step_00000002" and all(_gone(pid) for pid in cut.pids)
+    model, tok = worker_env.chat_model(0)
+    resumed = Recording(_config(tmp_path / "run", 1, checkpoint_every=1), model=model, tokenizer=tok,
+                        model_factory=ticking_model, log=lambda msg: None)
+    rows = resumed.train(resume="auto").history
+    assert _rows(rows) == _rows(full_rows[2:])
+    for step in (3, 4):
+        assert resumed.played[step] == full.played[step], step
+    _same_weights(full, resumed)
