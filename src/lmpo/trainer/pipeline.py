@@ -1,5 +1,6 @@
 """The trainer's side of ``rollout.async_staleness`` = k >= 1: prompts drawn k steps ahead, in step order, and
-handed to the rollout worker (``lmpo.generation.worker.AsyncRollout``); what a checkpoint keeps to go on.
+handed to the rollout worker (``lmpo.generation.worker.AsyncRollout``), which samples their completions or, on an
+environment (``env.id``), plays their episodes; what a checkpoint keeps to go on.
 
 Weights W_j are the policy after j RL steps (W_0: after the warm-up). RL step t (1-based) trains on completions
 sampled with ``W_max(0, t − 1 − k)``; the synchronous loop is k = 0 (``W_t−1``). The worker numbers its own
