@@ -16,6 +16,7 @@ import torch
 import worker_env
 from lmpo.envs import EnvError, EpisodeBudget, make_env, make_env_task
 from lmpo.errors import InputError
+from lmpo.generation import worker as worker_module
 from lmpo.generation.episodes import EpisodeRunner, HFTurnSampler
 from lmpo.generation.worker import AsyncRollout, EpisodeSpec
 from lmpo.models import CHATML_TEMPLATE
@@ -141,3 +142,50 @@ def test_an_environment_the_worker_cannot_register_is_refused_naming_env_import(
         assert engine.pid is None  # stopped
     finally:
         del ENVS["OnlyInThisProcess-v0"]
+
+
+def test_a_worker_whose_training_process_dies_leaves_mid_call_with_its_jail(tmp_path):
+    """The training process (a forked copy of this one) SIGKILLed while its worker's environment waits on a jailed
+    program: the worker does not wait for the call to end (its watchdog sees the parent go) and takes the jail
+    with it. Without the watchdog it would live until the program's 120 s were over."""
+    from lmpo.envs.tools.sandbox import isolation
+
+    if isolation().mode != "jail":
+        pytest.skip(f"no jail on this machine: {isolation()}")
+    read, write = os.pipe()
+    main = os.fork()
+    if main == 0:  # the training process: never returns into pytest
+        try:
+            os.close(read)
+            torch.set_num_threads(1)
+            # this copy cannot use the test process's forkserver (not its child): its worker starts by fork
+            worker_module.worker_context = lambda method: torch.multiprocessing.get_context("fork")
+            spec = EpisodeSpec("SandboxOpening-v0", env_options={"ticks": str(tmp_path)}, imports=(ENV_FILE,),
+                               budget=BUDGET, step_timeout_s=200.0)
+            engine = AsyncRollout(ticking_model, chat_model(0)[0], staleness=0, episodes=spec)
+            engine.submit_episodes(0, [Example(prompt="import time\ntime.sleep(120)", answer="")], 1, seed=0,
+                                   generator_seed=0)
+            os.write(write, f"{engine.pid}\n".encode())
+            time.sleep(300)
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        worker = int(os.read(read, 64))
+        deadline, tree = time.monotonic() + 60, set()
+        while time.monotonic() < deadline and len(tree) < 3:
+            if count(tmp_path, "sandbox") == 1:
+                tree = _descendants(worker)
+            time.sleep(0.05)
+        assert len(tree) >= 3, tree
+    finally:
+        os.kill(main, signal.SIGKILL)
+        os.waitpid(main, 0)
+        os.close(read)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(p) for p in tree | {worker}):
+        time.sleep(0.05)
+    survivors = [p for p in tree | {worker} if _alive(p)]
+    for pid in survivors:  # a failed test leaves nothing behind (a forked worker holds this session's pipes)
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors
