@@ -1,7 +1,8 @@
 """Episodes in the rollout worker (``AsyncRollout(..., episodes=EpisodeSpec(...))``): at staleness 0 the worker plays
 the in-process runner's episodes bit for bit, with the user's environment module imported there (``env.import``)
 and the training tokenizer's chat template carried over; an environment's error reaches the caller as the same
-``EnvError``; the Python jail of an environment's tool runs in the worker and dies with it."""
+``EnvError``; the Python jail of an environment's tool runs in the worker and dies with it, and with the training
+process (the worker leaves mid-call); an id the worker cannot register is refused naming ``env.import``."""
 
 from __future__ import annotations
 
