@@ -56,7 +56,17 @@ def _assert_same(a: Rollout, b: Rollout) -> None:
 @pytest.fixture(scope="module")
 def versions():
     """Weights versions 0 … STEPS (state dicts) and the in-process HFRollout output of step t on version v, for
-    the (v, t) that staleness 0 and 1 use."""
+    the (v, t) that staleness 0 and 1 use, on one torch thread as the worker (a module fixture is set up before
+    the function-scoped one-thread fixture; two threads round the log-probs differently)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _versions()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _versions():
     model, tok = load_model_and_tokenizer("tiny", seed=0)
     states = []
     for v in range(STEPS + 1):

@@ -140,7 +140,6 @@ def test_an_error_in_a_step_stops_the_worker(tmp_path):
     ({"objective": {"advantage_estimator": "remax"}}, "objective.advantage_estimator"),
     ({"rollout": {"engine": "vllm"}}, "rollout.engine"),
     ({"model": {"lora": {"enabled": True}}}, "model.lora.enabled"),
-    ({"env": {"id": "GuessNumber-v0"}, "rewards": {"functions": [], "weights": []}}, "env.id"),
 ])
 def test_combinations_that_cannot_work_are_refused(tmp_path, sections, field):
     rollout = {"async_staleness": 2, **sections.pop("rollout", {})}

@@ -20,6 +20,11 @@ The schedule, not the timing, decides which weights a request sees: version v is
 rollouts; with staleness 0 a request is generated after the push of its step's weights and equals
 ``HFRollout``'s in-process output bit for bit.
 
+Episodes: given an ``EpisodeSpec`` (a registered environment, its options and the modules that register it, the
+episode budgets, the sampler's settings), the worker builds the environment and an ``EpisodeRunner`` itself and
+answers ``submit_episodes(step, examples, G, seed)`` with the played episodes (``lmpo.generation.episodes``): the
+same schedule, the same faults, the environment's tools (a sandbox's processes included) in the worker process.
+
 Faults: a worker that dies is started again (with a message) on the versions held in shared memory, and the
 unfinished requests are sent to it again, so the results are those of an uninterrupted run; a worker that sends
 nothing for ``timeout_s`` is reported as hung (``RunError``). ``close()`` (also on leaving a ``with`` block, at
@@ -33,12 +38,13 @@ import atexit
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,7 +52,8 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from lmpo.errors import RunError
+from lmpo.envs.base import EpisodeBudget
+from lmpo.errors import InputError, LmpoError, RunError
 from lmpo.generation.rollout import Rollout
 
 # Seconds between two looks at the result pipe and at the worker's liveness while waiting.
@@ -122,16 +129,101 @@ def _unpack(packed: dict[str, Any]) -> Rollout:
     return Rollout(prompts=packed["prompts"], completions=packed["completions"], **arrays)
 
 
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What a worker needs to play a run's episodes itself (picklable; built in the training process).
+
+    env_id, env_options: the registered environment and its constructor options (one fresh environment per
+        episode, as ``make_env(env_id, **env_options)``).
+    imports: modules or ``.py`` files (absolute paths: the worker may start elsewhere) imported first, which
+        register ``env_id`` (``lmpo.envs.plugins.import_env_modules``; a training config's ``env.import``).
+    sandbox_require: the weakest sandbox mode the environment's tools may run model-written code in (a config's
+        ``env.sandbox.require``), checked when the worker starts.
+    budget, chat_template, on_env_error, step_timeout_s: the ``EpisodeRunner``'s.
+    tokenizer_chat_template: the template the training process's tokenizer carries (set on the worker's, whose
+        factory may build one without it, such as a built-in preset's), or None to keep the worker's own.
+    temperature, top_p, top_k: the ``HFTurnSampler``'s.
+    """
+
+    env_id: str
+    env_options: dict = field(default_factory=dict)
+    imports: tuple[str, ...] = ()
+    sandbox_require: str | None = None
+    budget: EpisodeBudget = field(default_factory=EpisodeBudget)
+    chat_template: str | None = None
+    tokenizer_chat_template: str | None = None
+    on_env_error: str = "raise"
+    step_timeout_s: float | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def runner(self, model: nn.Module, tokenizer):
+        """The ``EpisodeRunner`` of this spec over ``model``, after the imports and the sandbox check (what the
+        worker plays with; the same runner the training process would build)."""
+        from lmpo.envs.base import is_registered
+        from lmpo.envs.plugins import import_env_modules
+        from lmpo.envs.tools.sandbox import set_default_require
+        from lmpo.generation.episodes import EpisodeRunner, HFTurnSampler
+
+        if self.sandbox_require is not None:
+            set_default_require(self.sandbox_require, key="env.sandbox.require")
+        import_env_modules(self.imports)
+        if not is_registered(self.env_id):
+            raise InputError(f"`env.id` = {self.env_id!r} is not registered in the rollout worker "
+                             "(`rollout.async_staleness`): the training process registered it by code the worker "
+                             "does not run (a notebook cell, a function called before training). Put the "
+                             "environment's class in a module or a .py file and name it in `env.import`, or use "
+                             "rollout.async_staleness: 0.")
+        if self.tokenizer_chat_template is not None:
+            tokenizer.chat_template = self.tokenizer_chat_template
+        sampler = HFTurnSampler(model, tokenizer, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        return EpisodeRunner(sampler, tokenizer, self.budget, chat_template=self.chat_template,
+                             on_env_error=self.on_env_error, step_timeout_s=self.step_timeout_s)
+
+    def env_factory(self):
+        """A fresh environment per call."""
+        from lmpo.envs import make_env
+
+        return lambda: make_env(self.env_id, **self.env_options)
+
+
+def _raised(e: BaseException) -> LmpoError | None:
+    """An lmpo error raised in the worker, to raise again as it is in the training process (its message names the
+    input and the fix), or None when it does not travel (another kind, or one that does not pickle)."""
+    import pickle
+
+    if not isinstance(e, LmpoError):
+        return None
+    try:
+        return pickle.loads(pickle.dumps(e))
+    except Exception:  # noqa: BLE001 - an exception with arguments of its own: reported as a traceback instead
+        return None
+
+
 class _MainGone(Exception):
     """The main process went away: the worker leaves."""
 
 
+def _leave_with(parent) -> None:
+    """Exit this (worker) process as soon as ``parent`` dies, whatever the worker is doing: a long environment
+    call or generation would otherwise keep it alive, and with it the processes its tools started (a sandbox's
+    jail dies with the thread that started it, by its parent-death signal)."""
+    from multiprocessing.connection import wait
+
+    wait([parent.sentinel])
+    os._exit(0)
+
+
 def _worker_main(model_factory, engine_options: dict, device: str, threads: int, layout: _Layout,
-                 slots: list[dict[torch.dtype, torch.Tensor]], slot_versions, requests, results) -> None:
+                 slots: list[dict[torch.dtype, torch.Tensor]], slot_versions, requests, results,
+                 episodes: EpisodeSpec | None = None) -> None:
     """The worker process: build the model, then answer requests in order until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the main decides
     torch.set_num_threads(threads)
     parent = mp.parent_process()
+    if parent is not None:
+        threading.Thread(target=_leave_with, args=(parent,), name="lmpo-worker-watchdog", daemon=True).start()
     try:
         from lmpo.generation.hf import HFRollout
 
@@ -147,10 +239,12 @@ def _worker_main(model_factory, engine_options: dict, device: str, threads: int,
             raise ValueError(f"the worker's model does not match the pushed one: {mismatch}; the model factory must "
                              "build the same architecture and dtype as the training model")
         engine = HFRollout(model, tokenizer, **engine_options)
+        runner = None if episodes is None else episodes.runner(model, tokenizer)
+        env_factory = None if episodes is None else episodes.env_factory()
         views = [layout.views(slot) for slot in slots]
         results.send(("ready", os.getpid()))
-    except Exception:
-        results.send(("failed", None, traceback.format_exc()))
+    except Exception as e:
+        results.send(("failed", None, traceback.format_exc(), _raised(e)))
         return
 
     def load(version: int) -> None:
@@ -178,22 +272,29 @@ def _worker_main(model_factory, engine_options: dict, device: str, threads: int,
             return
         if message[0] == "stop":
             return
-        _, rid, version, prompts, completions_per_prompt, seed, generator_state, greedy = message
+        kind, rid, version = message[:3]
         try:
             if version != loaded:
                 loaded = None
                 load(version)
                 loaded = version
-            generator = None
-            if generator_state is not None:
-                generator = torch.Generator()
-                generator.set_state(torch.from_numpy(generator_state))
-            ro = engine.generate(prompts, completions_per_prompt, seed=seed, generator=generator, greedy=greedy)
-            reply = ("result", rid, _pack(ro), None if generator is None else generator.get_state().numpy())
+            if kind == "play":  # episodes, seeded as the in-process runner is (torch.Generator on the device)
+                _, _, _, examples, completions_per_example, seed, generator_seed = message
+                played = runner.run(env_factory, examples, completions_per_example, seed=seed,
+                                    generator=torch.Generator(device).manual_seed(generator_seed))
+                reply = ("result", rid, {"episodes": played}, None)
+            else:
+                _, _, _, prompts, completions_per_prompt, seed, generator_state, greedy = message
+                generator = None
+                if generator_state is not None:
+                    generator = torch.Generator()
+                    generator.set_state(torch.from_numpy(generator_state))
+                ro = engine.generate(prompts, completions_per_prompt, seed=seed, generator=generator, greedy=greedy)
+                reply = ("result", rid, _pack(ro), None if generator is None else generator.get_state().numpy())
         except _MainGone:
             return
-        except Exception:
-            reply = ("error", rid, traceback.format_exc())
+        except Exception as e:
+            reply = ("error", rid, traceback.format_exc(), _raised(e))
         try:
             results.send(reply)
         except (BrokenPipeError, OSError):
@@ -205,13 +306,17 @@ class _Request:
     rid: int
     step: int | None
     version: int
-    prompts: list[str]
+    prompts: list  # prompts (text); for episodes, the examples
     completions_per_prompt: int
     seed: int | None
     generator_state: np.ndarray | None  # a CPU generator's state, by value
     greedy: bool
+    generator_seed: int | None = None  # episodes: the seed of the runner's torch.Generator
 
     def message(self) -> tuple:
+        if self.generator_seed is not None:
+            return ("play", self.rid, self.version, self.prompts, self.completions_per_prompt, self.seed,
+                    self.generator_seed)
         return ("gen", self.rid, self.version, self.prompts, self.completions_per_prompt, self.seed,
                 self.generator_state, self.greedy)
 
@@ -260,6 +365,8 @@ class AsyncRollout:
         log: where the restart messages go (default: standard error).
         initial_weights: version 0's tensors (name → tensor, ``model_tensors`` names) instead of ``model``'s own,
             e.g. an older version kept by a checkpoint, so that a resumed schedule goes on where it stopped.
+        episodes: an ``EpisodeSpec``: the worker also builds that environment and an episode runner, and plays
+            the episodes of ``submit_episodes`` requests (see ``episodes_for``).
         engine_options: ``HFRollout`` keywords (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``,
             ``ignore_eos``, ``record_logprobs``, ``impl``, ...).
 
@@ -288,7 +395,8 @@ class AsyncRollout:
                  device: str | torch.device = "cpu", threads: int = 1, slots: int | None = None,
                  queue_size: int | None = None, timeout_s: float = 600.0, start_timeout_s: float = 600.0,
                  max_restarts: int = 3, log: Callable[[str], None] | None = None,
-                 initial_weights: Mapping[str, torch.Tensor] | None = None, **engine_options: Any) -> None:
+                 initial_weights: Mapping[str, torch.Tensor] | None = None, episodes: EpisodeSpec | None = None,
+                 **engine_options: Any) -> None:
         if staleness < 0:
             raise ValueError(f"staleness={staleness} must be >= 0 (0 = synchronous)")
         if threads < 1:
@@ -308,6 +416,7 @@ class AsyncRollout:
         self.engine_options = dict(engine_options)
         self.record_logprobs = bool(engine_options.get("record_logprobs", False))
         self.model_factory = model_factory
+        self.episodes = episodes
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._layout = _Layout.of(model_tensors(model))
         self._ctx = worker_context(START_METHOD)
@@ -347,7 +456,7 @@ class AsyncRollout:
         self._process = self._ctx.Process(
             target=_worker_main, name="lmpo-rollout-worker", daemon=True,
             args=(self.model_factory, self.engine_options, self.device, self.threads, self._layout, self._slots,
-                  self._slot_versions, requests_read, results_write))
+                  self._slot_versions, requests_read, results_write, self.episodes))
         self._process.start()
         # the worker holds the other ends now: a worker that dies closes them, and a read then ends in EOF
         requests_read.close()
@@ -451,15 +560,19 @@ class AsyncRollout:
             self._ready = True
         elif kind == "failed":
             self.close()
+            if message[3] is not None:  # an lmpo error (a user's environment module, the sandbox floor): as it is
+                raise message[3]
             raise RunError(f"the rollout worker could not start:\n{message[2]}")
         elif kind == "result":
             _, rid, packed, generator_state = message
             self._unfinished.pop(rid, None)
             self._received[rid] = (packed, generator_state)
         elif kind == "error":
-            _, rid, trace = message
+            _, rid, trace, raised = message
             self._unfinished.pop(rid, None)
-            self._received[rid] = (RunError(f"the rollout worker failed on a request:\n{trace}"), None)
+            # an lmpo error (an environment that failed: EnvError names it, the turn and the key) is raised as it is
+            error = raised if raised is not None else RunError(f"the rollout worker failed on a request:\n{trace}")
+            self._received[rid] = (error, None)
         return True
 
     def _wait(self, done: Callable[[], bool]) -> None:
@@ -524,8 +637,9 @@ class AsyncRollout:
         """The weights version step ``step``'s request is generated with: ``max(0, step − staleness)``."""
         return max(0, step - self.staleness)
 
-    def _enqueue(self, step: int | None, version: int, prompts: Sequence[str], completions_per_prompt: int,
-                 seed: int | None, generator: torch.Generator | None, greedy: bool) -> int:
+    def _enqueue(self, step: int | None, version: int, prompts: Sequence, completions_per_prompt: int,
+                 seed: int | None, generator: torch.Generator | None, greedy: bool,
+                 generator_seed: int | None = None) -> int:
         self._check_open()
         if completions_per_prompt < 1:
             raise ValueError(f"completions_per_prompt={completions_per_prompt} must be >= 1")
@@ -551,7 +665,7 @@ class AsyncRollout:
         request = _Request(rid=self._next_rid, step=step, version=version, prompts=list(prompts),
                            completions_per_prompt=completions_per_prompt, seed=seed,
                            generator_state=None if generator is None else generator.get_state().numpy(),
-                           greedy=greedy)
+                           greedy=greedy, generator_seed=generator_seed)
         self._next_rid += 1
         self._last_version_asked = version
         self._unfinished[request.rid] = request
@@ -573,8 +687,25 @@ class AsyncRollout:
                                              None, greedy)
         self._last_step_submitted = max(self._last_step_submitted, step)
 
-    def result(self, step: int) -> Rollout:
-        """Step ``step``'s rollout (blocks until the worker has it; restarts a dead worker, raises on a hung one)."""
+    def submit_episodes(self, step: int, examples: Sequence, completions_per_example: int, seed: int,
+                        generator_seed: int) -> None:
+        """Ask for step ``step``'s episodes: ``completions_per_example`` episodes of each example, played in the
+        worker with weights version ``max(0, step − staleness)`` as ``EpisodeRunner.run(..., seed=seed,
+        generator=torch.Generator(device).manual_seed(generator_seed))`` plays them in process; ``result(step)``
+        is then the list of ``lmpo.generation.episodes.Episode``. Needs ``episodes=`` at construction."""
+        if self.episodes is None:
+            raise ValueError("submit_episodes needs an AsyncRollout built with episodes=EpisodeSpec(...)")
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        if step in self._step_rid:
+            raise ValueError(f"step {step} is already submitted and not collected")
+        self._step_rid[step] = self._enqueue(step, self.version_for(step), list(examples), completions_per_example,
+                                             seed, None, False, generator_seed=generator_seed)
+        self._last_step_submitted = max(self._last_step_submitted, step)
+
+    def result(self, step: int) -> Rollout | list:
+        """Step ``step``'s rollout, or its episodes (``submit_episodes``): blocks until the worker has it; restarts a
+        dead worker, raises on a hung one."""
         self._check_open()
         if step not in self._step_rid:
             raise ValueError(f"step {step} was not submitted (submitted and not collected: {sorted(self._step_rid)})")
@@ -596,20 +727,29 @@ class AsyncRollout:
         Called at the start of each step, after the previous step's ``push_weights``, it keeps k steps generating
         ahead of training: ``request_of(s)`` runs k steps before step s trains.
         """
+        return self._prefetched(step, request_of, last_step, lambda s, request: self.submit(s, *request))
+
+    def episodes_for(self, step: int, request_of: Callable[[int], tuple[Sequence, int, int, int]],
+                     last_step: int | None = None) -> list:
+        """``rollout_for`` for episodes: ``request_of(s)`` gives ``(examples, completions_per_example, seed,
+        generator_seed)`` (``submit_episodes``); returns step ``step``'s episodes."""
+        return self._prefetched(step, request_of, last_step, lambda s, request: self.submit_episodes(s, *request))
+
+    def _prefetched(self, step: int, request_of: Callable[[int], tuple], last_step: int | None,
+                    submit: Callable[[int, tuple], None]):
         last = step + self.staleness if last_step is None else min(step + self.staleness, last_step)
         first = max(step, self._last_step_submitted + 1)
         for s in range(first, last + 1):
-            prompts, completions_per_prompt, seed = request_of(s)
-            self.submit(s, prompts, completions_per_prompt, seed=seed)
+            submit(s, request_of(s))
         return self.result(step)
 
-    def _collect(self, rid: int, generator: torch.Generator | None) -> Rollout:
+    def _collect(self, rid: int, generator: torch.Generator | None) -> Rollout | list:
         packed, generator_state = self._received.pop(rid)
         if isinstance(packed, Exception):
             raise packed
         if generator is not None:
             generator.set_state(torch.from_numpy(generator_state))
-        return _unpack(packed)
+        return packed["episodes"] if "episodes" in packed else _unpack(packed)
 
     def generate(self, prompts: Sequence[str], completions_per_prompt: int = 1, seed: int | None = None,
                  generator: torch.Generator | None = None, greedy: bool = False) -> Rollout:

@@ -194,7 +194,8 @@ class RolloutConfig:
                               "overlapped with training: step t trains on completions sampled with the weights of "
                               "step t - 1 - k (k = this value), the worker's log-probs are the behaviour log-probs "
                               "of the objective's corrections (`record_logprobs` is on), and the schedule, not "
-                              "the timing, decides everything (docs/async.md). 0 = generate in the training "
+                              "the timing, decides everything (docs/async.md). Under `env.id` the worker plays "
+                              "the episodes, the environment and its tools included. 0 = generate in the training "
                               "process, before each update (the synchronous loop).", ge=0)
     async_threads: int = _f(1, "Torch threads of the rollout worker (`async_staleness` >= 1); the training process "
                             "keeps `loop.num_threads`.", ge=1, needs="async_staleness")
@@ -1058,9 +1059,6 @@ def _check_async(cfg: TrainConfig) -> None:
     elif cfg.objective.advantage_estimator == "remax":
         why = ("`objective.advantage_estimator` = 'remax': its greedy baseline would be decoded with newer weights "
                "than the sampled completions. Use another estimator, or rollout.async_staleness: 0")
-    elif cfg.env.id:
-        why = (f"`env.id` = {cfg.env.id!r}: multi-turn episodes are played in the training process; the rollout "
-               "worker samples single-turn completions only. Use rollout.async_staleness: 0 with an environment")
     elif cfg.model.lora.enabled:
         why = ("`model.lora.enabled` = true: the worker builds the base model and cannot take the adapter's "
                "weights. Use rollout.async_staleness: 0 with LoRA")

@@ -228,26 +228,28 @@ def policy_factory(mc):
 
 
 def build_async_rollout(cfg: TrainConfig, model, model_factory, *, device: torch.device,
-                        held: list | None = None, log=None) -> AsyncRollout:
+                        held: list | None = None, log=None, tokenizer=None) -> AsyncRollout:
     """The rollout worker of ``rollout.async_staleness`` = k >= 1, its schedule where a checkpoint left it.
 
     ``held``: the k weight versions before ``model``'s (oldest first, name → tensor; a checkpoint's), or None for a
     new run, whose first k + 1 steps all sample with the initial weights. Version 0 is ``held[0]``, versions
     1 … k − 1 the rest, version k ``model``'s weights: a step that trains after that sees ``held[0]``.
-    The engine records the sampler's log-probs: they are the behaviour log-probs of a stale rollout.
+    The engine records the sampler's log-probs: they are the behaviour log-probs of a stale rollout. Under
+    ``env.id`` it plays the episodes too (``multiturn.episode_spec``, with ``tokenizer``'s chat template). With
+    k = 0 (not a config's choice: a test's) version 0 is ``model``'s weights.
     """
     ro = cfg.rollout
     k = ro.async_staleness
     if held is None:
         held = [dict(model_tensors(model))] * k
+    spec = multiturn.episode_spec(cfg.env, ro, tokenizer) if cfg.env.id is not None else None
     engine = AsyncRollout(model_factory, model, staleness=k, device=device, threads=ro.async_threads,
                           timeout_s=ro.async_timeout_s, start_timeout_s=ro.async_start_timeout_s, log=log,
-                          initial_weights=held[0],
+                          initial_weights=held[0] if k else None, episodes=spec,
                           **_engine_options(cfg, device, record_logprobs=True))
     try:
-        for weights in held[1:]:
+        for weights in held[1:] + ([model] if k else []):
             engine.push_weights(weights)
-        engine.push_weights(model)
     except BaseException:
         engine.close()
         raise
@@ -397,14 +399,15 @@ def rollout_model_factory(config: TrainConfig, *, model=None, model_factory=None
 
 
 def build_async_pipeline(cfg: TrainConfig, model, model_factory, prompts: PromptOrder, *, start_step: int,
-                         held: list | None, device: torch.device, log: Callable[[str], None]) -> AsyncPipeline:
+                         held: list | None, device: torch.device, log: Callable[[str], None],
+                         tokenizer=None) -> AsyncPipeline:
     """The rollout worker of ``rollout.async_staleness`` (``build_async_rollout``) and its ``AsyncPipeline`` from
     RL step ``start_step``, going on from a checkpoint's weight versions ``held`` when they fit k."""
     if held is not None and len(held) != cfg.rollout.async_staleness:
         log(f"the checkpoint holds {len(held)} earlier weight versions, rollout.async_staleness is "
             f"{cfg.rollout.async_staleness}: the schedule starts again from the checkpoint's weights")
         held = None
-    engine = build_async_rollout(cfg, model, model_factory, device=device, held=held, log=log)
+    engine = build_async_rollout(cfg, model, model_factory, device=device, held=held, log=log, tokenizer=tokenizer)
     return AsyncPipeline(engine, prompts, start=start_step, last_step=cfg.loop.steps,
                          prompts_per_step=cfg.loop.prompts_per_step,
                          completions_per_prompt=cfg.rollout.completions_per_prompt, seed=cfg.loop.seed)

@@ -189,7 +189,8 @@ class Trainer:
             if cfg.rollout.async_staleness:  # the rollout worker; closed below whatever happens (no orphan)
                 self.pipeline = build.build_async_pipeline(cfg, self.model, self.model_factory, self.prompts,
                                                            start_step=start.step, held=start.async_weights,
-                                                           device=self.device, log=self.log)
+                                                           device=self.device, log=self.log,
+                                                           tokenizer=self.tokenizer)
                 self.rollout_engine = self.pipeline.engine
             with stop_on_sigint(self.log) as self._stop:
                 if resume_path is None and cfg.eval.at_start:

@@ -47,7 +47,7 @@ def collect(cfg: TrainConfig, step: int, *, prompts: PromptOrder, engine, pipeli
     one), with DAPO dynamic sampling under ``rollout.dynamic_sampling``; episodes of ``runner`` under
     ``env.id``."""
     if cfg.env.id is not None:
-        return play(cfg, step, prompts=prompts, runner=runner, tokenizer=tokenizer, device=device)
+        return play(cfg, step, prompts=prompts, runner=runner, pipeline=pipeline, tokenizer=tokenizer, device=device)
     ro, seconds = cfg.rollout, []
 
     def one(k: int) -> ScoredRollout:
@@ -85,16 +85,20 @@ def draw(cfg: TrainConfig, step: int, k: int, *, prompts: PromptOrder, engine, p
 
 
 def play(cfg: TrainConfig, step: int, *, prompts: PromptOrder, runner: multiturn.EpisodeRunner, tokenizer,
-         device: torch.device) -> Collected:
+         device: torch.device, pipeline: AsyncPipeline | None = None) -> Collected:
     """Multi-turn (``env.id``): G episodes of each of the next ``prompts_per_step`` examples, scored by their
-    returns (``lmpo.trainer.step.multiturn.play_step``)."""
-    examples = prompts.take(cfg.loop.prompts_per_step)
-    seed = seed_for(cfg.loop.seed, step, 1)
+    returns (``lmpo.trainer.step.multiturn.play_step``), played here or by the async ``pipeline``'s worker."""
     t = time.perf_counter()
-    with stages.autocast(cfg.loop.autocast, device):
-        played = multiturn.play_step(runner, cfg.env, examples, cfg.rollout.completions_per_prompt,
-                                    seed=seed % 2**31, generator=torch.Generator(device).manual_seed(seed),
-                                    tokenizer=tokenizer, device=device)
+    if pipeline is not None:  # played by the worker with the weights of step − 1 − k (the same seeds)
+        examples, played = pipeline.episodes(step)
+        played = multiturn.played_step(played, examples, tokenizer, device)
+    else:
+        examples = prompts.take(cfg.loop.prompts_per_step)
+        seed = seed_for(cfg.loop.seed, step, 1)  # (AsyncPipeline's requests carry the same two seeds)
+        with stages.autocast(cfg.loop.autocast, device):
+            played = multiturn.play_step(runner, cfg.env, examples, cfg.rollout.completions_per_prompt,
+                                        seed=seed % 2**31, generator=torch.Generator(device).manual_seed(seed),
+                                        tokenizer=tokenizer, device=device)
     generate_s = time.perf_counter() - t
     # a truncated episode is one cut by a budget, whether or not it sampled a stop (this replaces the
     # single-turn count of ``stages.rollout_stats``: the step's stats are updated with these)

@@ -18,8 +18,10 @@ own truncation, or an environment error under ``env.on_env_error: truncate``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -36,6 +38,7 @@ from lmpo.generation.episodes import (
     per_turn_to_tokens,
     turn_returns,
 )
+from lmpo.generation.worker import EpisodeSpec
 from lmpo.trainer.step.sampling import ScoredRollout
 
 
@@ -59,6 +62,19 @@ def make_runner(model, tokenizer, env, *, temperature: float, top_p: float = 1.0
     sampler = HFTurnSampler(model, tokenizer, temperature=temperature, top_p=top_p, top_k=top_k)
     return EpisodeRunner(sampler, tokenizer, env.budget, chat_template=env.chat_template,
                          on_env_error=env.on_env_error, step_timeout_s=env.step_timeout_s)
+
+
+def episode_spec(env, rollout, tokenizer) -> EpisodeSpec:
+    """What the rollout worker of ``rollout.async_staleness`` plays ``env``'s episodes with: the runner
+    ``make_runner`` builds here (the tokenizer's chat template, as ``ensure_chat_template`` left it, travels
+    along), the environment of ``env_factory``, ``env.import`` with files made absolute."""
+    imports = tuple(str(Path(item).resolve()) if item.endswith(".py") or "/" in item or os.sep in item else item
+                    for item in env.imports)
+    return EpisodeSpec(env_id=env.id, env_options=dict(env.options), imports=imports,
+                       sandbox_require=env.sandbox.require, budget=env.budget, chat_template=env.chat_template,
+                       tokenizer_chat_template=getattr(tokenizer, "chat_template", None),
+                       on_env_error=env.on_env_error, step_timeout_s=env.step_timeout_s,
+                       temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k)
 
 
 def env_factory(env, options: dict | None = None):
@@ -126,6 +142,12 @@ def play_step(runner: EpisodeRunner, env, examples: Sequence, completions_per_ex
     """Play G episodes of each example and score them: reward = episode return, correct = an
     ``info["correct"]`` turn (or a positive return where the environment judges no answer)."""
     episodes = runner.run(env_factory(env), list(examples), completions_per_example, seed=seed, generator=generator)
+    return played_step(episodes, examples, tokenizer, device)
+
+
+def played_step(episodes: list[Episode], examples: Sequence, tokenizer, device: torch.device) -> PlayedStep:
+    """Episodes of ``examples`` (example-major, as ``EpisodeRunner.run`` returns them, here or in the rollout
+    worker) as a scored step: ``play_step``'s result."""
     rollout, batch, eb = episodes_to_rollout(episodes, tokenizer, device)
     judged = any("correct" in i for e in episodes for i in e.infos)
     correct = torch.tensor([float(any(i.get("correct") for i in e.infos)) if judged else float(e.episode_return > 0)

@@ -1,5 +1,6 @@
 """The trainer's side of ``rollout.async_staleness`` = k >= 1: prompts drawn k steps ahead, in step order, and
-handed to the rollout worker (``lmpo.generation.worker.AsyncRollout``); what a checkpoint keeps to go on.
+handed to the rollout worker (``lmpo.generation.worker.AsyncRollout``), which samples their completions or, on an
+environment (``env.id``), plays their episodes; what a checkpoint keeps to go on.
 
 Weights W_j are the policy after j RL steps (W_0: after the warm-up). RL step t (1-based) trains on completions
 sampled with ``W_max(0, t − 1 − k)``; the synchronous loop is k = 0 (``W_t−1``). The worker numbers its own
@@ -28,6 +29,7 @@ class AsyncPipeline:
     def __init__(self, engine: AsyncRollout, prompts: PromptOrder, *, start: int, last_step: int,
                  prompts_per_step: int, completions_per_prompt: int, seed: int) -> None:
         self.engine, self.prompts = engine, prompts
+        self.play = engine.episodes is not None  # multi-turn: the worker plays episodes of the examples
         self.k = engine.staleness
         self.base = start - self.k  # worker step s = t − 1 − base
         self.last_step = last_step
@@ -40,16 +42,25 @@ class AsyncPipeline:
         self._data_before[step] = self.prompts.state_dict()
         examples = self.prompts.take(self.prompts_per_step)
         self._examples[step] = examples
-        # the seed the synchronous loop's draw of this step uses
-        return [e.prompt for e in examples], self.completions_per_prompt, seed_for(self.seed, step, 1)
+        # the seeds the synchronous loop's draw (or episodes: lmpo.trainer.collect.play) of this step uses
+        seed = seed_for(self.seed, step, 1)
+        if self.play:
+            return examples, self.completions_per_prompt, seed % 2**31, seed
+        return [e.prompt for e in examples], self.completions_per_prompt, seed
 
     def rollout(self, step: int) -> tuple[list, Rollout]:
         """RL step ``step``'s examples and rollout (sampled with ``W_max(0, step − 1 − k)``); submits the steps up
         to ``step + k`` not submitted yet. Call it after the previous step's ``engine.push_weights``."""
-        ro = self.engine.rollout_for(step - 1 - self.base, self._request,
-                                     last_step=self.last_step - 1 - self.base)
+        return self._take(step, self.engine.rollout_for)
+
+    def episodes(self, step: int) -> tuple[list, list]:
+        """``rollout`` of a multi-turn run: RL step ``step``'s examples and their episodes (example-major)."""
+        return self._take(step, self.engine.episodes_for)
+
+    def _take(self, step: int, fetch) -> tuple[list, object]:
+        got = fetch(step - 1 - self.base, self._request, last_step=self.last_step - 1 - self.base)
         self._data_before.pop(step, None)
-        return self._examples.pop(step), ro
+        return self._examples.pop(step), got
 
     def data_state(self, step: int) -> dict:
         """The data position a checkpoint after RL step ``step`` records: before step ``step + 1``'s draw."""
