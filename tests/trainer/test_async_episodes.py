@@ -16,6 +16,7 @@ import signal
 
 import pytest
 import torch
+from trainer_helpers import set_loss_hook
 
 import worker_env
 from lmpo.envs import make_env
@@ -195,7 +196,7 @@ def test_a_ctrl_c_checkpoint_resumes_to_the_uninterrupted_run(runs, tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
         return loss
 
-    cut.loss_hook = ctrl_c
+    set_loss_hook(cut, ctrl_c)
     with pytest.raises(Interrupted) as info:
         cut.train()
     assert info.value.checkpoint.name == "step_00000002" and all(_gone(pid) for pid in cut.pids)
