@@ -288,13 +288,14 @@ def logprob_settings(cfg: TrainConfig) -> LogprobSettings:
                            pack_sequences=cfg.loop.pack_sequences)
 
 
-def update_settings(cfg: TrainConfig) -> UpdateSettings:
-    """The config values the update stage reads (``lmpo.trainer.step.update``)."""
+def update_settings(cfg: TrainConfig, device: torch.device) -> UpdateSettings:
+    """The config values the update stage reads (``lmpo.trainer.step.update``), and the run's ``device``."""
     lp, ob = cfg.loop, cfg.objective
     return UpdateSettings(seed=lp.seed, epochs_per_step=lp.epochs_per_step, minibatches_per_step=lp.minibatches_per_step,
                           seqs_per_microbatch=lp.seqs_per_microbatch, max_grad_norm=cfg.optim.max_grad_norm,
                           off_policy=cfg.off_policy, temperature=cfg.rollout.temperature, autocast=lp.autocast,
-                          ref_sync_steps=ob.ref_sync_steps, ref_sync_alpha=ob.ref_sync_alpha)
+                          logprobs=logprob_settings(cfg), device=device, ref_sync_steps=ob.ref_sync_steps,
+                          ref_sync_alpha=ob.ref_sync_alpha)
 
 
 @dataclass
@@ -377,7 +378,7 @@ def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenize
         runner = multiturn.make_runner(model, tokenizer, config.env, temperature=ro.temperature, top_p=ro.top_p,
                                       top_k=ro.top_k)
     return RunParts(objective, driver, estimator, task, model, tokenizer, train_examples, eval_examples, scorer,
-                    accuracy_fn, kl_ctrl, teacher, runner, logprob_settings(config), update_settings(config))
+                    accuracy_fn, kl_ctrl, teacher, runner, logprob_settings(config), update_settings(config, device))
 
 
 def rollout_model_factory(config: TrainConfig, *, model=None, model_factory=None, rollout_engine=None):
