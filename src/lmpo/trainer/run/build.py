@@ -40,7 +40,7 @@ from lmpo.tasks import load_task, render_prompts
 from lmpo.trainer.config import RewardModelConfig, TrainConfig, check_estimator, config_to_dict
 from lmpo.trainer.run.completions import CompletionLog
 from lmpo.trainer.run.metrics import MetricsLogger
-from lmpo.trainer.step import multiturn
+from lmpo.trainer.step import multiturn, stages
 from lmpo.trainer.step.pipeline import AsyncPipeline
 from lmpo.trainer.step.ref_sync import check_sync_compatible
 from lmpo.trainer.step.sampling import PromptOrder
@@ -298,6 +298,22 @@ def update_settings(cfg: TrainConfig, device: torch.device) -> UpdateSettings:
                           ref_sync_alpha=ob.ref_sync_alpha)
 
 
+def train_input(cfg: TrainConfig, estimator, objective: Objective, model, tokenizer, device: torch.device
+                ) -> Callable[..., stages.TrainInput]:
+    """What every RL step of the run trains on, chosen once: RLVCR's expansion of the sampled batch
+    (``rlvcr.enabled``), per-turn credit over an environment's episodes (``env.turn_discount``), or the sampled
+    batch with its advantages (``lmpo.trainer.step.stages.TrainInput``)."""
+    ro = cfg.rollout
+    if cfg.rlvcr.enabled:
+        return functools.partial(stages.rlvcr_input, model=model, tokenizer=tokenizer, settings=cfg.rlvcr,
+                                 scale=objective.advantage_scale, temperature=ro.temperature, top_p=ro.top_p,
+                                 top_k=ro.top_k, seed=cfg.loop.seed, device=device)
+    if cfg.env.id is not None and cfg.env.turn_discount is not None:
+        return functools.partial(multiturn.turn_credit_input, estimator=estimator, discount=cfg.env.turn_discount,
+                                 device=device)
+    return stages.sampled_input
+
+
 @dataclass
 class RunParts:
     """What ``build_run`` builds: the parts of a run that exist before training starts.
@@ -306,7 +322,7 @@ class RunParts:
     model: the policy on its device, with gradient checkpointing and LoRA adapters when the config asks.
     train_examples, eval_examples: prompts rendered as text (chat template applied); an environment's raw.
     scorer, accuracy_fn: ``build_rewards``'. kl_ctrl: ``build_kl_controller``'s. teacher: a distillation
-    part's teacher, or None. episode_runner: multi-turn (``env.id``) only.
+    part's teacher, or None. episode_runner: multi-turn (``env.id``) only. train_input: ``train_input``'s.
     """
 
     objective: Objective
@@ -324,6 +340,7 @@ class RunParts:
     episode_runner: multiturn.EpisodeRunner | None
     logprob_settings: LogprobSettings
     update_settings: UpdateSettings
+    train_input: Callable[..., stages.TrainInput]
 
 
 def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenizer=None, task=None) -> RunParts:
@@ -378,7 +395,8 @@ def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenize
         runner = multiturn.make_runner(model, tokenizer, config.env, temperature=ro.temperature, top_p=ro.top_p,
                                       top_k=ro.top_k)
     return RunParts(objective, driver, estimator, task, model, tokenizer, train_examples, eval_examples, scorer,
-                    accuracy_fn, kl_ctrl, teacher, runner, logprob_settings(config), update_settings(config, device))
+                    accuracy_fn, kl_ctrl, teacher, runner, logprob_settings(config), update_settings(config, device),
+                    train_input(config, estimator, objective, model, tokenizer, device))
 
 
 def rollout_model_factory(config: TrainConfig, *, model=None, model_factory=None, rollout_engine=None):

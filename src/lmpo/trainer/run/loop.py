@@ -34,7 +34,6 @@ from lmpo.errors import Interrupted
 from lmpo.eval import held_out
 from lmpo.generation import RolloutBatch, avoid_cudnn_attention
 from lmpo.plots import plot_runs
-from lmpo.rlvcr.expansion import rlvcr_stage
 from lmpo.runs import RunLock, stop_on_sigint
 from lmpo.trainer.config import TrainConfig, validate_config
 from lmpo.trainer.run import build
@@ -45,9 +44,9 @@ from lmpo.trainer.run.metrics import to_host
 from lmpo.trainer.run.optim import Schedule, build_optimizer
 from lmpo.trainer.run.rundir import prepare_train_dir
 from lmpo.trainer.run.sft import episode_warmup, supervised_warmup
-from lmpo.trainer.step import collect, multiturn, stages
+from lmpo.trainer.step import collect, stages
 from lmpo.trainer.step import update as update_stage
-from lmpo.trainer.step.sampling import PromptOrder, seed_for
+from lmpo.trainer.step.sampling import PromptOrder
 from lmpo.trainer.step.update import NonFiniteError, NonFiniteGuard
 
 __all__ = ["NonFiniteError", "TrainResult", "Trainer"]
@@ -108,6 +107,7 @@ class Trainer:
         self.scorer, self.accuracy_fn, self.kl_ctrl = parts.scorer, parts.accuracy_fn, parts.kl_ctrl
         self.teacher, self.episode_runner = parts.teacher, parts.episode_runner
         self.logprob_settings, self.update_settings = parts.logprob_settings, parts.update_settings
+        self.train_input = parts.train_input  # what each step trains on (build.train_input)
         self.rollout_engine = rollout_engine
         self.state: ckpt.TrainState | None = None  # what the run changes as it trains and checkpoints: train()
         self.pipeline = None  # the AsyncPipeline of rollout.async_staleness >= 1, during train()
@@ -245,7 +245,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- one RL step
     def rl_step(self, step: int) -> dict[str, float]:
-        """One RL step: generate → score → [KL in the reward] → advantages → [RLVCR] → update; its metrics."""
+        """One RL step: generate → score → [KL in the reward] → advantages → what it trains on (``train_input``:
+        [RLVCR expansion, per-turn credit]) → update; its metrics."""
         cfg, obj, dev = self.cfg, self.objective, self.device
         t0 = time.perf_counter()
         # sample prompts, generate G completions each, score rewards (prompt-major: sequence b belongs to prompt
@@ -278,21 +279,15 @@ class Trainer:
                                      self.tokenizer.eos_token_id)
         stats.update(got.stats)
         stats.update(kl_stats)
-        if cfg.rlvcr.enabled:  # RLVCR (docs/rlvcr.md, lmpo.rlvcr): expand successes per thinking level, mix advantages
-            rl = rlvcr_stage(self.model, self.tokenizer, ro, rewards, cfg.rlvcr, keep=keep, scale=obj.advantage_scale,
-                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                             generator=torch.Generator(dev).manual_seed(seed_for(cfg.loop.seed, step, 5)))
-            ro, adv, keep, full = rl.rollout, rl.advantages, rl.keep, RolloutBatch.from_rollout(rl.rollout, dev)
-            full = full.with_(loss_mask=rl.loss_mask.to(dev))  # rlvcr.expansion_loss: which tokens expansions train
-            stats.update(rl.metrics)
-        if cfg.env.id is not None and cfg.env.turn_discount is not None:  # per-turn credit: (B, T) advantages
-            eb = got.played.episode_batch
-            adv = multiturn.turn_advantages(self.estimator, eb.turn_rewards.to(dev), eb.turn_mask.to(dev),
-                                           eb.turn_ids.to(dev), group, cfg.env.turn_discount)
+        # what the step trains on, as the run chose at build (build.train_input): the sampled batch with these
+        # advantages, RLVCR's expansion of it, or per-turn credit over an environment's episodes
+        trained = self.train_input(step, got, adv, keep, full, group)
+        stats.update(trained.metrics)
         # the sequences trained on; the reference log-probs of the KL in the reward are reused when needed
         batch, trainable, masked_stats = stages.train_batch(
-            full, adv, keep, ref_logp=kl_ref_logp if self.driver.needs.ref_logp else None,
-            truncated=ro.truncated.to(dev), mask_truncated_completions=cfg.objective.mask_truncated_completions)
+            trained.batch, trained.advantages, trained.keep,
+            ref_logp=kl_ref_logp if self.driver.needs.ref_logp else None, truncated=trained.rollout.truncated.to(dev),
+            mask_truncated_completions=cfg.objective.mask_truncated_completions)
         stats.update(masked_stats)
         if batch.rollout_logp is None and self.driver.needs.rollout_logp:
             raise stages.missing_rollout_logprobs(obj, self.rollout_engine)

@@ -37,6 +37,7 @@ from lmpo.generation.episodes import (
     turn_returns,
 )
 from lmpo.trainer.step.sampling import ScoredRollout
+from lmpo.trainer.step.stages import TrainInput
 
 
 def ensure_chat_template(tokenizer, env, model_name: str) -> None:
@@ -107,6 +108,17 @@ def turn_advantages(estimator, turn_rewards: torch.Tensor, turn_mask: torch.Tens
         if rows.any():
             A[rows, k] = estimator(G[rows, k], group_ids[rows])[0].to(A.dtype)
     return per_turn_to_tokens(A, turn_ids)
+
+
+def turn_credit_input(step: int, collected, advantages: torch.Tensor, keep: torch.Tensor, batch: RolloutBatch,
+                      group_ids: torch.Tensor, *, estimator, discount: float, device: torch.device) -> TrainInput:
+    """Per-turn credit (``env.turn_discount`` = γ): the step trains on its episodes with the (B, T) advantages of
+    ``turn_advantages`` instead of each episode's return advantage (which the step's metrics and completion log
+    report)."""
+    eb = collected.played.episode_batch
+    per_token = turn_advantages(estimator, eb.turn_rewards.to(device), eb.turn_mask.to(device),
+                                eb.turn_ids.to(device), group_ids, discount)
+    return TrainInput(collected.scored.rollout, per_token, keep, batch)
 
 
 @dataclass

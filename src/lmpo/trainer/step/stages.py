@@ -5,6 +5,9 @@ RLVCR call these, never the Trainer's own methods.
     advantage_inputs(...)   what the advantage estimator needs beyond (rewards, group ids)
     advantages(...)         (B,) advantages, the estimator's statistics, the zero-variance and kept rows
     kl_in_reward(...)       r − β·Σ_t KL_t (verl ``apply_kl_penalty``) and the controller update
+    TrainInput              what a step trains on, made by the transform the run chose at build (``build.train_input``):
+                            ``sampled_input`` (the sampled batch), ``rlvcr_input`` (RLVCR's expansion of it) or
+                            ``multiturn.turn_credit_input`` (per-turn credit)
     train_batch(...)        the kept rows with their advantages; truncated completions masked when asked
     logprobs(...)           (B, T) log-probs of a RolloutBatch (its rows) under this run's ``LogprobSettings``
     rollout_stats(...)      the step's reward / advantage / completion metrics
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,7 +30,9 @@ from lmpo.objectives.advantages import zero_variance_mask
 from lmpo.objectives.kl_reward import kl_penalised_rewards
 from lmpo.rewards.overlong import overlong_penalty
 from lmpo.rewards.scorer import reward_arguments
-from lmpo.trainer.step.sampling import ScoredRollout, mask_truncated
+from lmpo.rlvcr.config import RLVCRConfig
+from lmpo.rlvcr.expansion import rlvcr_stage
+from lmpo.trainer.step.sampling import ScoredRollout, mask_truncated, seed_for
 
 
 class CompiledCalls:
@@ -172,6 +177,45 @@ def kl_in_reward(policy, ref_model, batch: RolloutBatch, rewards: torch.Tensor, 
     # one host sync for the controller's input, as verl's .item()
     kl_ctrl.update(float(stats["kl/reward_kl"]), int(rewards.numel()))
     return shaped, stats, ref_logp
+
+
+@dataclass(frozen=True)
+class TrainInput:
+    """What an RL step trains on: the ``rollout`` its rows come from (B' rows), their ``advantages`` ((B',) or
+    per-token (B', T)), the rows ``keep`` (B',) bool marks, the ``batch`` (a RolloutBatch of the B' rows) and the
+    statistics of the transform that made it (``metrics``).
+
+    One transform per run, chosen at build (``lmpo.trainer.run.build.train_input``), maps a step's collected
+    samples, advantages (B,), kept rows (B,) and batch to it: ``sampled_input``, ``rlvcr_input`` or
+    ``lmpo.trainer.step.multiturn.turn_credit_input``.
+    """
+
+    rollout: Rollout
+    advantages: torch.Tensor
+    keep: torch.Tensor
+    batch: RolloutBatch
+    metrics: dict = field(default_factory=dict)
+
+
+def sampled_input(step: int, collected, advantages: torch.Tensor, keep: torch.Tensor, batch: RolloutBatch,
+                  group_ids: torch.Tensor) -> TrainInput:
+    """The step trains on what it sampled, with the advantages of its rewards."""
+    return TrainInput(collected.scored.rollout, advantages, keep, batch)
+
+
+def rlvcr_input(step: int, collected, advantages: torch.Tensor, keep: torch.Tensor, batch: RolloutBatch,
+                group_ids: torch.Tensor, *, model, tokenizer, settings: RLVCRConfig, scale: str, temperature: float,
+                top_p: float, top_k: int, seed: int, device: torch.device) -> TrainInput:
+    """RLVCR (docs/rlvcr.md, ``lmpo.rlvcr``): the successes expanded per thinking level, the mixed action / thinking
+    advantages of the rows and their expansions (they replace ``advantages`` and ``keep``), and the loss mask of
+    ``rlvcr.expansion_loss`` (which tokens expansions train). Expansions are sampled with a generator seeded from
+    ``(seed, step, 5)``."""
+    scored = collected.scored
+    rl = rlvcr_stage(model, tokenizer, scored.rollout, scored.rewards, settings, keep=keep, scale=scale,
+                     temperature=temperature, top_p=top_p, top_k=top_k,
+                     generator=torch.Generator(device).manual_seed(seed_for(seed, step, 5)))
+    expanded = RolloutBatch.from_rollout(rl.rollout, device).with_(loss_mask=rl.loss_mask.to(device))
+    return TrainInput(rl.rollout, rl.advantages, rl.keep, expanded, rl.metrics)
 
 
 def train_batch(full: RolloutBatch, advantages: torch.Tensor, keep: torch.Tensor, *, ref_logp: torch.Tensor | None,
