@@ -93,8 +93,9 @@ class Objective:
         # and is not opened by a reader following a call), and the parts that report statistics after the loss
         object.__setattr__(self, "_selected", {kind: part for kind, part in parts.items()
                                                if kind in OPTIONAL_KINDS and part.name != "none"})
-        object.__setattr__(self, "_reporters", tuple(part for part in parts.values()
-                                                     if type(part).report is not Part.report))
+        object.__setattr__(self, "_reporters", tuple(part for kind, part in parts.items()
+                                                     if type(part).report is not Part.report
+                                                     and (kind not in OPTIONAL_KINDS or kind in self._selected)))
 
     # ------------------------------------------------------------------ construction routes
     @classmethod

@@ -305,12 +305,10 @@ def train_input(cfg: TrainConfig, estimator, objective: Objective, model, tokeni
     batch with its advantages (``lmpo.trainer.step.stages.TrainInput``)."""
     ro = cfg.rollout
     if cfg.rlvcr.enabled:
-        return functools.partial(stages.rlvcr_input, model=model, tokenizer=tokenizer, settings=cfg.rlvcr,
-                                 scale=objective.advantage_scale, temperature=ro.temperature, top_p=ro.top_p,
-                                 top_k=ro.top_k, seed=cfg.loop.seed, device=device)
+        return stages.RLVCRInput(model, tokenizer, cfg.rlvcr, objective.advantage_scale, ro.temperature, ro.top_p,
+                                 ro.top_k, cfg.loop.seed, device)
     if cfg.env.id is not None and cfg.env.turn_discount is not None:
-        return functools.partial(multiturn.turn_credit_input, estimator=estimator, discount=cfg.env.turn_discount,
-                                 device=device)
+        return multiturn.TurnCredit(estimator, cfg.env.turn_discount, device)
     return stages.sampled_input
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -110,15 +111,22 @@ def turn_advantages(estimator, turn_rewards: torch.Tensor, turn_mask: torch.Tens
     return per_turn_to_tokens(A, turn_ids)
 
 
-def turn_credit_input(step: int, collected, advantages: torch.Tensor, keep: torch.Tensor, batch: RolloutBatch,
-                      group_ids: torch.Tensor, *, estimator, discount: float, device: torch.device) -> TrainInput:
-    """Per-turn credit (``env.turn_discount`` = γ): the step trains on its episodes with the (B, T) advantages of
-    ``turn_advantages`` instead of each episode's return advantage (which the step's metrics and completion log
-    report)."""
-    eb = collected.played.episode_batch
-    per_token = turn_advantages(estimator, eb.turn_rewards.to(device), eb.turn_mask.to(device),
-                                eb.turn_ids.to(device), group_ids, discount)
-    return TrainInput(collected.scored.rollout, per_token, keep, batch)
+@dataclass(frozen=True)
+class TurnCredit:
+    """Per-turn credit (``env.turn_discount`` = γ) as a step's transform: the step trains on its episodes with the
+    (B, T) advantages of ``turn_advantages`` instead of each episode's return advantage (which the step's metrics
+    and completion log report)."""
+
+    estimator: Any
+    discount: float
+    device: torch.device
+
+    def __call__(self, step: int, collected, advantages: torch.Tensor, keep: torch.Tensor, batch: RolloutBatch,
+                 group_ids: torch.Tensor) -> TrainInput:
+        eb, dev = collected.played.episode_batch, self.device
+        per_token = turn_advantages(self.estimator, eb.turn_rewards.to(dev), eb.turn_mask.to(dev), eb.turn_ids.to(dev),
+                                    group_ids, self.discount)
+        return TrainInput(collected.scored.rollout, per_token, keep, batch)
 
 
 @dataclass

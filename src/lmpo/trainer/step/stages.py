@@ -6,8 +6,8 @@ RLVCR call these, never the Trainer's own methods.
     advantages(...)         (B,) advantages, the estimator's statistics, the zero-variance and kept rows
     kl_in_reward(...)       r − β·Σ_t KL_t (verl ``apply_kl_penalty``) and the controller update
     TrainInput              what a step trains on, made by the transform the run chose at build (``build.train_input``):
-                            ``sampled_input`` (the sampled batch), ``rlvcr_input`` (RLVCR's expansion of it) or
-                            ``multiturn.turn_credit_input`` (per-turn credit)
+                            ``sampled_input`` (the sampled batch), ``RLVCRInput`` (RLVCR's expansion of it) or
+                            ``multiturn.TurnCredit`` (per-turn credit)
     train_batch(...)        the kept rows with their advantages; truncated completions masked when asked
     logprobs(...)           (B, T) log-probs of a RolloutBatch (its rows) under this run's ``LogprobSettings``
     rollout_stats(...)      the step's reward / advantage / completion metrics
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -186,8 +187,8 @@ class TrainInput:
     statistics of the transform that made it (``metrics``).
 
     One transform per run, chosen at build (``lmpo.trainer.run.build.train_input``), maps a step's collected
-    samples, advantages (B,), kept rows (B,) and batch to it: ``sampled_input``, ``rlvcr_input`` or
-    ``lmpo.trainer.step.multiturn.turn_credit_input``.
+    samples, advantages (B,), kept rows (B,) and batch to it: ``sampled_input``, ``RLVCRInput`` or
+    ``lmpo.trainer.step.multiturn.TurnCredit``.
     """
 
     rollout: Rollout
@@ -203,19 +204,31 @@ def sampled_input(step: int, collected, advantages: torch.Tensor, keep: torch.Te
     return TrainInput(collected.scored.rollout, advantages, keep, batch)
 
 
-def rlvcr_input(step: int, collected, advantages: torch.Tensor, keep: torch.Tensor, batch: RolloutBatch,
-                group_ids: torch.Tensor, *, model, tokenizer, settings: RLVCRConfig, scale: str, temperature: float,
-                top_p: float, top_k: int, seed: int, device: torch.device) -> TrainInput:
-    """RLVCR (docs/rlvcr.md, ``lmpo.rlvcr``): the successes expanded per thinking level, the mixed action / thinking
-    advantages of the rows and their expansions (they replace ``advantages`` and ``keep``), and the loss mask of
-    ``rlvcr.expansion_loss`` (which tokens expansions train). Expansions are sampled with a generator seeded from
-    ``(seed, step, 5)``."""
-    scored = collected.scored
-    rl = rlvcr_stage(model, tokenizer, scored.rollout, scored.rewards, settings, keep=keep, scale=scale,
-                     temperature=temperature, top_p=top_p, top_k=top_k,
-                     generator=torch.Generator(device).manual_seed(seed_for(seed, step, 5)))
-    expanded = RolloutBatch.from_rollout(rl.rollout, device).with_(loss_mask=rl.loss_mask.to(device))
-    return TrainInput(rl.rollout, rl.advantages, rl.keep, expanded, rl.metrics)
+@dataclass(frozen=True)
+class RLVCRInput:
+    """RLVCR (docs/rlvcr.md, ``lmpo.rlvcr``) as a step's transform: the successes expanded per thinking level, the
+    mixed action / thinking advantages of the rows and their expansions (they replace the advantages and the kept
+    rows), and the loss mask of ``rlvcr.expansion_loss`` (which tokens expansions train). Expansions are sampled
+    at the rollout's ``temperature`` / ``top_p`` / ``top_k`` with a generator seeded from ``(seed, step, 5)``."""
+
+    model: Any
+    tokenizer: Any
+    settings: RLVCRConfig
+    scale: str
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    device: torch.device
+
+    def __call__(self, step: int, collected, advantages: torch.Tensor, keep: torch.Tensor, batch: RolloutBatch,
+                 group_ids: torch.Tensor) -> TrainInput:
+        scored, dev = collected.scored, self.device
+        rl = rlvcr_stage(self.model, self.tokenizer, scored.rollout, scored.rewards, self.settings, keep=keep,
+                         scale=self.scale, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                         generator=torch.Generator(dev).manual_seed(seed_for(self.seed, step, 5)))
+        expanded = RolloutBatch.from_rollout(rl.rollout, dev).with_(loss_mask=rl.loss_mask.to(dev))
+        return TrainInput(rl.rollout, rl.advantages, rl.keep, expanded, rl.metrics)
 
 
 def train_batch(full: RolloutBatch, advantages: torch.Tensor, keep: torch.Tensor, *, ref_logp: torch.Tensor | None,
