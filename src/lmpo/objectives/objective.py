@@ -80,7 +80,7 @@ class Objective:
     >>> Objective.preset("gspo", eps_high=5e-4)
     """
 
-    __slots__ = ("_spec", "_general", "_parts", "_needs")
+    __slots__ = ("_spec", "_general", "_parts", "_needs", "_selected", "_reporters")
 
     def __init__(self, **keywords: Any) -> None:
         spec = flat_keywords(keywords)
@@ -89,6 +89,13 @@ class Objective:
         object.__setattr__(self, "_general", general)
         object.__setattr__(self, "_parts", MappingProxyType(parts))
         object.__setattr__(self, "_needs", None)
+        # what a call runs, fixed here: the optional kinds whose part is not "none" (an unselected kind costs nothing
+        # and is not opened by a reader following a call), and the parts that report statistics after the loss
+        object.__setattr__(self, "_selected", {kind: part for kind, part in parts.items()
+                                               if kind in OPTIONAL_KINDS and part.name != "none"})
+        object.__setattr__(self, "_reporters", tuple(part for kind, part in parts.items()
+                                                     if type(part).report is not Part.report
+                                                     and (kind not in OPTIONAL_KINDS or kind in self._selected)))
 
     # ------------------------------------------------------------------ construction routes
     @classmethod
@@ -230,9 +237,10 @@ class Objective:
         optional = {"ref_logp": ref_logp, "entropy": entropy, "token_grad_norm": token_grad_norm,
                     "rollout_logp": rollout_logp, "rollout_is_weights": rollout_is_weights}
         valid = self._check_inputs(logp, old_logp, advantages, mask, optional, num_tokens, num_seqs, entropy_coef)
-        parts = self._parts
-        distill = parts["distill"]
-        distill.check_inputs(logits, teacher_logits, teacher_ids, tuple(logp.shape))
+        parts, selected = self._parts, self._selected
+        distill = selected.get("distill")
+        if distill is not None:
+            distill.check_inputs(logits, teacher_logits, teacher_ids, tuple(logp.shape))
         dtype = torch.promote_types(logp.dtype, torch.float32)  # low-precision inputs are computed in fp32
         m = valid.to(dtype)
         lengths = m.sum(-1)  # (B,) |y|
@@ -251,9 +259,12 @@ class Objective:
                       log_ratio=diff.clamp(-clamp, clamp) if clamped else diff, adv=adv, dtype=dtype, inputs=inputs,
                       generator=generator, clamp=clamp)
         stats: dict[str, torch.Tensor] = {}
-        ctx.credit = parts["credit"].weights(ctx)
-        ctx.correction = parts["correction"].apply(ctx, stats)
-        ctx.keep = parts["rejection"].keep(ctx, stats)
+        if "credit" in selected:
+            ctx.credit = selected["credit"].weights(ctx)
+        if "correction" in selected:
+            ctx.correction = selected["correction"].apply(ctx, stats)
+        if "rejection" in selected:
+            ctx.keep = selected["rejection"].keep(ctx, stats)
         rho, rho_value = parts["level"].weight(ctx)
         trust_region = parts["trust_region"]
         term = ctx.term = trust_region.term(rho, adv, ctx)
@@ -261,8 +272,9 @@ class Objective:
         if ctx.credit is not None and not parts["level"].credit_inside:
             per_token = per_token * ctx.credit
 
-        cov_control = parts["cov_control"]
-        per_token, policy_m = cov_control.apply(ctx, term, per_token, m, stats)
+        cov_control = selected.get("cov_control")
+        per_token, policy_m = cov_control.apply(ctx, term, per_token, m, stats) if cov_control is not None \
+            else (per_token, m)
         if ctx.correction is not None and not trust_region.absorbs_correction:
             per_token = per_token * ctx.correction
         if ctx.keep is not None:
@@ -275,14 +287,16 @@ class Objective:
             return aggregation.reduce(x, m, lengths=lengths, **norm)
 
         # The row sums of an edited mask are not the lengths; the lengths stay the per-sequence normalisers.
-        policy_loss = aggregation.reduce(per_token, policy_m, lengths=None if cov_control.edits_mask else lengths,
+        edits_mask = cov_control is not None and cov_control.edits_mask
+        policy_loss = aggregation.reduce(per_token, policy_m, lengths=None if edits_mask else lengths,
                                          seq_lengths=lengths, **norm)
-        scale = distill.policy_scale()
+        scale = distill.policy_scale() if distill is not None else 1.0
         if scale != 1.0:
             policy_loss = scale * policy_loss
         loss = policy_loss
         stats["loss/policy"] = policy_loss.detach()
-        distill_loss = distill.loss(ctx, logits, teacher_logits, teacher_ids, reduce, stats)
+        distill_loss = distill.loss(ctx, logits, teacher_logits, teacher_ids, reduce, stats) if distill is not None \
+            else None
         if distill_loss is not None:
             loss = loss + distill_loss
 
@@ -344,7 +358,7 @@ class Objective:
         else:  # the check saw every |log-ratio| within the clamp
             stats["ratio/clamped_tokens"] = torch.zeros((), dtype=dtype, device=valid.device)
         tally = Tally(weight=weight, count=count, per_sequence=per_sequence, ratio=values, low=low, high=high)
-        for part in self._parts.values():
+        for part in self._reporters:
             part.report(stats, ctx, tally)
         # k3 estimate of KL(π_old‖π_θ) = E_old[e^{−r} + r − 1]: exactly 0 at the masked zeros (exp(0) = 1)
         lr = ctx.log_ratio
@@ -451,6 +465,10 @@ def _scan(diff, adv, inputs, mask, clamp) -> tuple[bool, bool, bool]:
 def _rebuild(spec: dict[str, Any]) -> Objective:
     return Objective(**spec)
 
+
+#: kinds a call runs only when their part is not "none" (level, trust region, aggregation, KL estimator and
+#: entropy control always take part: the loss, its statistics and the optional KL and entropy terms read them)
+OPTIONAL_KINDS = frozenset({"credit", "correction", "rejection", "cov_control", "distill"})
 
 COMMON_STATS: dict[str, str] = {
     "loss/policy": "the policy-gradient term of the objective",

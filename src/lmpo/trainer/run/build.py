@@ -40,7 +40,7 @@ from lmpo.tasks import load_task, render_prompts
 from lmpo.trainer.config import RewardModelConfig, TrainConfig, check_estimator, config_to_dict
 from lmpo.trainer.run.completions import CompletionLog
 from lmpo.trainer.run.metrics import MetricsLogger
-from lmpo.trainer.step import multiturn
+from lmpo.trainer.step import multiturn, stages
 from lmpo.trainer.step.pipeline import AsyncPipeline
 from lmpo.trainer.step.ref_sync import check_sync_compatible
 from lmpo.trainer.step.sampling import PromptOrder
@@ -290,13 +290,28 @@ def logprob_settings(cfg: TrainConfig) -> LogprobSettings:
                            pack_sequences=cfg.loop.pack_sequences)
 
 
-def update_settings(cfg: TrainConfig) -> UpdateSettings:
-    """The config values the update stage reads (``lmpo.trainer.step.update``)."""
+def update_settings(cfg: TrainConfig, device: torch.device) -> UpdateSettings:
+    """The config values the update stage reads (``lmpo.trainer.step.update``), and the run's ``device``."""
     lp, ob = cfg.loop, cfg.objective
     return UpdateSettings(seed=lp.seed, epochs_per_step=lp.epochs_per_step, minibatches_per_step=lp.minibatches_per_step,
                           seqs_per_microbatch=lp.seqs_per_microbatch, max_grad_norm=cfg.optim.max_grad_norm,
                           off_policy=cfg.off_policy, temperature=cfg.rollout.temperature, autocast=lp.autocast,
-                          ref_sync_steps=ob.ref_sync_steps, ref_sync_alpha=ob.ref_sync_alpha)
+                          logprobs=logprob_settings(cfg), device=device, ref_sync_steps=ob.ref_sync_steps,
+                          ref_sync_alpha=ob.ref_sync_alpha)
+
+
+def train_input(cfg: TrainConfig, estimator, objective: Objective, model, tokenizer, device: torch.device
+                ) -> Callable[..., stages.TrainInput]:
+    """What every RL step of the run trains on, chosen once: RLVCR's expansion of the sampled batch
+    (``rlvcr.enabled``), per-turn credit over an environment's episodes (``env.turn_discount``), or the sampled
+    batch with its advantages (``lmpo.trainer.step.stages.TrainInput``)."""
+    ro = cfg.rollout
+    if cfg.rlvcr.enabled:
+        return stages.RLVCRInput(model, tokenizer, cfg.rlvcr, objective.advantage_scale, ro.temperature, ro.top_p,
+                                 ro.top_k, cfg.loop.seed, device)
+    if cfg.env.id is not None and cfg.env.turn_discount is not None:
+        return multiturn.TurnCredit(estimator, cfg.env.turn_discount, device)
+    return stages.sampled_input
 
 
 @dataclass
@@ -307,7 +322,7 @@ class RunParts:
     model: the policy on its device, with gradient checkpointing and LoRA adapters when the config asks.
     train_examples, eval_examples: prompts rendered as text (chat template applied); an environment's raw.
     scorer, accuracy_fn: ``build_rewards``'. kl_ctrl: ``build_kl_controller``'s. teacher: a distillation
-    part's teacher, or None. episode_runner: multi-turn (``env.id``) only.
+    part's teacher, or None. episode_runner: multi-turn (``env.id``) only. train_input: ``train_input``'s.
     """
 
     objective: Objective
@@ -325,6 +340,7 @@ class RunParts:
     episode_runner: multiturn.EpisodeRunner | None
     logprob_settings: LogprobSettings
     update_settings: UpdateSettings
+    train_input: Callable[..., stages.TrainInput]
 
 
 def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenizer=None, task=None) -> RunParts:
@@ -379,7 +395,8 @@ def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenize
         runner = multiturn.make_runner(model, tokenizer, config.env, temperature=ro.temperature, top_p=ro.top_p,
                                       top_k=ro.top_k)
     return RunParts(objective, driver, estimator, task, model, tokenizer, train_examples, eval_examples, scorer,
-                    accuracy_fn, kl_ctrl, teacher, runner, logprob_settings(config), update_settings(config))
+                    accuracy_fn, kl_ctrl, teacher, runner, logprob_settings(config), update_settings(config, device),
+                    train_input(config, estimator, objective, model, tokenizer, device))
 
 
 def rollout_model_factory(config: TrainConfig, *, model=None, model_factory=None, rollout_engine=None):

@@ -34,7 +34,6 @@ from lmpo.errors import Interrupted
 from lmpo.eval import held_out
 from lmpo.generation import RolloutBatch, avoid_cudnn_attention
 from lmpo.plots import plot_runs
-from lmpo.rlvcr.expansion import rlvcr_stage
 from lmpo.runs import RunLock, stop_on_sigint
 from lmpo.trainer.config import TrainConfig, validate_config
 from lmpo.trainer.run import build
@@ -45,9 +44,9 @@ from lmpo.trainer.run.metrics import to_host
 from lmpo.trainer.run.optim import Schedule, build_optimizer
 from lmpo.trainer.run.rundir import prepare_train_dir
 from lmpo.trainer.run.sft import episode_warmup, supervised_warmup
-from lmpo.trainer.step import collect, multiturn, stages
+from lmpo.trainer.step import collect, stages
 from lmpo.trainer.step import update as update_stage
-from lmpo.trainer.step.sampling import PromptOrder, seed_for
+from lmpo.trainer.step.sampling import PromptOrder
 from lmpo.trainer.step.update import NonFiniteError, NonFiniteGuard
 
 __all__ = ["NonFiniteError", "TrainResult", "Trainer"]
@@ -84,7 +83,8 @@ class Trainer:
         log: callable for one-line console messages (default ``print``).
 
     Its attributes are the run's parts (``build.RunParts``: ``model``, ``scorer``, ``estimator`` …) and, once
-    ``train`` has started, ``optimizer``, ``schedule``, ``prompts``, ``ref_model``, ``metrics`` and ``pipeline``.
+    ``train`` has started, ``state`` (``lmpo.trainer.run.state.TrainState``: ``optimizer``, ``schedule``,
+    ``prompts``, ``ref_model`` … also read as attributes of the trainer), ``metrics`` and ``pipeline``.
     """
 
     def __init__(self, config: TrainConfig, *, model=None, tokenizer=None, task=None, rollout_engine=None,
@@ -107,10 +107,19 @@ class Trainer:
         self.scorer, self.accuracy_fn, self.kl_ctrl = parts.scorer, parts.accuracy_fn, parts.kl_ctrl
         self.teacher, self.episode_runner = parts.teacher, parts.episode_runner
         self.logprob_settings, self.update_settings = parts.logprob_settings, parts.update_settings
-        self.rollout_engine, self.ref_model = rollout_engine, None
+        self.train_input = parts.train_input  # what each step trains on (build.train_input)
+        self.rollout_engine = rollout_engine
+        self.state: ckpt.TrainState | None = None  # what the run changes as it trains and checkpoints: train()
         self.pipeline = None  # the AsyncPipeline of rollout.async_staleness >= 1, during train()
         self.completion_log = None  # logging.completions_every_steps (`lmpo show`), during train()
         self._compiled_policy: stages.CompiledCalls | None = None  # loop.compile: the policy's log-prob forwards
+
+    # the run's state, read where the trainer's parts are (``self.state`` holds them from ``train`` on)
+    optimizer = property(lambda self: self.state.optimizer)
+    schedule = property(lambda self: self.state.schedule)
+    prompts = property(lambda self: self.state.prompts)
+    nonfinite = property(lambda self: self.state.nonfinite)
+    ref_model = property(lambda self: self.state.ref_model if self.state is not None else None)
 
     @property
     def controller(self):
@@ -165,19 +174,19 @@ class Trainer:
             result.sft_losses = warmup(
                 self.model, self.tokenizer, source, self.train_examples, cfg.sft, seed=cfg.loop.seed,
                 device=self.device, log=self.log, accuracy_check=lambda: self.evaluate(check_set)["eval/accuracy"])
-        # 2. reference model: a frozen copy of the initial policy (or a given path), only when needed
-        if self.needs_ref_model:
-            self.ref_model = build.build_reference(cfg, self.model, self.device)
-        # 3. optimizer, schedule, prompt order, counters; a checkpoint's state over them on resume
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
-        self.schedule = Schedule(self.optimizer, cfg.optim, cfg.total_optimizer_steps)
-        self.prompts = PromptOrder(self.train_examples, cfg.loop.seed)
-        self.nonfinite = NonFiniteGuard(cfg.loop.max_nonfinite_steps, ckpt.checkpoint_dir(self.run_dir))
-        self.final_eval_done = False
+        # 2. the run's state: a frozen reference model (a copy of the initial policy or a given path, only when
+        # needed), optimizer, schedule, prompt order, controllers, counters; a checkpoint's over them on resume
+        ref_model = build.build_reference(cfg, self.model, self.device) if self.needs_ref_model else None
+        optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.state = ckpt.TrainState(
+            model=self.model, optimizer=optimizer, schedule=Schedule(optimizer, cfg.optim, cfg.total_optimizer_steps),
+            prompts=PromptOrder(self.train_examples, cfg.loop.seed), driver=self.driver,
+            nonfinite=NonFiniteGuard(cfg.loop.max_nonfinite_steps, ckpt.checkpoint_dir(self.run_dir)),
+            ref_model=ref_model, kl_ctrl=self.kl_ctrl)
         # the newest checkpoint lmpo chose may fall back to an older one; a checkpoint the user named may not
         named = resume not in (None, False, True, "auto", "latest") and ckpt.step_of(Path(resume)) is not None
-        start = (ckpt.restore_trainer_state(self, resume_path, fall_back=not named) if resume_path is not None
-                 else ckpt.ResumePoint())
+        start = (self.state.load(resume_path, total_optimizer_steps=cfg.total_optimizer_steps, log=self.log,
+                                 fall_back=not named) if resume_path is not None else ckpt.ResumePoint())
         # an environment run samples turn by turn through its episode runner: no single-turn engine to build
         if self.rollout_engine is None and not cfg.rollout.async_staleness and cfg.env.id is None:
             self.rollout_engine = build.build_rollout_engine(cfg, self.model, self.tokenizer, device=self.device,
@@ -208,10 +217,10 @@ class Trainer:
                         self.save(step)
                     self._stop_if_asked(step)
                 result.steps_done = step
-                if not self.final_eval_done:
+                if not self.state.final_eval_done:
                     result.eval_after = self.evaluate()
                     self.metrics.log(cfg.loop.steps, result.eval_after, kind="eval")
-                    self.final_eval_done = True
+                    self.state.final_eval_done = True
                     if cfg.checkpoint.at_end:
                         self.save(cfg.loop.steps)
                 if cfg.checkpoint.final_model:
@@ -237,7 +246,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- one RL step
     def rl_step(self, step: int) -> dict[str, float]:
-        """One RL step: generate → score → [KL in the reward] → advantages → [RLVCR] → update; its metrics."""
+        """One RL step: generate → score → [KL in the reward] → advantages → what it trains on (``train_input``:
+        [RLVCR expansion, per-turn credit]) → update; its metrics."""
         cfg, obj, dev = self.cfg, self.objective, self.device
         t0 = time.perf_counter()
         # sample prompts, generate G completions each, score rewards (prompt-major: sequence b belongs to prompt
@@ -270,21 +280,15 @@ class Trainer:
                                      self.tokenizer.eos_token_id)
         stats.update(got.stats)
         stats.update(kl_stats)
-        if cfg.rlvcr.enabled:  # RLVCR (docs/rlvcr.md, lmpo.rlvcr): expand successes per thinking level, mix advantages
-            rl = rlvcr_stage(self.model, self.tokenizer, ro, rewards, cfg.rlvcr, keep=keep, scale=obj.advantage_scale,
-                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                             generator=torch.Generator(dev).manual_seed(seed_for(cfg.loop.seed, step, 5)))
-            ro, adv, keep, full = rl.rollout, rl.advantages, rl.keep, RolloutBatch.from_rollout(rl.rollout, dev)
-            full = full.with_(loss_mask=rl.loss_mask.to(dev))  # rlvcr.expansion_loss: which tokens expansions train
-            stats.update(rl.metrics)
-        if cfg.env.id is not None and cfg.env.turn_discount is not None:  # per-turn credit: (B, T) advantages
-            eb = got.played.episode_batch
-            adv = multiturn.turn_advantages(self.estimator, eb.turn_rewards.to(dev), eb.turn_mask.to(dev),
-                                           eb.turn_ids.to(dev), group, cfg.env.turn_discount)
+        # what the step trains on, as the run chose at build (build.train_input): the sampled batch with these
+        # advantages, RLVCR's expansion of it, or per-turn credit over an environment's episodes
+        trained = self.train_input(step, got, adv, keep, full, group)
+        stats.update(trained.metrics)
         # the sequences trained on; the reference log-probs of the KL in the reward are reused when needed
         batch, trainable, masked_stats = stages.train_batch(
-            full, adv, keep, ref_logp=kl_ref_logp if self.driver.needs.ref_logp else None,
-            truncated=ro.truncated.to(dev), mask_truncated_completions=cfg.objective.mask_truncated_completions)
+            trained.batch, trained.advantages, trained.keep,
+            ref_logp=kl_ref_logp if self.driver.needs.ref_logp else None, truncated=trained.rollout.truncated.to(dev),
+            mask_truncated_completions=cfg.objective.mask_truncated_completions)
         stats.update(masked_stats)
         if batch.rollout_logp is None and self.driver.needs.rollout_logp:
             raise stages.missing_rollout_logprobs(obj, self.rollout_engine)
@@ -306,10 +310,8 @@ class Trainer:
 
     def update(self, step: int, batch: RolloutBatch) -> dict[str, float]:
         """Every optimizer step of RL step ``step`` on ``batch`` (``lmpo.trainer.step.update.update``); its statistics."""
-        return update_stage.update(
-            step, batch, model=self.model, policy=self.policy(), optimizer=self.optimizer, schedule=self.schedule,
-            driver=self.driver, ref_model=self.ref_model, teacher=self.teacher, logprob_settings=self.logprob_settings,
-            settings=self.update_settings, guard=self.nonfinite, device=self.device, log=self.metrics.write)
+        return update_stage.update(step, batch, state=self.state, settings=self.update_settings, policy=self.policy(),
+                                   teacher=self.teacher, log=self.metrics.write)
 
     # ---------------------------------------------------------------- evaluation, checkpoints (lmpo.trainer.run.state)
     def evaluate(self, examples=None) -> dict[str, float]:
@@ -321,12 +323,15 @@ class Trainer:
                                         sampled=examples is None)
 
     def state_dict(self, step: int) -> dict:
-        """What a checkpoint after RL step ``step`` holds besides the weights (``ckpt.trainer_state``)."""
-        return ckpt.trainer_state(self, step)
+        """What a checkpoint after RL step ``step`` holds besides the weights (``TrainState.state_dict``)."""
+        metrics = getattr(self, "metrics", None)
+        return self.state.state_dict(step, pipeline=self.pipeline, metrics_rows=metrics.rows if metrics else 0)
 
     def save(self, step: int) -> Path:
-        """Checkpoint ``step`` (``lmpo.trainer.run.state.save_trainer``); its path."""
-        return ckpt.save_trainer(self, step)
+        """Checkpoint ``step`` (``lmpo.trainer.run.state.TrainState.save``); its path."""
+        return self.state.save(self.run_dir, step, pipeline=self.pipeline, metrics=getattr(self, "metrics", None),
+                               keep_last=self.cfg.checkpoint.keep_last, tokenizer=self.tokenizer,
+                               base_model_name=self.cfg.model.name)
 
     def save_final_model(self, step: int) -> Path:
         """RUN_DIR/model/ after RL step ``step`` (``lmpo.trainer.run.export.publish_final_model``); its path."""

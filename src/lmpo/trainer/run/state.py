@@ -1,4 +1,5 @@
-"""The trainer's checkpoints: atomic directories checked against a manifest (:mod:`lmpo.checkpoints`).
+"""A run's state (:class:`TrainState`) and its checkpoints: atomic directories checked against a manifest
+(:mod:`lmpo.checkpoints`).
 
 Layout of one checkpoint (``RUN_DIR/checkpoints/step_00000012/``)::
 
@@ -26,6 +27,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -46,9 +48,9 @@ from lmpo.checkpoints import (
 from lmpo.errors import InputError
 from lmpo.models.saving import write_hf_files
 
-__all__ = ["MODEL_FILE", "REF_FILE", "STATE_FILE", "CheckpointError", "ResumePoint", "checkpoint_dir",
+__all__ = ["MODEL_FILE", "REF_FILE", "STATE_FILE", "CheckpointError", "ResumePoint", "TrainState", "checkpoint_dir",
            "latest_checkpoint", "list_checkpoints", "load_checkpoint", "resolve_resume", "restore_rng_state",
-           "restore_trainer_state", "rng_state", "save_checkpoint", "save_trainer", "step_of", "trainer_state"]
+           "rng_state", "save_checkpoint", "step_of"]
 
 
 MODEL_FILE = "model.safetensors"
@@ -165,29 +167,6 @@ def restore_rng_state(rng: dict) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def trainer_state(trainer, step: int) -> dict:
-    """What a checkpoint holds besides the weights, from a ``lmpo.trainer.Trainer`` after RL step ``step``:
-    optimizer, schedule, the controllers, prompt order, non-finite counters, random states, metrics rows."""
-    metrics, pipeline = getattr(trainer, "metrics", None), trainer.pipeline
-    return {
-        "step": step,
-        "optimizer": trainer.optimizer.state_dict(),
-        "schedule": trainer.schedule.state_dict(),
-        "controller": trainer.driver.state_dict()["controller"],
-        # β of the KL in the reward; absent otherwise, so default checkpoints hold what they always did
-        **({"kl_controller": trainer.kl_ctrl.state_dict()} if trainer.kl_ctrl is not None else {}),
-        # with a rollout worker, the position before the next step's draw (prompts are drawn k steps early)
-        "data": trainer.prompts.state_dict() if pipeline is None else pipeline.data_state(step),
-        # rollout.async_staleness = k: the k weight versions before this one, which steps step+1 … step+k sample with
-        **({"async": pipeline.state_dict()} if pipeline is not None else {}),
-        "nonfinite": {"total": trainer.nonfinite.total, "in_row": trainer.nonfinite.in_row},
-        "rng": rng_state(),
-        # the metrics rows written up to this checkpoint: a resumed run cuts metrics.jsonl back to them
-        "metrics_rows": metrics.rows if metrics is not None else 0,
-        "final_eval_done": trainer.final_eval_done,
-    }
-
-
 @dataclass(frozen=True)
 class ResumePoint:
     """Where a run goes on from: after RL step ``step``, with the first ``metrics_rows`` rows of metrics.jsonl
@@ -199,63 +178,108 @@ class ResumePoint:
     async_weights: list[dict] | None = None
 
 
-def save_trainer(trainer, step: int) -> Path:
-    """Checkpoint ``step`` of a ``lmpo.trainer.Trainer``: its policy, reference model, tokenizer and
-    ``trainer.state_dict(step)``, pruned to ``checkpoint.keep_last``."""
-    if getattr(trainer, "metrics", None) is not None:
-        trainer.metrics.sync()  # the rows this checkpoint counts are on disk before it is
-    cfg = trainer.cfg
-    return save_checkpoint(trainer.run_dir, step, trainer.model, trainer.state_dict(step), ref_model=trainer.ref_model,
-                           keep_last=cfg.checkpoint.keep_last, tokenizer=trainer.tokenizer,
-                           base_model_name=cfg.model.name)
+@dataclass
+class TrainState:
+    """What a run changes as it trains, and what its checkpoints hold: the policy ``model`` (and the frozen
+    ``ref_model``, saved so that a resume needs no re-initialisation), AdamW ``optimizer`` and its ``schedule``
+    (``lmpo.trainer.run.optim``), the ``prompts`` cursor (``PromptOrder``), the controllers (``driver``: the
+    objective driver's adaptive entropy controller; ``kl_ctrl``: the KL in the reward's), the ``nonfinite``
+    counters and whether the final evaluation ran.
 
+    ``save`` writes checkpoint ``step``: the weights, and ``state_dict`` as plain data through
+    :mod:`lmpo.checkpoints` (never pickle); ``load`` restores a checkpoint into this state. Under
+    ``rollout.async_staleness`` the rollout worker's ``pipeline`` draws prompts ahead of the step: the position
+    saved is the one before the next step's draw, with the weight versions the next steps sample with.
+    """
 
-def restore_trainer_state(trainer, path: Path, *, fall_back: bool = False) -> ResumePoint:
-    """Load checkpoint ``path`` into ``trainer`` (weights, then ``trainer_state``'s parts) and say so with
-    ``trainer.log``; returns where the run goes on from. A state that does not fit the run is a CheckpointError
-    naming the fix.
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: Any
+    prompts: Any
+    driver: Any
+    nonfinite: Any
+    ref_model: torch.nn.Module | None = None
+    kl_ctrl: Any = None
+    final_eval_done: bool = False
 
-    ``fall_back`` (``path`` is the run's newest complete checkpoint, not one the user named): a checkpoint that
-    passes its manifest but does not load (a file damaged before the manifest was written, a state that does not
-    read) is reported with a ``warning:`` line naming it, and the next older checkpoint is tried; when none loads,
-    the newest one's error is raised."""
-    older = []
-    if fall_back and step_of(path) is not None:
-        older = [p for p in reversed(list_checkpoints(path.parent.parent)) if step_of(p) < step_of(path)]
-    candidates, first = [Path(path), *older], None
-    for i, candidate in enumerate(candidates):
+    def state_dict(self, step: int, *, pipeline=None, metrics_rows: int = 0) -> dict:
+        """What a checkpoint after RL step ``step`` holds besides the weights: optimizer, schedule, the
+        controllers, prompt order, non-finite counters, random states, the metrics rows written so far."""
+        return {
+            "step": step,
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "controller": self.driver.state_dict()["controller"],
+            # β of the KL in the reward; absent otherwise, so default checkpoints hold what they always did
+            **({"kl_controller": self.kl_ctrl.state_dict()} if self.kl_ctrl is not None else {}),
+            # with a rollout worker, the position before the next step's draw (prompts are drawn k steps early)
+            "data": self.prompts.state_dict() if pipeline is None else pipeline.data_state(step),
+            # rollout.async_staleness = k: the k weight versions before this one, which steps step+1 … step+k sample with
+            **({"async": pipeline.state_dict()} if pipeline is not None else {}),
+            "nonfinite": {"total": self.nonfinite.total, "in_row": self.nonfinite.in_row},
+            "rng": rng_state(),
+            # the metrics rows written up to this checkpoint: a resumed run cuts metrics.jsonl back to them
+            "metrics_rows": metrics_rows,
+            "final_eval_done": self.final_eval_done,
+        }
+
+    def save(self, run_dir: str | os.PathLike, step: int, *, pipeline=None, metrics=None, keep_last: int = 0,
+             tokenizer=None, base_model_name: str | None = None) -> Path:
+        """Checkpoint ``step`` into ``run_dir`` (policy, reference, tokenizer, ``state_dict``), pruned to the newest
+        ``keep_last``; ``metrics`` (the run's ``MetricsLogger``) is flushed first, so that the rows the checkpoint
+        counts are on disk before it is."""
+        if metrics is not None:
+            metrics.sync()
+        state = self.state_dict(step, pipeline=pipeline, metrics_rows=metrics.rows if metrics is not None else 0)
+        return save_checkpoint(run_dir, step, self.model, state, ref_model=self.ref_model, keep_last=keep_last,
+                               tokenizer=tokenizer, base_model_name=base_model_name)
+
+    def load(self, path: Path, *, total_optimizer_steps: int, log: Callable[[str], None],
+             fall_back: bool = False) -> ResumePoint:
+        """Load checkpoint ``path`` into this state (weights, then ``state_dict``'s parts) and say so with ``log``;
+        returns where the run goes on from. A state that does not fit the run is a CheckpointError naming the fix.
+        ``total_optimizer_steps``: the schedule's length now (a run may be extended with more ``loop.steps``).
+
+        ``fall_back`` (``path`` is the run's newest complete checkpoint, not one the user named): a checkpoint that
+        passes its manifest but does not load (a file damaged before the manifest was written, a state that does
+        not read) is reported with a ``warning:`` line naming it, and the next older checkpoint is tried; when none
+        loads, the newest one's error is raised."""
+        older = []
+        if fall_back and step_of(path) is not None:
+            older = [p for p in reversed(list_checkpoints(path.parent.parent)) if step_of(p) < step_of(path)]
+        candidates, first = [Path(path), *older], None
+        for i, candidate in enumerate(candidates):
+            try:
+                return self._restore(candidate, total_optimizer_steps, log)
+            except CheckpointError as e:
+                first = first or e
+                if i + 1 < len(candidates):
+                    log(f"warning: checkpoint {candidate} cannot be resumed from ({e}); trying the previous one.")
+                elif older:
+                    raise CheckpointError(f"{first} (no older checkpoint of the run loads either)") from None
+                else:
+                    raise
+        raise AssertionError("unreachable: the last candidate returns or raises")
+
+    def _restore(self, path: Path, total_optimizer_steps: int, log: Callable[[str], None]) -> ResumePoint:
+        state = load_checkpoint(path, self.model, ref_model=self.ref_model)
         try:
-            return _restore(trainer, candidate)
-        except CheckpointError as e:
-            first = first or e
-            if i + 1 < len(candidates):
-                trainer.log(f"warning: checkpoint {candidate} cannot be resumed from ({e}); trying the previous one.")
-            elif older:
-                raise CheckpointError(f"{first} (no older checkpoint of the run loads either)") from None
-            else:
-                raise
-    raise AssertionError("unreachable: the last candidate returns or raises")
-
-
-def _restore(trainer, path: Path) -> ResumePoint:
-    state = load_checkpoint(path, trainer.model, ref_model=trainer.ref_model)
-    try:
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.schedule.load_state_dict(state["schedule"])
-        trainer.schedule.total_steps = trainer.cfg.total_optimizer_steps  # a run may be extended (more loop.steps)
-        trainer.driver.load_state_dict({"controller": state.get("controller")})
-        if trainer.kl_ctrl is not None and state.get("kl_controller") is not None:
-            trainer.kl_ctrl.load_state_dict(state["kl_controller"])
-        trainer.prompts.load_state_dict(state["data"])
-        trainer.nonfinite.total = int(state["nonfinite"]["total"])
-        trainer.nonfinite.in_row = int(state["nonfinite"]["in_row"])
-        restore_rng_state(state["rng"])
-        trainer.final_eval_done = bool(state.get("final_eval_done", False))
-        held = state.get("async")
-        trainer.log(f"resumed from {path} at step {int(state['step'])}")
-        return ResumePoint(int(state["step"]), int(state.get("metrics_rows", 0)),
-                           None if held is None else [dict(w) for w in held["weights"]])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"checkpoint {path}: its state does not fit this run ({type(e).__name__}: "
-                              f"{' '.join(str(e).split())[:200]}); it was written by another kind of run "
-                              "(objective, optimizer, model). Resume with the run's own config.") from None
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.schedule.load_state_dict(state["schedule"])
+            self.schedule.total_steps = total_optimizer_steps
+            self.driver.load_state_dict({"controller": state.get("controller")})
+            if self.kl_ctrl is not None and state.get("kl_controller") is not None:
+                self.kl_ctrl.load_state_dict(state["kl_controller"])
+            self.prompts.load_state_dict(state["data"])
+            self.nonfinite.total = int(state["nonfinite"]["total"])
+            self.nonfinite.in_row = int(state["nonfinite"]["in_row"])
+            restore_rng_state(state["rng"])
+            self.final_eval_done = bool(state.get("final_eval_done", False))
+            held = state.get("async")
+            log(f"resumed from {path} at step {int(state['step'])}")
+            return ResumePoint(int(state["step"]), int(state.get("metrics_rows", 0)),
+                               None if held is None else [dict(w) for w in held["weights"]])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {path}: its state does not fit this run ({type(e).__name__}: "
+                                  f"{' '.join(str(e).split())[:200]}); it was written by another kind of run "
+                                  "(objective, optimizer, model). Resume with the run's own config.") from None

@@ -22,6 +22,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,6 +41,7 @@ from lmpo.generation.episodes import (
 )
 from lmpo.generation.worker import EpisodeSpec
 from lmpo.trainer.step.sampling import ScoredRollout
+from lmpo.trainer.step.stages import TrainInput
 
 
 def ensure_chat_template(tokenizer, env, model_name: str) -> None:
@@ -123,6 +125,24 @@ def turn_advantages(estimator, turn_rewards: torch.Tensor, turn_mask: torch.Tens
         if rows.any():
             A[rows, k] = estimator(G[rows, k], group_ids[rows])[0].to(A.dtype)
     return per_turn_to_tokens(A, turn_ids)
+
+
+@dataclass(frozen=True)
+class TurnCredit:
+    """Per-turn credit (``env.turn_discount`` = γ) as a step's transform: the step trains on its episodes with the
+    (B, T) advantages of ``turn_advantages`` instead of each episode's return advantage (which the step's metrics
+    and completion log report)."""
+
+    estimator: Any
+    discount: float
+    device: torch.device
+
+    def __call__(self, step: int, collected, advantages: torch.Tensor, keep: torch.Tensor, batch: RolloutBatch,
+                 group_ids: torch.Tensor) -> TrainInput:
+        eb, dev = collected.played.episode_batch, self.device
+        per_token = turn_advantages(self.estimator, eb.turn_rewards.to(dev), eb.turn_mask.to(dev), eb.turn_ids.to(dev),
+                                    group_ids, self.discount)
+        return TrainInput(collected.scored.rollout, per_token, keep, batch)
 
 
 @dataclass

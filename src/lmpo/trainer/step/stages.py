@@ -5,6 +5,9 @@ RLVCR call these, never the Trainer's own methods.
     advantage_inputs(...)   what the advantage estimator needs beyond (rewards, group ids)
     advantages(...)         (B,) advantages, the estimator's statistics, the zero-variance and kept rows
     kl_in_reward(...)       r − β·Σ_t KL_t (verl ``apply_kl_penalty``) and the controller update
+    TrainInput              what a step trains on, made by the transform the run chose at build (``build.train_input``):
+                            ``sampled_input`` (the sampled batch), ``RLVCRInput`` (RLVCR's expansion of it) or
+                            ``multiturn.TurnCredit`` (per-turn credit)
     train_batch(...)        the kept rows with their advantages; truncated completions masked when asked
     logprobs(...)           (B, T) log-probs of a RolloutBatch (its rows) under this run's ``LogprobSettings``
     rollout_stats(...)      the step's reward / advantage / completion metrics
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -27,7 +31,9 @@ from lmpo.objectives.advantages import zero_variance_mask
 from lmpo.objectives.kl_reward import kl_penalised_rewards
 from lmpo.rewards.overlong import overlong_penalty
 from lmpo.rewards.scorer import reward_arguments
-from lmpo.trainer.step.sampling import ScoredRollout, mask_truncated
+from lmpo.rlvcr.config import RLVCRConfig
+from lmpo.rlvcr.expansion import rlvcr_stage
+from lmpo.trainer.step.sampling import ScoredRollout, mask_truncated, seed_for
 
 
 class CompiledCalls:
@@ -172,6 +178,57 @@ def kl_in_reward(policy, ref_model, batch: RolloutBatch, rewards: torch.Tensor, 
     # one host sync for the controller's input, as verl's .item()
     kl_ctrl.update(float(stats["kl/reward_kl"]), int(rewards.numel()))
     return shaped, stats, ref_logp
+
+
+@dataclass(frozen=True)
+class TrainInput:
+    """What an RL step trains on: the ``rollout`` its rows come from (B' rows), their ``advantages`` ((B',) or
+    per-token (B', T)), the rows ``keep`` (B',) bool marks, the ``batch`` (a RolloutBatch of the B' rows) and the
+    statistics of the transform that made it (``metrics``).
+
+    One transform per run, chosen at build (``lmpo.trainer.run.build.train_input``), maps a step's collected
+    samples, advantages (B,), kept rows (B,) and batch to it: ``sampled_input``, ``RLVCRInput`` or
+    ``lmpo.trainer.step.multiturn.TurnCredit``.
+    """
+
+    rollout: Rollout
+    advantages: torch.Tensor
+    keep: torch.Tensor
+    batch: RolloutBatch
+    metrics: dict = field(default_factory=dict)
+
+
+def sampled_input(step: int, collected, advantages: torch.Tensor, keep: torch.Tensor, batch: RolloutBatch,
+                  group_ids: torch.Tensor) -> TrainInput:
+    """The step trains on what it sampled, with the advantages of its rewards."""
+    return TrainInput(collected.scored.rollout, advantages, keep, batch)
+
+
+@dataclass(frozen=True)
+class RLVCRInput:
+    """RLVCR (docs/rlvcr.md, ``lmpo.rlvcr``) as a step's transform: the successes expanded per thinking level, the
+    mixed action / thinking advantages of the rows and their expansions (they replace the advantages and the kept
+    rows), and the loss mask of ``rlvcr.expansion_loss`` (which tokens expansions train). Expansions are sampled
+    at the rollout's ``temperature`` / ``top_p`` / ``top_k`` with a generator seeded from ``(seed, step, 5)``."""
+
+    model: Any
+    tokenizer: Any
+    settings: RLVCRConfig
+    scale: str
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    device: torch.device
+
+    def __call__(self, step: int, collected, advantages: torch.Tensor, keep: torch.Tensor, batch: RolloutBatch,
+                 group_ids: torch.Tensor) -> TrainInput:
+        scored, dev = collected.scored, self.device
+        rl = rlvcr_stage(self.model, self.tokenizer, scored.rollout, scored.rewards, self.settings, keep=keep,
+                         scale=self.scale, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                         generator=torch.Generator(dev).manual_seed(seed_for(self.seed, step, 5)))
+        expanded = RolloutBatch.from_rollout(rl.rollout, dev).with_(loss_mask=rl.loss_mask.to(dev))
+        return TrainInput(rl.rollout, rl.advantages, rl.keep, expanded, rl.metrics)
 
 
 def train_batch(full: RolloutBatch, advantages: torch.Tensor, keep: torch.Tensor, *, ref_logp: torch.Tensor | None,

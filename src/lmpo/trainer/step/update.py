@@ -5,7 +5,7 @@
     optimizer_step(...)   microbatch forwards → objective → backward; clip; skip when non-finite, else AdamW step
     NonFiniteGuard        counts skipped optimizer steps and stops the run after too many in a row
 
-``Trainer.update`` calls ``update`` with its parts; the config values read here come in ``UpdateSettings``
+``Trainer.update`` calls ``update`` with the run's ``TrainState``; the config values read here come in ``UpdateSettings``
 (``lmpo.trainer.run.build.update_settings``). The objective is called through its driver, which merges the
 statistics in one host sync per optimizer step; that sync also decides whether the step is finite.
 """
@@ -43,6 +43,7 @@ class UpdateSettings:
     off_policy: more than one optimizer step per rollout, so behaviour log-probs are taken first.
     temperature, autocast: the sampling temperature and bfloat16 autocast, for a distillation teacher's forwards.
     ref_sync_steps, ref_sync_alpha: TR-DPO's reference sync every this many optimizer steps (0 = never).
+    logprobs: how log-probs are taken (``build.logprob_settings``); device: the run's.
     """
 
     seed: int
@@ -53,6 +54,8 @@ class UpdateSettings:
     off_policy: bool
     temperature: float
     autocast: bool
+    logprobs: stages.LogprobSettings
+    device: torch.device
     ref_sync_steps: int = 0
     ref_sync_alpha: float = 1.0
 
@@ -84,41 +87,39 @@ class NonFiniteGuard:
                 "use a float32 model.")
 
 
-def update(step: int, batch: RolloutBatch, *, model: torch.nn.Module, policy, optimizer, schedule, driver,
-           ref_model, teacher, logprob_settings: stages.LogprobSettings, settings: UpdateSettings,
-           guard: NonFiniteGuard, device: torch.device, log: Callable[[str], None]) -> dict[str, float]:
+def update(step: int, batch: RolloutBatch, *, state, settings: UpdateSettings, policy, teacher,
+           log: Callable[[str], None]) -> dict[str, float]:
     """All optimizer steps of RL step ``step`` on ``batch`` (B rows, advantages set); their merged statistics.
 
     Args:
-        model: the policy module (its parameters are stepped); ``policy``: what its log-prob forwards call
-            (the module, or its compiled view under ``loop.compile``: ``Trainer.policy()``).
-        optimizer, schedule: AdamW and its ``lmpo.trainer.run.optim.Schedule``.
-        driver: the objective's ``ObjectiveDriver``; ref_model: the frozen reference, or None.
+        state: the run's ``lmpo.trainer.run.state.TrainState``: its ``model`` (the parameters stepped),
+            ``optimizer`` and ``schedule``, the objective ``driver``, the frozen ``ref_model`` (or None) and the
+            ``nonfinite`` counters are what the update reads and changes.
+        policy: what the log-prob forwards call (the model, or its compiled view under ``loop.compile``:
+            ``Trainer.policy()``).
         teacher: a ``lmpo.trainer.step.teacher.Teacher`` for a distillation part, or None.
-        guard: the run's non-finite counter; log: where its messages go (the metrics log).
+        log: where the non-finite messages go (the metrics log).
 
     Returns ``loss/*``, the objective's statistics, ``optim/grad_norm``, ``optim/lr`` (of the last optimizer
     step) and, when the rollout recorded its log-probs, the rollout / training mismatch metrics.
     """
-    model.train()
+    state.model.train()
     # behaviour log-probs: only when the same rollout is used for more than one optimizer step
-    old = stages.logprobs(policy, batch, settings=logprob_settings, with_grad=False).logp if settings.off_policy \
+    old = stages.logprobs(policy, batch, settings=settings.logprobs, with_grad=False).logp if settings.off_policy \
         else None
     ref = batch.ref_logp
-    if ref is None and driver.needs.ref_logp:
-        ref = stages.logprobs(ref_model, batch, settings=logprob_settings, with_grad=False).logp
+    if ref is None and state.driver.needs.ref_logp:
+        ref = stages.logprobs(state.ref_model, batch, settings=settings.logprobs, with_grad=False).logp
     batch = batch.with_(old_logp=old, ref_logp=ref)
     # on-policy, the single optimizer step's forwards are the training log-probs before the update
     keep_logp = batch.rollout_logp is not None and old is None
     per_step: list[dict[str, float]] = []
-    lr = schedule.current_lr()
+    lr = state.schedule.current_lr()
     train_logp = None
-    for epoch, m, rows in minibatches(step, len(batch), settings, device):
-        cov_gen = torch.Generator(device=device).manual_seed(seed_for(settings.seed, step, 3, epoch, m))
-        stats, train_logp = optimizer_step(
-            step, batch, rows, cov_gen, model=model, policy=policy, optimizer=optimizer, schedule=schedule,
-            driver=driver, ref_model=ref_model, teacher=teacher, logprob_settings=logprob_settings,
-            settings=settings, guard=guard, device=device, log=log, keep_logp=keep_logp)
+    for epoch, m, rows in minibatches(step, len(batch), settings):
+        cov_gen = torch.Generator(device=settings.device).manual_seed(seed_for(settings.seed, step, 3, epoch, m))
+        stats, train_logp = optimizer_step(step, batch, rows, cov_gen, state=state, settings=settings, policy=policy,
+                                           teacher=teacher, log=log, keep_logp=keep_logp)
         if stats is not None:
             lr = stats.pop("optim/lr")
             per_step.append(stats)
@@ -129,26 +130,23 @@ def update(step: int, batch: RolloutBatch, *, model: torch.nn.Module, policy, op
     return out
 
 
-def minibatches(step: int, B: int, settings: UpdateSettings, device: torch.device
-                ) -> Iterator[tuple[int, int, torch.Tensor]]:
+def minibatches(step: int, B: int, settings: UpdateSettings) -> Iterator[tuple[int, int, torch.Tensor]]:
     """``(epoch, index, rows)`` of every optimizer step of RL step ``step``: each epoch a seeded shuffle of the
     B sequences (in order when there is one minibatch), cut into ``minibatches_per_step`` parts of ⌈B / M⌉
-    rows (the last may be shorter; an empty one is left out). ``rows``: (≤ ⌈B / M⌉,) int64 on ``device``."""
+    rows (the last may be shorter; an empty one is left out). ``rows``: (≤ ⌈B / M⌉,) int64 on ``settings.device``."""
     M = settings.minibatches_per_step
     size = -(-B // M)
     shuffle_gen = torch.Generator().manual_seed(seed_for(settings.seed, step, 2))
     for epoch in range(settings.epochs_per_step):
         order = torch.randperm(B, generator=shuffle_gen) if M > 1 else torch.arange(B)
-        order = order.to(device)
+        order = order.to(settings.device)
         for m in range(M):
             if order[m * size:(m + 1) * size].numel():
                 yield epoch, m, order[m * size:(m + 1) * size]
 
 
-def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: torch.Generator, *,
-                   model: torch.nn.Module, policy, optimizer, schedule, driver, ref_model, teacher,
-                   logprob_settings: stages.LogprobSettings, settings: UpdateSettings, guard: NonFiniteGuard,
-                   device: torch.device, log: Callable[[str], None], keep_logp: bool = False
+def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: torch.Generator, *, state,
+                   settings: UpdateSettings, policy, teacher, log: Callable[[str], None], keep_logp: bool = False
                    ) -> tuple[dict[str, float] | None, torch.Tensor | None]:
     """One optimizer step over the minibatch ``rows`` ((B_m,) indices into ``batch``, whose ``old_logp`` and
     ``ref_logp`` are set as ``update`` sets them); arguments as ``update``'s, ``cov_gen`` seeds clip_cov.
@@ -158,6 +156,8 @@ def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: 
     non-finite and the step was skipped) and, with ``keep_logp``, the detached (B_m, T) log-probs its
     forwards took.
     """
+    model, optimizer, schedule, driver = state.model, state.optimizer, state.schedule, state.driver
+    device = settings.device
     needs = driver.needs
     num_tokens = batch.loss_mask[rows].sum()
     num_seqs = int(rows.numel())
@@ -173,7 +173,7 @@ def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: 
                                                batch.completion_ids[mu], with_entropy=needs.entropy,
                                                temperature=settings.temperature)
         else:
-            fwd = stages.logprobs(policy, batch, mu, settings=logprob_settings, with_grad=True,
+            fwd = stages.logprobs(policy, batch, mu, settings=settings.logprobs, with_grad=True,
                                   with_entropy=needs.entropy, grad_norm_mode=needs.token_grad_norm)
         if keep_logp:
             taken.append(fwd.logp.detach())
@@ -193,13 +193,13 @@ def optimizer_step(step: int, batch: RolloutBatch, rows: torch.Tensor, cov_gen: 
     stats = driver.end_step(extra={"loss/total": loss_sum, "optim/grad_norm": grad_norm}, update_controller=False)
     if not (math.isfinite(stats["loss/total"]) and math.isfinite(stats["optim/grad_norm"])):
         optimizer.zero_grad(set_to_none=True)
-        guard.skip(step, stats, log)
+        state.nonfinite.skip(step, stats, log)
         return None, logp
-    guard.in_row = 0
+    state.nonfinite.in_row = 0
     stats["optim/lr"] = schedule.apply()
     optimizer.step()
     schedule.advance()
     if settings.ref_sync_steps > 0 and schedule.step_index % settings.ref_sync_steps == 0:
-        sync_reference(ref_model, model, settings.ref_sync_alpha)  # TR-DPO (lmpo.trainer.step.ref_sync)
+        sync_reference(state.ref_model, model, settings.ref_sync_alpha)  # TR-DPO (lmpo.trainer.step.ref_sync)
     driver.commit_step(stats)
     return stats, logp
