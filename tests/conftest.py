@@ -43,3 +43,16 @@ def pytest_collection_modifyitems(config, items):
     slow tests start early and the many short ones fill in around them: the run does not end on one core
     finishing a 40-second test while the other idles."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: order kept within each group
+
+
+@pytest.fixture
+def lmpo_envs_only(monkeypatch, request):
+    """The environment registry as lmpo ships it, plus the test's own module's: ids that other test modules
+    register when they are imported (tests/worker_env.py) are hidden, so that generated tables and messages listing
+    every id match the docs whatever ran before in this process."""
+    from lmpo.envs.base import ENVS
+
+    for env_id, spec in list(ENVS.items()):
+        module = getattr(spec.factory, "__module__", "")
+        if not (module.startswith("lmpo.") or module == request.module.__name__):
+            monkeypatch.delitem(ENVS, env_id)

@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# ids other test modules register at import are not lmpo's (the docs list what lmpo ships)
+pytestmark = pytest.mark.usefixtures("lmpo_envs_only")
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "errors.md"
 START, END = "<!-- bad-inputs:start -->\n", "<!-- bad-inputs:end -->"

@@ -9,6 +9,9 @@ import pytest
 
 from lmpo.generated_docs import COMMAND, GENERATED, main, render_blocks, stale_files
 
+# ids other test modules register at import are not lmpo's (the docs list what lmpo ships)
+pytestmark = pytest.mark.usefixtures("lmpo_envs_only")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
