@@ -304,8 +304,6 @@ CASES: list[Case] = [
     Case("env-typo", (*T, "--env.id", "ToolArithmetc-v0"), "an environment id with a typo", setup=_base),
     Case("env-without-id", (*T, "--env.budget.max_turns", "2"), "an episode budget without an environment",
          setup=_base),
-    Case("env-dynamic-sampling", (*T, "--env.id", "GuessNumber-v0", "--rollout.dynamic_sampling", "true"),
-         "DAPO dynamic sampling with an environment", setup=_env_base),
     Case("env-remax", (*T, "--env.id", "GuessNumber-v0", "--objective.advantage_estimator", "remax"),
          "an estimator that needs a greedy single-turn baseline, with an environment", setup=_env_base),
     Case("env-no-chat-template", (*T, "--env.id", "GuessNumber-v0", "--model.name", "plain_model"),

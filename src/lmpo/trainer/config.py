@@ -165,7 +165,8 @@ class RolloutConfig:
     dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: draw batches of `loop.prompts_per_step` prompts "
                                 "until that many groups with non-zero variance (of `dynamic_sampling_metric`) are "
                                 "in hand, and train on exactly those (metrics `rollout/draws`, "
-                                "`rollout/groups_dropped`).")
+                                "`rollout/groups_dropped`). With `env.id`: groups of episodes, by their returns "
+                                "(or success).")
     dynamic_sampling_metric: str = _f("reward", "What must vary within a group to keep it: `reward` (the total "
                                       "reward, shaping included) or `accuracy` (the task's accuracy reward >= "
                                       "`rewards.success_threshold`, as DAPO's paper and verl's recipe).",

@@ -123,9 +123,6 @@ def validate_env(cfg, objective) -> None:
          "the examples of a multi-turn run come from the environment's task; leave task.name at its default"),
         (cfg.rollout.engine != "hf", f"`rollout.engine` = {cfg.rollout.engine!r}",
          "episodes are sampled turn by turn with the Hugging Face sampler; use rollout.engine: hf"),
-        (cfg.rollout.dynamic_sampling, "`rollout.dynamic_sampling` = true",
-         "DAPO's redraws are not implemented for episodes; set it false (objective.filter_zero_variance drops "
-         "uninformative groups instead)"),
         (cfg.rollout.ignore_eos, "`rollout.ignore_eos` = true", "a turn ends at its stop token; set it false"),
         (cfg.rlvcr.enabled, "`rlvcr.enabled` = true", "RLVCR expands single-turn completions; disable it"),
         (cfg.rewards.functions != (), f"`rewards.functions` = {list(cfg.rewards.functions)!r}",
@@ -262,14 +259,31 @@ def play_step(runner: EpisodeRunner, env, examples: Sequence, completions_per_ex
     """Play G episodes of each example and score them: reward = episode return, correct = an
     ``info["correct"]`` turn (or a positive return where the environment judges no answer)."""
     episodes = runner.run(env_factory(env), list(examples), completions_per_example, seed=seed, generator=generator)
+    return score_episodes(episodes, examples, tokenizer, device)
+
+
+def score_episodes(episodes: Sequence[Episode], examples: Sequence, tokenizer, device: torch.device) -> PlayedStep:
+    """Played episodes (G per example, example-major) as a step: ``play_step``'s scoring, without the playing."""
+    episodes = list(episodes)
     rollout, batch, eb = episodes_to_rollout(episodes, tokenizer, device)
+    correct = episode_success(episodes)
+    scored = ScoredRollout(list(examples), rollout, eb.returns.to(device), {}, correct, episodes=episodes)
+    return PlayedStep(scored, batch, step_metrics(episodes, correct), episodes, eb)
+
+
+def episode_success(episodes: Sequence[Episode]) -> torch.Tensor:
+    """(B,) float 0/1: an ``info["correct"]`` turn, or a positive return where the environment judges no answer."""
     judged = any("correct" in i for e in episodes for i in e.infos)
-    correct = torch.tensor([float(any(i.get("correct") for i in e.infos)) if judged else float(e.episode_return > 0)
-                            for e in episodes])
-    scored = ScoredRollout(list(examples), rollout, eb.returns.to(device), {}, correct)
+    return torch.tensor([float(any(i.get("correct") for i in e.infos)) if judged else float(e.episode_return > 0)
+                         for e in episodes])
+
+
+def step_metrics(episodes: Sequence[Episode], correct: torch.Tensor | None = None) -> dict[str, float]:
+    """The ``episodes/*`` metrics of a step's episodes, ``episodes/success_rate`` included."""
     metrics = episode_metrics(episodes)
-    metrics.setdefault("episodes/success_rate", float(correct.mean()))
-    return PlayedStep(scored, batch, metrics, episodes, eb)
+    metrics.setdefault("episodes/success_rate",
+                       float((episode_success(episodes) if correct is None else correct).mean()))
+    return metrics
 
 
 def evaluate_episodes(model, tokenizer, env, examples: Sequence, *, seed: int) -> dict[str, float]:

@@ -33,6 +33,20 @@ GAMES = ("GuessTheNumber-v0", "Mastermind-v0", "TowerOfHanoi-v0", "FifteenPuzzle
 PLAYER = 0
 
 
+def _guess_the_number_expert(game) -> str:
+    """Bisection on the interval the game's hints leave (``guess_history`` holds each guess with the hint the
+    player was shown): wins GuessTheNumber 1..20 within five guesses."""
+    low, high = game.min_number, game.max_number
+    for guess, hint in game.state.game_state["guess_history"]:
+        low, high = (max(low, guess + 1), high) if hint == "higher" else (low, min(high, guess - 1))
+    return f"[{(low + high) // 2}]"
+
+
+#: scripted experts (demonstrations for ``sft.steps``) of the games that have one, by game id: each reads only
+#: what the player has been shown
+EXPERTS: dict[str, Callable[[Any], str]] = {"GuessTheNumber-v0": _guess_the_number_expert}
+
+
 def import_textarena():
     """The ``textarena`` module, or InputError saying how to install it."""
     return import_extra("textarena", "textarena", "TextArena environments")
@@ -69,7 +83,12 @@ class TextArenaEnv(LMEnv):
     ## Rewards
     0.0 on every turn but the last; the last turn gets the game's reward for player 0 (``close()``'s rewards:
     1 for a win, a game-specific value in [−1, 1] otherwise, e.g. GuessTheNumber's closeness of the last guess).
-    ``info["game_info"]`` at the end holds TextArena's reason and invalid-move flag.
+    ``info["game_info"]`` at the end holds TextArena's reason and invalid-move flag; ``info["correct"]`` is
+    whether the game was won (reward 1), so success rates count wins, not partial credit.
+
+    ## Expert
+    GuessTheNumber has one (``expert_action``: bisection on the interval its hints leave); the other games
+    have none, so ``sft.steps`` cannot warm up on them.
 
     ## Episode End
     Terminated when the game says it is done (won, lost, its own turn limit, repeated invalid moves). Never
@@ -144,8 +163,19 @@ class TextArenaEnv(LMEnv):
         self._done = True
         rewards, game_info = self._in_own_random(self._env.close)
         info["game_info"] = (game_info or {}).get(PLAYER, {})
+        reward = float((rewards or {}).get(PLAYER, 0.0))
+        info["correct"] = reward >= 1.0
         observation = [{"role": "user", "content": "\n".join(texts)}] if texts else []
-        return StepResult(observation, float((rewards or {}).get(PLAYER, 0.0)), True, False, info)
+        return StepResult(observation, reward, True, False, info)
+
+    def expert_action(self) -> str:
+        expert = EXPERTS.get(self.game.removesuffix("-raw"))
+        if expert is None:
+            raise NotImplementedError(f"TextArena's {self.game} has no scripted expert in lmpo (games with one: "
+                                      f"{', '.join(EXPERTS)})")
+        if self._done:
+            raise RuntimeError(f"{self.env_id or self.game}: expert_action() called before reset() or after the end")
+        return expert(self._env)
 
 
 def _register_games() -> None:
