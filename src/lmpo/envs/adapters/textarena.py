@@ -33,19 +33,6 @@ GAMES = ("GuessTheNumber-v0", "Mastermind-v0", "TowerOfHanoi-v0", "FifteenPuzzle
 PLAYER = 0
 
 
-def _guess_the_number_expert(game) -> str:
-    """Bisection on the interval the game's hints leave (``guess_history`` holds each guess with the hint the
-    player was shown): wins GuessTheNumber 1..20 within five guesses."""
-    low, high = game.min_number, game.max_number
-    for guess, hint in game.state.game_state["guess_history"]:
-        low, high = (max(low, guess + 1), high) if hint == "higher" else (low, min(high, guess - 1))
-    return f"[{(low + high) // 2}]"
-
-
-#: scripted experts (demonstrations for ``sft.steps``) of the games that have one, by game id: each reads only
-#: what the player has been shown
-EXPERTS: dict[str, Callable[[Any], str]] = {"GuessTheNumber-v0": _guess_the_number_expert}
-
 
 def import_textarena():
     """The ``textarena`` module, or InputError saying how to install it."""
@@ -87,8 +74,8 @@ class TextArenaEnv(LMEnv):
     whether the game was won (reward 1), so success rates count wins, not partial credit.
 
     ## Expert
-    GuessTheNumber has one (``expert_action``: bisection on the interval its hints leave); the other games
-    have none, so ``sft.steps`` cannot warm up on them.
+    GuessTheNumber has one (``GuessTheNumberEnv.expert_action``: bisection on the interval its hints leave);
+    the other games have none, so ``sft.steps`` cannot warm up on them.
 
     ## Episode End
     Terminated when the game says it is done (won, lost, its own turn limit, repeated invalid moves). Never
@@ -168,20 +155,32 @@ class TextArenaEnv(LMEnv):
         observation = [{"role": "user", "content": "\n".join(texts)}] if texts else []
         return StepResult(observation, reward, True, False, info)
 
+
+class GuessTheNumberEnv(TextArenaEnv):
+    """TextArena's GuessTheNumber with a scripted expert: bisection on the interval the game's hints leave
+    (``guess_history`` holds each guess with the hint the player was shown), which wins 1..20 within five
+    guesses. The demonstrations of ``sft.steps``."""
+
     def expert_action(self) -> str:
-        expert = EXPERTS.get(self.game.removesuffix("-raw"))
-        if expert is None:
-            raise NotImplementedError(f"TextArena's {self.game} has no scripted expert in lmpo (games with one: "
-                                      f"{', '.join(EXPERTS)})")
         if self._done:
             raise RuntimeError(f"{self.env_id or self.game}: expert_action() called before reset() or after the end")
-        return expert(self._env)
+        game = self._env
+        low, high = game.min_number, game.max_number
+        for guess, hint in game.state.game_state["guess_history"]:
+            low, high = (max(low, guess + 1), high) if hint == "higher" else (low, min(high, guess - 1))
+        return f"[{(low + high) // 2}]"
+
+
+GuessTheNumberEnv.__doc__ += "\n\n" + TextArenaEnv.__doc__[TextArenaEnv.__doc__.index("    ## Description"):]
+
+#: the games registered with a scripted expert, by game id (the others are plain ``TextArenaEnv``)
+EXPERT_GAMES: dict[str, type[TextArenaEnv]] = {"GuessTheNumber-v0": GuessTheNumberEnv}
 
 
 def _register_games() -> None:
     for game in GAMES:
         def factory(_game: str = game, **options: Any) -> TextArenaEnv:
-            return TextArenaEnv(_game, **options)
+            return EXPERT_GAMES.get(_game, TextArenaEnv)(_game, **options)
 
         def task(_game: str = game, **options: Any) -> TextArenaTask:
             return TextArenaTask(_game, **options)
