@@ -73,6 +73,37 @@ def template_tokenizer(chat_template: str, special_tokens: list[str], eos: str, 
     return tokenizer
 
 
+#: the pre-tokenizer split of Llama 3's and Qwen2's tokenizers (letters, 1–3 digits, punctuation runs, newlines)
+BPE_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+             r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def bpe_template_tokenizer(chat_template: str, special_tokens: list[str], eos: str, bos: str | None, corpus: list[str],
+                           add_bos: bool = False):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` (600 tokens, so that merges span
+    words, digits and newlines), with Llama 3's / Qwen2's pre-tokenizer split and a real family's special
+    tokens; ``add_bos``: it prepends BOS on encoding, as Llama 3's tokenizer does."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(BPE_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<pad>", *special_tokens], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if add_bos:
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, backend.token_to_id(bos))])
+    others = [t for t in special_tokens if t not in (eos, bos)]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token=eos, bos_token=bos,
+                                        additional_special_tokens=others, padding_side="left")
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
 def train_two_env_steps(tmp_path, env_id: str, task_options: dict, max_new_tokens_per_turn: int) -> list[dict]:
     """Two GRPO steps of a 1-layer tiny model with the ChatML tokenizer on ``env_id`` (an adapter's smoke run);
     returns the metric rows after checking each has a finite loss and at least one turn per episode."""

@@ -86,6 +86,11 @@ class FaultyEnv(GuessNumberEnv):
         super().__init__()
         self.fault = fault
 
+    def reset(self, example=None, seed=None):
+        if self.fault == "reset":
+            raise FileNotFoundError("levels/level-3.json")
+        return super().reset(example, seed)
+
     def step(self, action):
         if self.fault == "raise":
             raise ConnectionError("the game server went away")
@@ -307,8 +312,6 @@ CASES: list[Case] = [
     Case("env-typo", (*T, "--env.id", "ToolArithmetc-v0"), "an environment id with a typo", setup=_base),
     Case("env-without-id", (*T, "--env.budget.max_turns", "2"), "an episode budget without an environment",
          setup=_base),
-    Case("env-dynamic-sampling", (*T, "--env.id", "GuessNumber-v0", "--rollout.dynamic_sampling", "true"),
-         "DAPO dynamic sampling with an environment", setup=_env_base),
     Case("env-remax", (*T, "--env.id", "GuessNumber-v0", "--objective.advantage_estimator", "remax"),
          "an estimator that needs a greedy single-turn baseline, with an environment", setup=_env_base),
     Case("env-no-chat-template", (*T, "--env.id", "GuessNumber-v0", "--model.name", "plain_model"),
@@ -328,6 +331,8 @@ CASES: list[Case] = [
          "a user environment whose observation has the assistant's role", exit=1, setup=_faulty_env),
     Case("env-nan-reward", (*T, "--env.import", "faulty_env.py", "--env.id", "Faulty-v0", "--env.options.fault",
                             "nan"), "a user environment whose reward is NaN", exit=1, setup=_faulty_env),
+    Case("env-reset-raises", (*T, "--env.import", "faulty_env.py", "--env.id", "Faulty-v0", "--env.options.fault",
+                              "reset"), "a user environment whose `reset` raises", exit=1, setup=_faulty_env),
     Case("env-warmup-no-expert", (*T, "--env.import", "faulty_env.py", "--env.id", "NoExpert-v0", "--sft.steps", "10"),
          "a warm-up on an environment without an expert", setup=_faulty_env),
     Case("env-warmup-cut", (*T, "--env.id", "ToolArithmetic-v0", "--sft.steps", "10",

@@ -138,10 +138,10 @@ def test_attempts_run_out_and_the_expert_answers():
     env.reset(example)
     assert not env.step("wrong").terminated
     last = env.step("still wrong")
-    assert last.terminated and not last.truncated and last.reward == 0.0
+    assert last.terminated and not last.truncated and last.reward == 0.0 and last.info["correct"] is False
     env.reset(example)
     assert env.expert_action() == example.answer
-    assert env.step(env.expert_action()) == (([], 1.0, True, False, {"score": 1.0, "attempt": 1}))
+    assert env.step(env.expert_action()) == (([], 1.0, True, False, {"score": 1.0, "attempt": 1, "correct": True}))
     with pytest.raises(InputError, match="max_attempts=0"):
         make_env(ENV, max_attempts=0)
 

@@ -96,3 +96,21 @@ def test_unknown_game():
 
     with pytest.raises(InputError, match="no game 'NoSuchGame-v0'"):
         TextArenaEnv("NoSuchGame-v0")
+
+
+def test_guess_the_number_expert_wins_and_only_wins_count_as_success(tokenizer):
+    """The bisection expert (the warm-up's demonstrations) wins every held-out game within five guesses; a lost
+    game that earns the closeness reward is not a success."""
+    examples = make_env_task(GAME, num_eval=20).eval_examples()
+    budget = EpisodeBudget(max_turns=6, max_total_tokens=2000, max_new_tokens_per_turn=16)
+    won = run_episodes(None, tokenizer, GAME, examples, budget=budget, expert=True)
+    assert all(e.infos[-1]["correct"] and e.rewards[-1] == 1.0 and e.num_turns <= 5 for e in won)
+    lost = run_episodes(ScriptedSampler(tokenizer, lambda context, k: "[1]" if k == 0 else "[2]"), tokenizer, GAME,
+                        [e for e in examples if e.meta["seed"] in (0, 1)], budget=budget)
+    for e in lost:  # the secret is neither 1 nor 2 there, and the repeated guess ends the game
+        assert e.done and 0 < e.episode_return < 1 and not e.infos[-1]["correct"]
+    assert episode_metrics(lost)["episodes/success_rate"] == 0.0
+    with pytest.raises(NotImplementedError, match="no expert"):
+        env = make_env("textarena/TowerOfHanoi-v0")
+        env.reset(None, seed=0)
+        env.expert_action()

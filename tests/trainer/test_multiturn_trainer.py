@@ -10,7 +10,8 @@ import torch
 from trainer_helpers import SMALL_MODEL, train_killed_in_step
 
 from lmpo.config import ConfigError
-from lmpo.envs import EpisodeBudget, make_env_task
+from lmpo.envs import ENVS, EpisodeBudget, GuessNumberEnv, GuessNumberTask, StepResult, make_env_task
+from lmpo.envs.base import EnvSpec
 from lmpo.envs.tools import format_tool_call
 from lmpo.generation.episodes import run_episodes
 from lmpo.models import build_chat_tokenizer, build_tiny_model
@@ -98,6 +99,50 @@ def test_trainer_learns_from_a_rewarded_episode(tmp_path):
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
 
 
+class ParityEnv(GuessNumberEnv):
+    """One turn, rewarded 1 when its text has an odd length: groups of an untrained model both differ and not."""
+
+    def step(self, action):
+        return StepResult([], float(len(action) % 2), True, False, {})
+
+
+def test_dynamic_sampling_trains_on_groups_whose_returns_differ(tmp_path, monkeypatch):
+    """DAPO's redraws on episodes: every trained group has differing returns and comes from the step's draws, the
+    first draw is the plain run's, and the rollout/* counts add up."""
+    from lmpo.trainer.step import multiturn as trainer_episodes
+
+    monkeypatch.setitem(ENVS, "Parity-v0", EnvSpec("Parity-v0", ParityEnv, GuessNumberTask))
+
+    draws, real = [], trainer_episodes.play_step
+
+    def play_step(*args, **kwargs):
+        played = real(*args, **kwargs)
+        draws.append([tuple(e.completion_ids) for e in played.episodes])
+        return played
+
+    monkeypatch.setattr(trainer_episodes, "play_step", play_step)
+    sections = dict(loop={"steps": 2, "prompts_per_step": 3}, rollout={"completions_per_prompt": 2})
+    plain_rows = env_trainer(tmp_path / "plain", "Parity-v0", **sections).train().history
+    plain_first, draws[:] = draws[0], []
+    assert any(row["adv/zero_var_frac"] > 0 for row in plain_rows)  # the plain run trains on all-equal groups
+    sections["rollout"] = {**sections["rollout"], "dynamic_sampling": True, "dynamic_sampling_max_draws": 30}
+    trainer = env_trainer(tmp_path / "run", "Parity-v0", **sections)
+    batches = capture_batches(trainer)
+    result = trainer.train()
+    assert draws[0] == plain_first and result.history[0]["rollout/draws"] > 1
+    step0 = {ids for draw in draws[:int(result.history[0]["rollout/draws"])] for ids in draw}
+    for row, batch in zip(result.history, batches):
+        assert len(batch) == 3 * 2 and row["rollout/groups_kept"] == 3 and row["adv/zero_var_frac"] == 0.0
+        assert row["rollout/groups_dropped"] + row["rollout/groups_kept"] + row["rollout/groups_surplus"] == \
+            3 * row["rollout/draws"]
+    T = batches[0].completion_ids.shape[1]
+    pad = trainer.tokenizer.pad_token_id
+    for row in batches[0].completion_ids.tolist():  # every trained episode was played in step 0's draws
+        while row and row[-1] == pad:
+            row.pop()
+        assert any(ids[:len(row)] == tuple(row) and len(ids) <= T for ids in step0)
+
+
 def _expert_batch(tok, device="cpu"):
     """Expert episodes of ToolArithmetic (a tool call, a tool observation, the answer) with one cut by the budget."""
     examples = make_env_task(ENV).eval_examples()[:3]
@@ -179,7 +224,6 @@ def test_truncated_episodes_are_masked_whole(tmp_path):
 
 
 @pytest.mark.parametrize("sections, words", [
-    ({"rollout": {"dynamic_sampling": True}}, "rollout.dynamic_sampling"),
     ({"rollout": {"engine": "vllm"}}, "rollout.engine"),
     ({"rlvcr": {"enabled": True}}, "rlvcr.enabled"),
     ({"rewards": {"functions": ["exact_match"]}}, "rewards.functions"),

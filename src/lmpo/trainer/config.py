@@ -169,7 +169,8 @@ class RolloutConfig:
     dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: draw batches of `loop.prompts_per_step` prompts "
                                 "until that many groups with non-zero variance (of `dynamic_sampling_metric`) are "
                                 "in hand, and train on exactly those (metrics `rollout/draws`, "
-                                "`rollout/groups_dropped`).")
+                                "`rollout/groups_dropped`). With `env.id`: groups of episodes, by their returns "
+                                "(or success).")
     dynamic_sampling_metric: str = _f("reward", "What must vary within a group to keep it: `reward` (the total "
                                       "reward, shaping included) or `accuracy` (the task's accuracy reward >= "
                                       "`rewards.success_threshold`, as DAPO's paper and verl's recipe).",
@@ -697,9 +698,6 @@ def validate_env(cfg, objective) -> None:
          "the examples of a multi-turn run come from the environment's task; leave task.name at its default"),
         (cfg.rollout.engine != "hf", f"`rollout.engine` = {cfg.rollout.engine!r}",
          "episodes are sampled turn by turn with the Hugging Face sampler; use rollout.engine: hf"),
-        (cfg.rollout.dynamic_sampling, "`rollout.dynamic_sampling` = true",
-         "DAPO's redraws are not implemented for episodes; set it false (objective.filter_zero_variance drops "
-         "uninformative groups instead)"),
         (cfg.rollout.ignore_eos, "`rollout.ignore_eos` = true", "a turn ends at its stop token; set it false"),
         (cfg.rlvcr.enabled, "`rlvcr.enabled` = true", "RLVCR expands single-turn completions; disable it"),
         (cfg.rewards.functions != (), f"`rewards.functions` = {list(cfg.rewards.functions)!r}",

@@ -170,7 +170,8 @@ class ReasoningGymEnv(LMEnv):
     ## Rewards
     0.0 on every turn but the last; the last turn gets ``score × retry_discount^k``, k the number of earlier
     attempts, the score being the dataset's ``score_answer`` of that turn's answer in [0, 1]. ``info["score"]``
-    holds the undiscounted score of each attempt.
+    holds the undiscounted score of each attempt, ``info["correct"]`` whether it reached ``success_score`` (the
+    success rates count solved problems, not partial scores).
 
     ## Episode End
     Terminated when an attempt scores at least ``success_score`` (default 1: correct) or after ``max_attempts``
@@ -217,7 +218,7 @@ class ReasoningGymEnv(LMEnv):
             raise RuntimeError(f"{self.env_id or 'reasoning_gym env'}: step() called before reset() or after the end")
         score = score_entry(action, self._item)
         self._attempts += 1
-        info: dict[str, Any] = {"score": score, "attempt": self._attempts}
+        info: dict[str, Any] = {"score": score, "attempt": self._attempts, "correct": score >= self.success_score}
         if score >= self.success_score or self._attempts >= self.max_attempts:
             self._item = None
             return StepResult([], score * self.retry_discount ** (self._attempts - 1), True, False, info)

@@ -33,6 +33,7 @@ GAMES = ("GuessTheNumber-v0", "Mastermind-v0", "TowerOfHanoi-v0", "FifteenPuzzle
 PLAYER = 0
 
 
+
 def import_textarena():
     """The ``textarena`` module, or InputError saying how to install it."""
     return import_extra("textarena", "textarena", "TextArena environments")
@@ -69,7 +70,12 @@ class TextArenaEnv(LMEnv):
     ## Rewards
     0.0 on every turn but the last; the last turn gets the game's reward for player 0 (``close()``'s rewards:
     1 for a win, a game-specific value in [−1, 1] otherwise, e.g. GuessTheNumber's closeness of the last guess).
-    ``info["game_info"]`` at the end holds TextArena's reason and invalid-move flag.
+    ``info["game_info"]`` at the end holds TextArena's reason and invalid-move flag; ``info["correct"]`` is
+    whether the game was won (reward 1), so success rates count wins, not partial credit.
+
+    ## Expert
+    GuessTheNumber has one (``GuessTheNumberEnv.expert_action``: bisection on the interval its hints leave);
+    the other games have none, so ``sft.steps`` cannot warm up on them.
 
     ## Episode End
     Terminated when the game says it is done (won, lost, its own turn limit, repeated invalid moves). Never
@@ -144,14 +150,37 @@ class TextArenaEnv(LMEnv):
         self._done = True
         rewards, game_info = self._in_own_random(self._env.close)
         info["game_info"] = (game_info or {}).get(PLAYER, {})
+        reward = float((rewards or {}).get(PLAYER, 0.0))
+        info["correct"] = reward >= 1.0
         observation = [{"role": "user", "content": "\n".join(texts)}] if texts else []
-        return StepResult(observation, float((rewards or {}).get(PLAYER, 0.0)), True, False, info)
+        return StepResult(observation, reward, True, False, info)
+
+
+class GuessTheNumberEnv(TextArenaEnv):
+    """TextArena's GuessTheNumber with a scripted expert: bisection on the interval the game's hints leave
+    (``guess_history`` holds each guess with the hint the player was shown), which wins 1..20 within five
+    guesses. The demonstrations of ``sft.steps``."""
+
+    def expert_action(self) -> str:
+        if self._done:
+            raise RuntimeError(f"{self.env_id or self.game}: expert_action() called before reset() or after the end")
+        game = self._env
+        low, high = game.min_number, game.max_number
+        for guess, hint in game.state.game_state["guess_history"]:
+            low, high = (max(low, guess + 1), high) if hint == "higher" else (low, min(high, guess - 1))
+        return f"[{(low + high) // 2}]"
+
+
+GuessTheNumberEnv.__doc__ += "\n\n" + TextArenaEnv.__doc__[TextArenaEnv.__doc__.index("    ## Description"):]
+
+#: the games registered with a scripted expert, by game id (the others are plain ``TextArenaEnv``)
+EXPERT_GAMES: dict[str, type[TextArenaEnv]] = {"GuessTheNumber-v0": GuessTheNumberEnv}
 
 
 def _register_games() -> None:
     for game in GAMES:
         def factory(_game: str = game, **options: Any) -> TextArenaEnv:
-            return TextArenaEnv(_game, **options)
+            return EXPERT_GAMES.get(_game, TextArenaEnv)(_game, **options)
 
         def task(_game: str = game, **options: Any) -> TextArenaTask:
             return TextArenaTask(_game, **options)

@@ -87,20 +87,43 @@ def draw(cfg: TrainConfig, step: int, k: int, *, prompts: PromptOrder, engine, p
 def play(cfg: TrainConfig, step: int, *, prompts: PromptOrder, runner: multiturn.EpisodeRunner, tokenizer,
          device: torch.device, pipeline: AsyncPipeline | None = None) -> Collected:
     """Multi-turn (``env.id``): G episodes of each of the next ``prompts_per_step`` examples, scored by their
-    returns (``lmpo.trainer.step.multiturn.play_step``), played here or by the async ``pipeline``'s worker."""
-    t = time.perf_counter()
+    returns (``lmpo.trainer.step.multiturn.play_step``), played here or by the async ``pipeline``'s worker; under
+    ``rollout.dynamic_sampling``, as many draws of ``prompts_per_step`` examples as it takes to fill the step with
+    groups whose returns differ (the ``episodes/*`` metrics then describe every episode played, the kept and the
+    dropped)."""
+    ro, G, seconds, played_all = cfg.rollout, cfg.rollout.completions_per_prompt, [], []
     if pipeline is not None:  # played by the worker with the weights of step − 1 − k (the same seeds)
-        examples, played = pipeline.episodes(step)
-        played = multiturn.played_step(played, examples, tokenizer, device)
-    else:
+        t = time.perf_counter()
+        examples, episodes = pipeline.episodes(step)
+        played = multiturn.score_episodes(episodes, examples, tokenizer, device)
+        seconds.append(time.perf_counter() - t)
+        stats = {**played.metrics, "completion/truncated_frac": played.scored.rollout.truncated.float().mean()}
+        return Collected(played.scored, stats, sum(seconds), played)
+
+    def one(k: int) -> ScoredRollout:
         examples = prompts.take(cfg.loop.prompts_per_step)
-        seed = seed_for(cfg.loop.seed, step, 1)  # (AsyncPipeline's requests carry the same two seeds)
+        # (AsyncPipeline's requests carry the first draw's two seeds)
+        seed = seed_for(cfg.loop.seed, step, 1) if k == 0 else seed_for(cfg.loop.seed, step, 1, k)
+        t = time.perf_counter()
         with stages.autocast(cfg.loop.autocast, device):
-            played = multiturn.play_step(runner, cfg.env, examples, cfg.rollout.completions_per_prompt,
-                                        seed=seed % 2**31, generator=torch.Generator(device).manual_seed(seed),
-                                        tokenizer=tokenizer, device=device)
-    generate_s = time.perf_counter() - t
+            played = multiturn.play_step(runner, cfg.env, examples, G, seed=seed % 2**31,
+                                        generator=torch.Generator(device).manual_seed(seed), tokenizer=tokenizer,
+                                        device=device)
+        seconds.append(time.perf_counter() - t)
+        played_all.append(played)
+        return played.scored
+
+    if not ro.dynamic_sampling:
+        one(0)
+        played, draw_stats = played_all[0], {}
+    else:
+        scored, draw_stats = dynamic_sample(one, cfg.loop.prompts_per_step, G, metric=ro.dynamic_sampling_metric,
+                                            max_draws=ro.dynamic_sampling_max_draws,
+                                            pad_token_id=tokenizer.pad_token_id)
+        played = multiturn.score_episodes(scored.episodes, scored.examples, tokenizer, device)
+        played.metrics = multiturn.step_metrics([e for p in played_all for e in p.episodes])
     # a truncated episode is one cut by a budget, whether or not it sampled a stop (this replaces the
     # single-turn count of ``stages.rollout_stats``: the step's stats are updated with these)
-    stats = {**played.metrics, "completion/truncated_frac": played.scored.rollout.truncated.float().mean()}
-    return Collected(played.scored, stats, generate_s, played)
+    stats = {**played.metrics, **draw_stats,
+             "completion/truncated_frac": played.scored.rollout.truncated.float().mean()}
+    return Collected(played.scored, stats, sum(seconds), played)

@@ -162,20 +162,32 @@ def play_step(runner: EpisodeRunner, env, examples: Sequence, completions_per_ex
     """Play G episodes of each example and score them: reward = episode return, correct = an
     ``info["correct"]`` turn (or a positive return where the environment judges no answer)."""
     episodes = runner.run(env_factory(env), list(examples), completions_per_example, seed=seed, generator=generator)
-    return played_step(episodes, examples, tokenizer, device)
+    return score_episodes(episodes, examples, tokenizer, device)
 
 
-def played_step(episodes: list[Episode], examples: Sequence, tokenizer, device: torch.device) -> PlayedStep:
-    """Episodes of ``examples`` (example-major, as ``EpisodeRunner.run`` returns them, here or in the rollout
-    worker) as a scored step: ``play_step``'s result."""
+def score_episodes(episodes: Sequence[Episode], examples: Sequence, tokenizer, device: torch.device) -> PlayedStep:
+    """Played episodes (G per example, example-major, as ``EpisodeRunner.run`` returns them, here or in the
+    rollout worker) as a step: ``play_step``'s scoring, without the playing."""
+    episodes = list(episodes)
     rollout, batch, eb = episodes_to_rollout(episodes, tokenizer, device)
+    correct = episode_success(episodes)
+    scored = ScoredRollout(list(examples), rollout, eb.returns.to(device), {}, correct, episodes=episodes)
+    return PlayedStep(scored, batch, step_metrics(episodes, correct), episodes, eb)
+
+
+def episode_success(episodes: Sequence[Episode]) -> torch.Tensor:
+    """(B,) float 0/1: an ``info["correct"]`` turn, or a positive return where the environment judges no answer."""
     judged = any("correct" in i for e in episodes for i in e.infos)
-    correct = torch.tensor([float(any(i.get("correct") for i in e.infos)) if judged else float(e.episode_return > 0)
-                            for e in episodes])
-    scored = ScoredRollout(list(examples), rollout, eb.returns.to(device), {}, correct)
+    return torch.tensor([float(any(i.get("correct") for i in e.infos)) if judged else float(e.episode_return > 0)
+                         for e in episodes])
+
+
+def step_metrics(episodes: Sequence[Episode], correct: torch.Tensor | None = None) -> dict[str, float]:
+    """The ``episodes/*`` metrics of a step's episodes, ``episodes/success_rate`` included."""
     metrics = episode_metrics(episodes)
-    metrics.setdefault("episodes/success_rate", float(correct.mean()))
-    return PlayedStep(scored, batch, metrics, episodes, eb)
+    metrics.setdefault("episodes/success_rate",
+                       float((episode_success(episodes) if correct is None else correct).mean()))
+    return metrics
 
 
 def evaluate_episodes(model, tokenizer, env, examples: Sequence, *, seed: int) -> dict[str, float]:

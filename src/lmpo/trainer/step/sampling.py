@@ -86,6 +86,7 @@ class ScoredRollout:
     correct: torch.Tensor
     reward_errors: float = 0.0
     reward_nonfinite: float = 0.0
+    episodes: list | None = None  # multi-turn: the B episodes of the rows (kept through selection and concatenation)
 
     def select_groups(self, groups: torch.Tensor, completions_per_prompt: int) -> ScoredRollout:
         """The draw restricted to ``groups`` (K,) long group indices, in that order."""
@@ -97,7 +98,8 @@ class ScoredRollout:
             examples=[self.examples[i] for i in listed], rollout=select_rows(self.rollout, rows),
             rewards=self.rewards[r_rows], per_fn={k: v[rows.to(v.device)] for k, v in self.per_fn.items()},
             correct=self.correct[rows.to(self.correct.device)], reward_errors=self.reward_errors,
-            reward_nonfinite=self.reward_nonfinite)
+            reward_nonfinite=self.reward_nonfinite,
+            episodes=None if self.episodes is None else [self.episodes[i] for i in rows.tolist()])
 
 
 def concat_scored(parts: Sequence[ScoredRollout], pad_token_id: int) -> ScoredRollout:
@@ -113,6 +115,7 @@ def concat_scored(parts: Sequence[ScoredRollout], pad_token_id: int) -> ScoredRo
         correct=torch.cat([p.correct for p in parts]),
         reward_errors=sum(p.reward_errors for p in parts),
         reward_nonfinite=sum(p.reward_nonfinite for p in parts),
+        episodes=None if any(p.episodes is None for p in parts) else [e for p in parts for e in p.episodes],
     )
 
 
