@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from episode_helpers import ScriptedSampler
@@ -17,6 +18,8 @@ from lmpo.generation.episodes import END_REASONS, episode_metrics, run_episodes
 from lmpo.models import build_chat_tokenizer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "multiturn.md"
+# ids other test modules register are not lmpo's (the docs list what lmpo ships)
+pytestmark = pytest.mark.usefixtures("lmpo_envs_only")
 
 
 def test_generated_blocks_are_current():

@@ -73,16 +73,16 @@ class TextArenaEnv(LMEnv):
     ``info["game_info"]`` at the end holds TextArena's reason and invalid-move flag; ``info["correct"]`` is
     whether the game was won (reward 1), so success rates count wins, not partial credit.
 
-    ## Expert
-    GuessTheNumber has one (``GuessTheNumberEnv.expert_action``: bisection on the interval its hints leave);
-    the other games have none, so ``sft.steps`` cannot warm up on them.
-
     ## Episode End
     Terminated when the game says it is done (won, lost, its own turn limit, repeated invalid moves). Never
     truncated by the adapter: the episode driver's budgets cut games that run long.
 
     ## Version
     v0: first version (tested with textarena 0.7.4).
+
+    ## Expert
+    GuessTheNumber has one (``GuessTheNumberEnv.expert_action``: bisection on the interval its hints leave);
+    the other games have none, so ``sft.steps`` cannot warm up on them.
 
     Args:
         game: a TextArena single-player game id (``GuessTheNumber-v0``; the ``-raw`` variant is made).
