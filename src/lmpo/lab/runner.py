@@ -239,21 +239,39 @@ class _Process:
 _BUSY = 75  # lmpo.lab.worker's exit status when another process holds the job
 
 
-def _run_worker_task(job_dir: str, busy_wait_s: float = 120.0) -> int:
+def _ray_worker_task(log_file: str = LOG_FILE, busy: int = _BUSY):
     """The body of one Ray task: ``python -m lmpo.lab.worker JOB_DIR`` on the node Ray chose, its console appended
     to the job's log. A retried task can start while the lost attempt's worker still releases the job's lock:
-    it waits for the lock instead of failing."""
-    deadline = time.monotonic() + busy_wait_s
-    while True:
-        with open(Path(job_dir) / LOG_FILE, "a", encoding="utf-8") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} (ray task)\n")
-            log.flush()
-            code = subprocess.run([sys.executable, "-m", "lmpo.lab.worker", job_dir], stdout=log,
-                                  stderr=subprocess.STDOUT,
-                                  preexec_fn=_set_death_signal if sys.platform.startswith("linux") else None).returncode
-        if code != _BUSY or time.monotonic() > deadline:
-            return code
-        time.sleep(1.0)
+    it waits for the lock instead of failing.
+
+    Built as a closure over plain values that imports what it uses inside: Ray then ships it by value, so that the
+    Ray worker process runs it without importing lmpo (and torch) — only the job's own process does, once."""
+
+    def run(job_dir: str, busy_wait_s: float = 120.0) -> int:
+        import sys
+        import time
+        from pathlib import Path
+
+        def die_with_parent() -> None:  # pragma: no cover - runs between fork and exec (as _set_death_signal)
+            import ctypes
+            import signal
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+        deadline = time.monotonic() + busy_wait_s
+        while True:
+            with open(Path(job_dir) / log_file, "a", encoding="utf-8") as log:
+                log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} (ray task)\n")
+                log.flush()
+                code = subprocess.run([sys.executable, "-m", "lmpo.lab.worker", job_dir], stdout=log,
+                                      stderr=subprocess.STDOUT,
+                                      preexec_fn=die_with_parent if sys.platform.startswith("linux") else None
+                                      ).returncode
+            if code != busy or time.monotonic() > deadline:
+                return code
+            time.sleep(1.0)
+
+    return run
 
 
 class _RayLauncher:
@@ -276,7 +294,7 @@ class _RayLauncher:
                 ray.init(address=cfg.lab.ray_address, runtime_env={"env_vars": env}, **options)
             else:  # a private instance on this machine (127.0.0.1 only), whose workers inherit this environment
                 ray.init(address="local", num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **options)
-        self.task = ray.remote(_run_worker_task)
+        self.task = ray.remote(_ray_worker_task())
         self.resources = cfg.lab.resources
         self.max_retries = cfg.lab.max_retries
 
