@@ -67,6 +67,11 @@ def _import_file(path: Path, item: str, where: str) -> str:
     return name
 
 
+def names_a_file(item: str) -> bool:
+    """Whether an ``env.import`` item is a ``.py`` file (a path) rather than a dotted module name."""
+    return item.endswith(".py") or os.sep in item or "/" in item
+
+
 def import_env_modules(items: Sequence[str], where: str = "env.import") -> list[str]:
     """Import each item (a dotted module name or a ``.py`` file), once per process; the module names.
 
@@ -76,7 +81,7 @@ def import_env_modules(items: Sequence[str], where: str = "env.import") -> list[
     names = []
     for item in items:
         item = str(item)
-        is_file = item.endswith(".py") or os.sep in item or "/" in item
+        is_file = names_a_file(item)
         key = str(Path(item).resolve()) if is_file else item
         if key in _imported:
             names.append(_imported[key])

@@ -92,13 +92,6 @@ def play(cfg: TrainConfig, step: int, *, prompts: PromptOrder, runner: multiturn
     groups whose returns differ (the ``episodes/*`` metrics then describe every episode played, the kept and the
     dropped)."""
     ro, G, seconds, played_all = cfg.rollout, cfg.rollout.completions_per_prompt, [], []
-    if pipeline is not None:  # played by the worker with the weights of step − 1 − k (the same seeds)
-        t = time.perf_counter()
-        examples, episodes = pipeline.episodes(step)
-        played = multiturn.score_episodes(episodes, examples, tokenizer, device)
-        seconds.append(time.perf_counter() - t)
-        stats = {**played.metrics, "completion/truncated_frac": played.scored.rollout.truncated.float().mean()}
-        return Collected(played.scored, stats, sum(seconds), played)
 
     def one(k: int) -> ScoredRollout:
         examples = prompts.take(cfg.loop.prompts_per_step)
@@ -113,7 +106,12 @@ def play(cfg: TrainConfig, step: int, *, prompts: PromptOrder, runner: multiturn
         played_all.append(played)
         return played.scored
 
-    if not ro.dynamic_sampling:
+    if pipeline is not None:  # played by the worker with the weights of step − 1 − k (the same seeds)
+        t = time.perf_counter()
+        examples, episodes = pipeline.episodes(step)
+        played, draw_stats = multiturn.score_episodes(episodes, examples, tokenizer, device), {}
+        seconds.append(time.perf_counter() - t)
+    elif not ro.dynamic_sampling:
         one(0)
         played, draw_stats = played_all[0], {}
     else:

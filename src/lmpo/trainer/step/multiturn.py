@@ -18,7 +18,6 @@ own truncation, or an environment error under ``env.on_env_error: truncate``).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 from lmpo.envs import make_env
+from lmpo.envs.plugins import names_a_file
 from lmpo.errors import InputError
 from lmpo.generation import Rollout, RolloutBatch
 from lmpo.generation.episodes import (
@@ -70,8 +70,7 @@ def episode_spec(env, rollout, tokenizer) -> EpisodeSpec:
     """What the rollout worker of ``rollout.async_staleness`` plays ``env``'s episodes with: the runner
     ``make_runner`` builds here (the tokenizer's chat template, as ``ensure_chat_template`` left it, travels
     along), the environment of ``env_factory``, ``env.import`` with files made absolute."""
-    imports = tuple(str(Path(item).resolve()) if item.endswith(".py") or "/" in item or os.sep in item else item
-                    for item in env.imports)
+    imports = tuple(str(Path(item).resolve()) if names_a_file(item) else item for item in env.imports)
     return EpisodeSpec(env_id=env.id, env_options=dict(env.options), imports=imports,
                        sandbox_require=env.sandbox.require, budget=env.budget, chat_template=env.chat_template,
                        tokenizer_chat_template=getattr(tokenizer, "chat_template", None),
