@@ -93,12 +93,15 @@ def build_filesystem(spec: dict, arch: dict, as_root: bool) -> None:
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here propagates to the caller's mounts
     # as root the child runs as uid 65534, which cannot enter e.g. /root where the interpreter may live: keep
     # handles on the interpreter's directories, hide the closed ancestor under a tmpfs and bind them back
+    # the interpreter's directories under /tmp (a checkout there) are hidden by the work directory's tmpfs: they
+    # are bound back the same way, each at its own path inside that tmpfs
     reopen = {}
-    if as_root:
-        for d in spec["python_dirs"]:
-            top = closed_ancestor(d)
-            if top is not None:
-                reopen.setdefault(top, []).append((d, os.open(d, os.O_PATH | os.O_DIRECTORY)))
+    for d in spec["python_dirs"]:
+        top = closed_ancestor(d) if as_root else None
+        if top is None and (d + "/").startswith(WORK + "/"):
+            top = d
+        if top is not None:
+            reopen.setdefault(top, []).append((d, os.open(d, os.O_PATH | os.O_DIRECTORY)))
     make_read_only("/", arch)
     size = f"size={spec['memory_mb']}m"
     mount("tmpfs", WORK, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=1777")
@@ -106,6 +109,7 @@ def build_filesystem(spec: dict, arch: dict, as_root: bool) -> None:
         if os.path.isdir(extra) and not os.path.islink(extra):
             mount(WORK, extra, None, MS_BIND)
     for top, dirs in reopen.items():
+        os.makedirs(top, mode=0o755, exist_ok=True)  # (only missing when it was under the work directory)
         mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
         for d, fd in dirs:
             target = os.path.join(top, os.path.relpath(d, top))
