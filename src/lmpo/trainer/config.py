@@ -337,7 +337,10 @@ class ObjectiveConfig:
     preset: str = _f("grpo", "A preset of `lmpo.objectives.PRESETS`.")
     overrides: dict = _f({}, "Field-by-field overrides of the preset, any `lmpo.objectives.Objective` field "
                          "(e.g. `{eps_high: 0.3, kl_coef: 0.01, grad_norm_mode: logits}`); a part may be given as a "
-                         "whole under its kind (`{trust_region: {name: cispo, eps_high: 4.0}}`).")
+                         "whole under its kind (`{trust_region: {name: cispo, eps_high: 4.0}}`). The objective's "
+                         "settings are these two keys only. `check_finite` is off in training unless set here: the "
+                         "trainer checks the loss and gradients once per optimizer step and skips a non-finite "
+                         "step, where the objective's own check would stop the run at the first microbatch.")
     # -- the advantages --------------------------------------------------------------------------------
     advantage_estimator: str = _f("grpo", "An estimator of `lmpo.objectives.advantages.ADVANTAGE_ESTIMATORS` (table "
                                   "in docs/objectives.md). `remax` decodes one extra greedy completion per prompt "
@@ -767,8 +770,10 @@ class TrainConfig:
     env: EnvConfig = _f(EnvConfig(), "Multi-turn environment section (docs/multiturn.md): episodes instead of "
                         "single-turn completions.")
 
-    def validate(self) -> None:
-        """Check every field that can be checked without building a model; raise ConfigError.
+    def validate(self) -> Any:
+        """Check every field that can be checked without building a model; raise ConfigError. Returns the
+        :class:`lmpo.objectives.Objective` of ``objective.preset`` and ``objective.overrides``, built here once
+        (``Trainer`` trains with it: ``build.build_objective``).
 
         Ranges, choices and finiteness of every section first (:func:`lmpo.config.check_fields`), then each
         section's own ``validate`` (registries, files, packages) and the checks that relate sections.
@@ -792,6 +797,7 @@ class TrainConfig:
         self.task.validate()
         self.rewards.validate()
         self.logging.validate()
+        return objective
 
     # ---- derived totals (units in the names) ------------------------------------------------------
     @property
@@ -881,12 +887,12 @@ def save_config(cfg: TrainConfig, path: str | os.PathLike) -> None:
 # Validation (before any model is built)
 # ----------------------------------------------------------------------------------------------------
 
-def validate_config(cfg: TrainConfig, path: str | os.PathLike | None = None) -> None:
-    """Check every field that can be checked without building a model (:meth:`TrainConfig.validate`). With the
-    config file's ``path``, a missing `model.name` directory that the file's comments say how to write (a
-    warm-up run) is reported with that command."""
+def validate_config(cfg: TrainConfig, path: str | os.PathLike | None = None) -> Any:
+    """Check every field that can be checked without building a model (:meth:`TrainConfig.validate`) and return
+    the objective it built. With the config file's ``path``, a missing `model.name` directory that the file's
+    comments say how to write (a warm-up run) is reported with that command."""
     try:
-        cfg.validate()
+        return cfg.validate()
     except ConfigError as e:
         name = cfg.model.name
         if path is None or not str(e).startswith("`model.name`") or os.path.exists(name):

@@ -5,7 +5,8 @@ gradient study and ``lmpo eval RUN`` call these, so that the same config builds 
 reference model and KL controller everywhere. ``build_run`` is what ``Trainer(config)`` builds, in this order::
 
     device = resolve_device(cfg.loop.device)
-    objective, driver, estimator = build_objective(cfg.objective)
+    objective = validate_config(cfg)                     # the objective is built once, by the config's check
+    objective, driver, estimator = build_objective(cfg.objective, objective)
     task = build_task(cfg.task)                          # InputError naming task.* on failure
     model, tokenizer = load_policy(cfg.model, device)    # InputError naming model.name on failure
     scorer, accuracy_fn = build_rewards(cfg.rewards, task, examples, device)
@@ -63,13 +64,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_objective(ob) -> tuple[Objective, ObjectiveDriver, object]:
-    """The ``objective`` section's objective, its driver and the advantage estimator.
+def build_objective(ob, objective: Objective) -> tuple[Objective, ObjectiveDriver, object]:
+    """The run's objective, its driver and the advantage estimator, from the ``objective`` section and the
+    objective its ``validate`` built (``validate_config``'s return: the preset with ``objective.overrides``).
 
     The trainer checks loss and gradient finiteness once per optimizer step itself (and skips the step), so the
     objective's own per-call check (one host sync per microbatch) is off unless the overrides ask for it.
     """
-    objective = Objective.preset(ob.preset, **{"check_finite": False, **ob.overrides})
+    if "check_finite" not in ob.overrides:
+        objective = objective.replace(check_finite=False)
     estimator = make_estimator(ob.advantage_estimator, default_scale=objective.advantage_scale,
                                **ob.advantage_options)
     return objective, ObjectiveDriver(objective), estimator
@@ -343,10 +346,12 @@ class RunParts:
     train_input: Callable[..., stages.TrainInput]
 
 
-def build_run(config: TrainConfig, device: torch.device, *, model=None, tokenizer=None, task=None) -> RunParts:
-    """Everything ``Trainer(config)`` holds before ``train``: ``model``, ``tokenizer`` and ``task``, when given,
-    replace the ones the config names. Errors name the config keys to fix (InputError)."""
-    objective, driver, estimator = build_objective(config.objective)
+def build_run(config: TrainConfig, device: torch.device, objective: Objective, *, model=None, tokenizer=None,
+              task=None) -> RunParts:
+    """Everything ``Trainer(config)`` holds before ``train``, from the config and the objective its check built
+    (``validate_config``'s return): ``model``, ``tokenizer`` and ``task``, when given, replace the ones the config
+    names. Errors name the config keys to fix (InputError)."""
+    objective, driver, estimator = build_objective(config.objective, objective)
     if config.env.id is not None:
         check_estimator(estimator, config.env.id, config.objective.advantage_estimator,
                                  config.env.turn_discount)

@@ -89,7 +89,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, model=None, tokenizer=None, task=None, rollout_engine=None,
                  model_factory=None, log: Callable[[str], None] | None = None):
-        validate_config(config)
+        objective = validate_config(config)
         self.model_factory = build.rollout_model_factory(config, model=model, model_factory=model_factory,
                                                          rollout_engine=rollout_engine)
         self.cfg = config
@@ -100,7 +100,7 @@ class Trainer:
         if self.device.type == "cuda":
             avoid_cudnn_attention()  # its backward gives NaN on left-padded rows under bf16 (see its docstring)
         self.run_dir = Path(config.logging.run_dir)
-        parts = build.build_run(config, self.device, model=model, tokenizer=tokenizer, task=task)
+        parts = build.build_run(config, self.device, objective, model=model, tokenizer=tokenizer, task=task)
         self.objective, self.driver, self.estimator = parts.objective, parts.driver, parts.estimator
         self.task, self.model, self.tokenizer = parts.task, parts.model, parts.tokenizer
         self.train_examples, self.eval_examples = parts.train_examples, parts.eval_examples
