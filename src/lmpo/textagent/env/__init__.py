@@ -14,7 +14,8 @@ import gymnasium as gym
 from lmpo.textagent.env.alphabet import Alphabet
 from lmpo.textagent.env.compliance import Compliance, char_class_ok
 from lmpo.textagent.env.corpus import Corpus, CorpusError, load_corpus, load_sample_corpus, sample_text_path
-from lmpo.textagent.env.env import REWARD_KEYS, CharTextEnv, EnvConfig, format_trace, make_env, trace_line
+from lmpo.textagent.env.config import EnvConfig, TextEnvConfig
+from lmpo.textagent.env.env import REWARD_KEYS, CharTextEnv, format_trace, make_env, trace_line
 from lmpo.textagent.env.rewards import EmaStandardizer, NgramCoverage, coverage_from_scratch
 
 ENV_ID = "lmpo/CharText-v0"
@@ -32,6 +33,7 @@ __all__ = [
     "CorpusError",
     "EmaStandardizer",
     "EnvConfig",
+    "TextEnvConfig",
     "NgramCoverage",
     "char_class_ok",
     "coverage_from_scratch",

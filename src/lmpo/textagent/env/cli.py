@@ -40,9 +40,9 @@ def _build_lexicon(args: argparse.Namespace) -> int:
 def _env_demo(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from lmpo.textagent.env.env import CharTextEnv, EnvConfig, format_trace
+    from lmpo.textagent.env.env import CharTextEnv, TextEnvConfig, format_trace
 
-    cfg = EnvConfig(max_steps=args.steps, split=args.split, nce_pretrain_steps=args.pretrain_steps)
+    cfg = TextEnvConfig(max_steps=args.steps, split=args.split, nce_pretrain_steps=args.pretrain_steps)
     env = CharTextEnv(text=args.text, config=cfg)
     rng = np.random.default_rng(args.seed)
     obs, info = env.reset(seed=args.seed)

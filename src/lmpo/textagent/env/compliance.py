@@ -46,7 +46,7 @@ def read_blacklist(path: str | os.PathLike) -> frozenset[str]:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileNotFoundError(f"blacklist file {p} does not exist; fix EnvConfig.blacklist_path") from None
+        raise FileNotFoundError(f"blacklist file {p} does not exist; fix TextEnvConfig.blacklist_path") from None
     except UnicodeDecodeError as err:
         raise ValueError(f"blacklist file {p}: not valid UTF-8 at byte offset {err.start}") from None
     chars = set()

@@ -1,4 +1,4 @@
-"""``EnvConfig``: the settings of ``CharTextEnv`` (docs/textenv.md), one section per concern.
+"""``TextEnvConfig``: the settings of ``CharTextEnv`` (docs/textenv.md), one section per concern.
 
 A config of sections, each a frozen dataclass of :func:`lmpo.config.option` fields::
 
@@ -15,7 +15,7 @@ A config of sections, each a frozen dataclass of :func:`lmpo.config.option` fiel
     potential      potential-based shaping γΦ(s') − Φ(s)
 
 The flat names of the earlier one-level config (``window_chars``, ``nce_tau``, ``lambda_cov``, …) stay valid in
-YAML, on the command line (``--env.nce_tau 0.1``), as keyword arguments (``EnvConfig(nce_tau=0.1)``) and as
+YAML, on the command line (``--env.nce_tau 0.1``), as keyword arguments (``TextEnvConfig(nce_tau=0.1)``) and as
 attributes: :data:`FLAT_NAMES` is their one table (:func:`lmpo.config.flat_aliases`). ``ngram_n`` sets the
 n of both rewards, as it always did; ``coverage.ngram_n`` and ``infonce.ngram_n`` set one each.
 
@@ -34,7 +34,7 @@ SPLITS = ("train", "heldout", "all")
 
 def _need(cond: bool, msg: str) -> None:
     if not cond:
-        raise ConfigError(f"EnvConfig: {msg}")
+        raise ConfigError(f"TextEnvConfig: {msg}")
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ class PotentialConfig:
     gamma: float = option(0.995, "γ of the potential shaping γΦ(s') − Φ(s).", gt=0, le=1)
 
 
-#: the flat names of the one-level EnvConfig → the section field(s) each stands for (YAML, CLI, keywords,
+#: the flat names of the one-level TextEnvConfig → the section field(s) each stands for (YAML, CLI, keywords,
 #: attributes); ``ngram_n`` sets the n of both rewards
 FLAT_NAMES: dict[str, str | tuple[str, ...]] = {
     # episode
@@ -248,7 +248,7 @@ FLAT_NAMES: dict[str, str | tuple[str, ...]] = {
 
 @flat_aliases(FLAT_NAMES)
 @dataclass(frozen=True)
-class EnvConfig:
+class TextEnvConfig:
     """Settings of the character environment ``CharTextEnv``, one section per concern.
 
     The flat names of the one-level config are accepted too (``env.nce_tau`` is ``env.infonce.tau``; table
@@ -272,3 +272,6 @@ class EnvConfig:
         _need(cov.window_chars >= cov.ngram_n,
               f"coverage_window_chars={cov.window_chars} must be >= ngram_n={cov.ngram_n} (`coverage.window_chars` "
               "must hold one n-gram of `coverage.ngram_n` characters)")
+
+
+EnvConfig = TextEnvConfig  # the name before 2026-11-28 (lmpo.trainer.config.EnvConfig is a GRPO run's env section), kept for scripts

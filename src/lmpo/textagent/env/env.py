@@ -13,7 +13,7 @@ from gymnasium import spaces
 from lmpo.errors import InputError
 from lmpo.textagent.env.alphabet import Alphabet
 from lmpo.textagent.env.compliance import Compliance
-from lmpo.textagent.env.config import EnvConfig
+from lmpo.textagent.env.config import TextEnvConfig
 from lmpo.textagent.env.corpus import Corpus, load_corpus, load_sample_corpus
 from lmpo.textagent.env.rewards import EmaStandardizer, NgramCoverage, ngram_keys
 
@@ -82,11 +82,11 @@ class CharTextEnv(gym.Env):
     the demonstration.
 
     ## Arguments
-    ``CharTextEnv(chapters=None, alphabet=None, config=EnvConfig(), *, text=None, lexicon=None,
+    ``CharTextEnv(chapters=None, alphabet=None, config=TextEnvConfig(), *, text=None, lexicon=None,
     encoder=None, render_mode=None)``. ``chapters``: chapter texts or a ``Corpus``; if None, ``text`` (a
     path, list of paths or directory; default the bundled sample) is loaded and split by the config.
     ``alphabet``: default built from the chapters. ``gymnasium.make("lmpo/CharText-v0", text=…,
-    config=EnvConfig(…))`` passes the same arguments.
+    config=TextEnvConfig(…))`` passes the same arguments.
 
     ## Version History
     - v0: first version.
@@ -98,7 +98,7 @@ class CharTextEnv(gym.Env):
         self,
         chapters: Sequence[str] | Corpus | None = None,
         alphabet: Alphabet | None = None,
-        config: EnvConfig | None = None,
+        config: TextEnvConfig | None = None,
         *,
         text: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
         lexicon=None,
@@ -106,7 +106,7 @@ class CharTextEnv(gym.Env):
         render_mode: str | None = None,
     ) -> None:
         super().__init__()
-        cfg = config if config is not None else EnvConfig()
+        cfg = config if config is not None else TextEnvConfig()
         self.config = cfg
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r}; supported: {self.metadata['render_modes']}")
@@ -211,7 +211,7 @@ class CharTextEnv(gym.Env):
     def train_encoder(self, steps: int, chapters: Sequence[str] | None = None) -> dict[str, float]:
         """Train the InfoNCE encoder ``steps`` steps on reference pairs (default: the env's chapters)."""
         if self.encoder is None:
-            raise RuntimeError("train_encoder: InfoNCE is off (EnvConfig infonce.enabled, flat name use_infonce=False)")
+            raise RuntimeError("train_encoder: InfoNCE is off (TextEnvConfig infonce.enabled, flat name use_infonce=False)")
         if chapters is None:
             ids = self._scorer.chapters_ids
         else:
@@ -270,7 +270,7 @@ class CharTextEnv(gym.Env):
         return self._ref_cur[self._p + self._t]
 
     def reload_blacklist(self) -> None:
-        """Re-read ``EnvConfig.compliance.blacklist_path``; the new rules apply from the next mask on."""
+        """Re-read ``TextEnvConfig.compliance.blacklist_path``; the new rules apply from the next mask on."""
         self.compliance.reload_blacklist()
         if self._y is not None:
             self._update_mask()
@@ -508,6 +508,6 @@ def format_trace(info: dict[str, Any], reward: float | None = None) -> str:
                       "teacher" if info["is_teacher"] else "agent", info["history_tail"], total, base, pot, soft)
 
 
-def make_env(text=None, config: EnvConfig | None = None, **kwargs) -> CharTextEnv:
+def make_env(text=None, config: TextEnvConfig | None = None, **kwargs) -> CharTextEnv:
     """Entry point of ``lmpo/CharText-v0``: ``CharTextEnv(text=text, config=config, **kwargs)``."""
     return CharTextEnv(text=text, config=config, **kwargs)

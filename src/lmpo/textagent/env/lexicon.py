@@ -53,7 +53,7 @@ def jieba_dict_path() -> Path:
     except ImportError:
         raise ImportError(
             "the lexicon is built from the `jieba` package's dictionary; install it with `pip install jieba` "
-            "(or `pip install lmpo[text]`), or disable the bonus with EnvConfig(use_bigram_bonus=False)"
+            "(or `pip install lmpo[text]`), or disable the bonus with TextEnvConfig(use_bigram_bonus=False)"
         ) from None
     path = Path(jieba.__file__).parent / "dict.txt"
     if not path.is_file():

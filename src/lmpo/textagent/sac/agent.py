@@ -42,7 +42,7 @@ class SACAgent:
         # CQL sampling and action sampling draw from their own generators: reproducible and resumable
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)
         self.ref_policy: PolicyNetwork | None = None
-        self.total_updates = max(1, total_updates)  # the cosine schedule's length (TrainConfig checks it is set)
+        self.total_updates = max(1, total_updates)  # the cosine schedule's length (SACTrainConfig checks it is set)
         self.updates = 0
         self.nonfinite_skips = 0
         self.nonfinite_in_row = 0

@@ -30,7 +30,7 @@ from lmpo.config import (
 from lmpo.config import option as _f
 from lmpo.runs import CONFIG_FILE, LEGACY_CONFIG_FILE, read_json_object, stored_config_path
 from lmpo.textagent.env.bundled import DEFAULT_CORPUS, resolve_corpus
-from lmpo.textagent.env.config import EnvConfig
+from lmpo.textagent.env.config import TextEnvConfig
 
 #: the keys ``--resume`` lets a run change: when it stops, how it logs, evaluates and checkpoints
 RESUMABLE_KEYS = ("total_env_steps", "max_updates", "time_budget_s", "log_every_updates", "eval_every_updates",
@@ -149,7 +149,7 @@ class ReplayConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class SACTrainConfig:
     """A SAC training run on the character-level text environment."""
 
     seed: int = _f(0, "Seed of the networks, the replay sampling, the environments and the teacher schedule.",
@@ -176,7 +176,7 @@ class TrainConfig:
                           "starts from the supervised reference and ``sac.anchor_weight`` anchors it there. Same "
                           "corpus settings needed (the alphabets must match).")
     split_seed: int = _f(0, "Seed of the train / held-out chapter split.", ge=0)
-    env: dict[str, Any] = _f({}, "Keyword overrides of lmpo.textagent.env.EnvConfig (e.g. window length, episode "
+    env: dict[str, Any] = _f({}, "Keyword overrides of lmpo.textagent.env.TextEnvConfig (e.g. window length, episode "
                              "length); checked against its fields.")
     num_envs: int = _f(8, "Environments stepped in lock-step (one batched policy forward per step).", ge=1)
     total_env_steps: int = _f(50_000, "Stop after this many environment steps (all environments together).",
@@ -233,9 +233,9 @@ class TrainConfig:
             raise ConfigError(f"`env.blacklist_path` = {blacklist_path!r} is not a file; give a text file of "
                               "characters to forbid, or leave it unset.")
 
-    def env_config(self) -> EnvConfig:
-        """The :class:`lmpo.textagent.env.EnvConfig` that ``env`` describes (keys and values checked)."""
-        return from_dict(EnvConfig, self.env, "env")
+    def env_config(self) -> TextEnvConfig:
+        """The :class:`lmpo.textagent.env.TextEnvConfig` that ``env`` describes (keys and values checked)."""
+        return from_dict(TextEnvConfig, self.env, "env")
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
@@ -324,28 +324,28 @@ def _nest(overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+def apply_overrides(cfg: SACTrainConfig, overrides: dict[str, Any]) -> SACTrainConfig:
     """Return ``cfg`` with nested ``overrides`` ({"sac": {"top_p": 0.99}} or {"sac.top_p": 0.99}) applied.
 
     ``env`` is a free-form section: its keys are merged into the run's ``env`` dict as written (and checked
-    against ``EnvConfig`` by :meth:`TrainConfig.validate`); a field set here under either of its names (flat,
+    against ``TextEnvConfig`` by :meth:`SACTrainConfig.validate`); a field set here under either of its names (flat,
     ``window_chars``, or in its section, ``episode.window_chars``) replaces the value ``cfg`` gives it under
     either name (:func:`lmpo.config.merge_layers`).
     """
     data, over = to_dict(cfg), _nest(overrides)
     if isinstance(over.get("env"), dict) and isinstance(data.get("env"), dict):
-        data["env"] = merge_layers(EnvConfig, data["env"], over.pop("env"))
-    return from_dict(TrainConfig, deep_merge(data, over))
+        data["env"] = merge_layers(TextEnvConfig, data["env"], over.pop("env"))
+    return from_dict(SACTrainConfig, deep_merge(data, over))
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
-                preset: str = "cpu") -> TrainConfig:
+                preset: str = "cpu") -> SACTrainConfig:
     """Preset → YAML file (may name ``preset:``) → overrides, then validated."""
     data: dict[str, Any] = read_yaml(path) if path is not None else {}
     preset = data.pop("preset", preset)
     if preset not in PRESETS:
         raise ConfigError(f"`preset` = {preset!r} is not one of {', '.join(PRESETS)}.")
-    cfg = apply_overrides(TrainConfig(), PRESETS[preset])
+    cfg = apply_overrides(SACTrainConfig(), PRESETS[preset])
     cfg = apply_overrides(cfg, data)
     if overrides:
         cfg = apply_overrides(cfg, overrides)
@@ -353,9 +353,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return cfg
 
 
-def config_from_dict(data: dict[str, Any]) -> TrainConfig:
-    """Inverse of :meth:`TrainConfig.to_dict` (used to reload a run's saved config)."""
-    cfg = from_dict(TrainConfig, data)
+def config_from_dict(data: dict[str, Any]) -> SACTrainConfig:
+    """Inverse of :meth:`SACTrainConfig.to_dict` (used to reload a run's saved config)."""
+    cfg = from_dict(SACTrainConfig, data)
     cfg.validate()
     return cfg
 
@@ -380,4 +380,7 @@ def parse_cli_overrides(tokens: list[str]) -> dict[str, Any]:
 
 def render_config_reference() -> str:
     """Markdown tables of every key of ``lmpo sac train`` and of the ``env`` section (docs/sac.md)."""
-    return render_reference(TrainConfig) + "\n" + render_reference(EnvConfig, "env")
+    return render_reference(SACTrainConfig) + "\n" + render_reference(TextEnvConfig, "env")
+
+
+TrainConfig = SACTrainConfig  # the name before 2026-11-28 (lmpo.trainer.TrainConfig is the GRPO run's), kept for scripts

@@ -53,7 +53,7 @@ from lmpo.runs import (
 )
 from lmpo.textagent.env.env import trace_line
 from lmpo.textagent.sac.agent import SACAgent
-from lmpo.textagent.sac.config import RESUMABLE_KEYS, TrainConfig, check_device_available, run_config_dict
+from lmpo.textagent.sac.config import RESUMABLE_KEYS, SACTrainConfig, check_device_available, run_config_dict
 from lmpo.textagent.sac.replay import ReplayBuffer, nearest_legal, sample_mixed, teacher_ratio
 from lmpo.textagent.sac.textdata import TextPairs
 
@@ -95,7 +95,7 @@ class TextSplit:
         return self.train + self.extra
 
 
-def text_split(cfg: TrainConfig) -> TextSplit:
+def text_split(cfg: SACTrainConfig) -> TextSplit:
     """Split ``cfg.corpus``, then add ``cfg.extra_train_corpus`` through the leak filter; Σ covers both."""
     from lmpo.textagent.env import Alphabet, load_corpus
     from lmpo.textagent.env.bundled import resolve_corpus
@@ -111,7 +111,7 @@ def text_split(cfg: TrainConfig) -> TextSplit:
     return TextSplit(train_ch, heldout_ch, extra, report, Alphabet.from_texts(train_ch + extra))
 
 
-def make_text_envs(cfg: TrainConfig, split: TextSplit | None = None) -> EnvBundle:
+def make_text_envs(cfg: SACTrainConfig, split: TextSplit | None = None) -> EnvBundle:
     """Build ``num_envs`` :class:`lmpo.textagent.env.CharTextEnv` on the training text (train chapters of
     ``cfg.corpus`` plus the filtered ``extra_train_corpus``)."""
     from lmpo.textagent.env import CharTextEnv
@@ -190,10 +190,10 @@ def _shared_encoders(envs) -> list[Any]:
     return encoders
 
 
-class Trainer:
+class SACTrainer:
     """Holds the loop state so that a run can be checkpointed and resumed bit-for-bit on CPU."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: str | Path, bundle: EnvBundle | None = None,
+    def __init__(self, cfg: SACTrainConfig, run_dir: str | Path, bundle: EnvBundle | None = None,
                  trace_steps: int | None = None, progress: bool = True) -> None:
         cfg.validate()
         check_device_available(cfg.device)
@@ -521,7 +521,7 @@ RUN_ENTRIES = (CONFIG_FILE, "metrics.jsonl", TENSORBOARD_DIR, "checkpoints", "ev
                "trace.log", LEGACY_CONFIG_FILE, "tb", "checkpoint.pt", "envs.pkl")
 
 
-def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = None, resume: bool = False,
+def train(cfg: SACTrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = None, resume: bool = False,
           trace_steps: int | None = None, progress: bool = True, evaluate: bool = True,
           max_updates: int | None = None, eval_only: bool = False, overwrite: bool = False,
           allow_config_change: bool = False) -> dict[str, Any]:
@@ -543,9 +543,9 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
             if stored is not None:
                 check_resume_config(run_config_dict(run_dir), cfg.to_dict(), RESUMABLE_KEYS,
                                     allow_change=allow_config_change, stored_path=stored,
-                                    schema=TrainConfig)
+                                    schema=SACTrainConfig)
             checkpoint = resume_checkpoint(run_dir)  # before the environments are built: fail fast
-        trainer = Trainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
+        trainer = SACTrainer(cfg, run_dir, bundle=bundle, trace_steps=trace_steps, progress=progress)
         if checkpoint is not None:
             trainer.load(checkpoint)
         if eval_only:
@@ -578,3 +578,6 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, bundle: EnvBundle | None = N
         if trainer.history:  # RUN_DIR/plots/*.png, as `lmpo plot RUN_DIR` draws them
             plot_runs([run_dir])
         return summary
+
+
+Trainer = SACTrainer  # the name before 2026-11-28 (lmpo.trainer.Trainer is the GRPO loop), kept for scripts
