@@ -378,6 +378,12 @@ def test_tool_arithmetic_shaped_rewards_are_options_and_off_by_default():
     # an answer without any call earns no copy credit, even when right
     assert play([example.answer], **shaped)[0] == [1.0]
     check_env(make_env("ToolArithmetic-v0", **shaped))
-    for bad in ({"call_reward": -0.1}, {"tool_answer_reward": 1.5}, {"call_reward": float("nan")}):
+    # valid_call_reward: the first call that returns a number, right value or not, once per episode
+    assert play([wrong_call, wrong], valid_call_reward=0.25)[0] == [0.25, 0.0]
+    assert play([wrong_call, right_call, example.answer], valid_call_reward=0.25)[0] == [0.25, 0.0, 1.0]
+    assert play([right_call, example.answer], valid_call_reward=0.25, **shaped)[0] == [0.5, 1.5]
+    assert play([example.answer], valid_call_reward=0.25)[0] == [1.0]
+    for bad in ({"call_reward": -0.1}, {"tool_answer_reward": 1.5}, {"call_reward": float("nan")},
+                {"valid_call_reward": 2.0}):
         with pytest.raises(ValueError, match=f"{next(iter(bad))}=.*must be a number in \\[0, 1\\]"):
             make_env("ToolArithmetic-v0", **bad)

@@ -80,7 +80,9 @@ class ToolArithmeticEnv(ToolEnv):
     ``info["correct"]`` says whether the answer was right (success is judged on it alone, shaping or not).
 
     Shaped rewards, off by default (each a constructor option, so ``env.options`` of a training config):
-    ``call_reward`` is added once per episode, on the first tool turn whose calculator output equals the
+    ``valid_call_reward`` is added once per episode, on the first tool turn whose calculator call returns a number
+    (any expression: the step of calling the tool at all, for a policy that rarely calls it and never copies
+    right); ``call_reward`` is added once per episode, on the first tool turn whose calculator output equals the
     expression's value (the expression was copied into the call correctly); ``tool_answer_reward`` is added to
     the final answer when its number equals the output of the episode's last calculator call (the tool's result
     copied into the answer, right or wrong). They split the sparse 0/1 outcome into its two copying steps, so
@@ -100,6 +102,7 @@ class ToolArithmeticEnv(ToolEnv):
 
     Args:
         max_turns: turns (tool turns and the answer) before the episode is truncated.
+        valid_call_reward: shaped reward for a calculator call that returns a number, any value (0: off).
         call_reward: shaped reward for calling the calculator on an expression with the right value (0: off).
         tool_answer_reward: shaped reward for answering with the last calculator output (0: off).
         expert: what ``expert_action()`` demonstrates: ``"calculator"`` (call it, then answer) or ``"memory"``
@@ -108,20 +111,22 @@ class ToolArithmeticEnv(ToolEnv):
     """
 
     def __init__(self, max_turns: int = 4, call_reward: float = 0.0, tool_answer_reward: float = 0.0,
-                 expert: str = "calculator", **task_options) -> None:
+                 expert: str = "calculator", valid_call_reward: float = 0.0, **task_options) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns} must be >= 1")
         if expert not in ("calculator", "memory"):
             raise ValueError(f"expert={expert!r} must be 'calculator' (call the tool, then answer) or 'memory' "
                              "(answer at once)")
         self.expert = expert
-        for name, value in (("call_reward", call_reward), ("tool_answer_reward", tool_answer_reward)):
+        for name, value in (("call_reward", call_reward), ("tool_answer_reward", tool_answer_reward),
+                            ("valid_call_reward", valid_call_reward)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value <= 1):
                 raise ValueError(f"{name}={value!r} must be a number in [0, 1] (a fraction of the answer's reward "
                                  "1.0, so that the right answer stays the best outcome); use 0 to turn it off")
         super().__init__([calculator_tool()])
         self.max_turns = max_turns
         self.call_reward, self.tool_answer_reward = float(call_reward), float(tool_answer_reward)
+        self.valid_call_reward = float(valid_call_reward)
         self._task = ToolArithmeticTask(**{"num_train": 1, "num_eval": 1, **task_options})
         self._answer: str | None = None
         self._turns = 0
@@ -133,7 +138,7 @@ class ToolArithmeticEnv(ToolEnv):
         if not (example.answer.lstrip("-").isdigit() and (example.messages or example.prompt)):
             raise ValueError(f"{self.env_id}: example needs an integer answer and a question, got {example!r}")
         self._answer, self._turns, self._called = example.answer, 0, False
-        self._last_output: int | None = None  # the last calculator output that is a number
+        self._last_output: int | None = None  # the last calculator output that is a number (None: no call gave one)
         self._right_call = False
         self._expression = example.meta.get("expression")
         messages = example.messages or [{"role": "user", "content": example.prompt}]
@@ -154,15 +159,17 @@ class ToolArithmeticEnv(ToolEnv):
         return result
 
     def _shape_tool_turn(self, result: StepResult) -> StepResult:
-        """Record the turn's numeric calculator outputs; ``call_reward`` for the first right one."""
+        """Record the turn's numeric calculator outputs; ``valid_call_reward`` for the episode's first numeric
+        output, ``call_reward`` for its first right one."""
         values = [int(m["content"]) for m in result.observation
                   if m.get("name") == "calculator" and _NUMBER.fullmatch(m["content"].strip())]
         if not values:
             return result
+        first = self._last_output is None
         self._last_output = values[-1]
         right = not self._right_call and int(self._answer) in values
         self._right_call = self._right_call or right
-        reward = result.reward + (self.call_reward if right else 0.0)
+        reward = result.reward + (self.call_reward if right else 0.0) + (self.valid_call_reward if first else 0.0)
         return result._replace(reward=reward, info={**result.info, "right_call": right})
 
     def expert_action(self) -> str:
