@@ -13,8 +13,8 @@ import gymnasium as gym
 
 from lmpo.textagent.env.alphabet import Alphabet
 from lmpo.textagent.env.compliance import Compliance, char_class_ok
-from lmpo.textagent.env.corpus import Corpus, CorpusError, load_corpus, load_sample_corpus, sample_text_path
 from lmpo.textagent.env.config import EnvConfig, TextEnvConfig
+from lmpo.textagent.env.corpus import Corpus, CorpusError, load_corpus, load_sample_corpus, sample_text_path
 from lmpo.textagent.env.env import REWARD_KEYS, CharTextEnv, format_trace, make_env, trace_line
 from lmpo.textagent.env.rewards import EmaStandardizer, NgramCoverage, coverage_from_scratch
 

@@ -6,7 +6,14 @@ samples, agent/demo buffers, ρ-mixing, DAgger schedule), ``config`` (frozen dat
 ``evaluate`` / ``gate`` (held-out quality and the PASS/FAIL gate), ``sample`` and ``cli``.
 """
 
-from lmpo.textagent.sac.config import NetworkConfig, ReplayConfig, SACConfig, SACTrainConfig, TrainConfig, load_config
+from lmpo.textagent.sac.config import (
+    NetworkConfig,
+    ReplayConfig,
+    SACConfig,
+    SACTrainConfig,
+    TrainConfig,
+    load_config,
+)
 from lmpo.textagent.sac.losses import TopPSet, masked_policy, top_p_set
 from lmpo.textagent.sac.replay import ReplayBuffer, ReplaySample
 
