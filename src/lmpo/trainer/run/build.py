@@ -355,12 +355,14 @@ def build_run(config: TrainConfig, device: torch.device, objective: Objective, *
     if config.env.id is not None:
         check_estimator(estimator, config.env.id, config.objective.advantage_estimator,
                                  config.env.turn_discount)
-    try:
+    try:  # a generated task checks its options when it first draws examples, so the draws are inside too
         task = task if task is not None else build_task(config.task, config.env)
+        train_examples = task.train_examples(seed=config.loop.seed)
+        eval_examples = task.eval_examples()[: config.task.eval_examples]
+    except InputError:  # already names the key and the fix
+        raise
     except TASK_ERRORS as e:
         raise task_error(config.task, e, config.env) from None
-    train_examples = task.train_examples(seed=config.loop.seed)
-    eval_examples = task.eval_examples()[: config.task.eval_examples]
     if model is None:
         model, tok = load_policy(config.model, device)
         tokenizer = tokenizer or tok
