@@ -238,10 +238,13 @@ def _needed(objective) -> set[str]:
 
 
 def _objective(section: dict):
-    from lmpo.objectives import Objective, ObjectiveDriver
+    """The objective and driver a run of the trainer's ``objective`` section (preset + overrides) trains with:
+    built as ``Trainer`` builds it (``build.build_objective``)."""
+    from lmpo.trainer.config import ObjectiveConfig
 
-    obj = Objective.preset(section["preset"], **{"check_finite": False, **section.get("overrides", {})})
-    return obj, ObjectiveDriver(obj)
+    ob = ObjectiveConfig(preset=section["preset"], overrides=dict(section.get("overrides", {})))
+    obj, driver, _ = build.build_objective(ob, ob.validate())
+    return obj, driver
 
 
 def off_policy_point(trainer, batches: _Batches, k: int, seed: int, step: int, *, optimizer_state=None):
